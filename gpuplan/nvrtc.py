@@ -1,0 +1,83 @@
+"""Lazy, per-device cache of NVRTC-compiled kernel modules read from package `.cu` files.
+
+Each op family declares one `CudaModule` at import time (no compilation then): the `.cu`
+file beside its Python module and the full list of template instances it launches
+(`name_expressions`). The first `function()` call on a device compiles the module with
+`cupy.RawModule` (CuPy caches the binary on disk as well). `scripts/check_kernels.py`
+walks `registry()` to compile every instance for sm_80 and sm_90 without a GPU.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from gpuplan import backend
+
+#: Options we add to CuPy's own (CuPy adds --std=c++17, its include paths and -arch).
+COMPILE_OPTIONS: tuple[str, ...] = ("--std=c++17", "-DGPUPLAN_NVRTC=1")
+
+_REGISTRY: list[CudaModule] = []
+_LOCK = threading.Lock()
+
+
+class CudaModule:
+    """One `.cu` file of templated kernels and the instances of them the plans use."""
+
+    def __init__(self, anchor: str, filename: str, name_expressions: Sequence[str],
+                 options: Sequence[str] = ()) -> None:
+        self.path = Path(anchor).with_name(filename)
+        self.name_expressions = tuple(dict.fromkeys(name_expressions))
+        # The op directory is on the include path for gpuplan_common.cuh.
+        self.options = COMPILE_OPTIONS + (f"-I{self.path.parent}",) + tuple(options)
+        self._modules: dict[int, Any] = {}
+        self._functions: dict[tuple[int, str], Any] = {}
+        _REGISTRY.append(self)
+
+    def source(self) -> str:
+        return self.path.read_text()
+
+    def function(self, name_expression: str, device_id: int) -> Any:
+        """The compiled kernel `name_expression` on device `device_id` (compiled on first use)."""
+        key = (device_id, name_expression)
+        fn = self._functions.get(key)
+        if fn is not None:
+            return fn
+        if name_expression not in self.name_expressions:
+            raise KeyError(f"{self.path.name}: kernel {name_expression!r} is not among the "
+                           f"declared name_expressions")
+        with _LOCK:
+            mod = self._modules.get(device_id)
+            if mod is None:
+                cp = backend.cupy_module()
+                with cp.cuda.Device(device_id):
+                    mod = cp.RawModule(code=self.source(), options=self.options,
+                                       name_expressions=list(self.name_expressions))
+                self._modules[device_id] = mod
+            with backend.cupy_module().cuda.Device(device_id):
+                fn = mod.get_function(name_expression)
+            self._functions[key] = fn
+        return fn
+
+    def __repr__(self) -> str:
+        return f"CudaModule({self.path.name}, {len(self.name_expressions)} instances)"
+
+
+def registry() -> list[CudaModule]:
+    """Every CudaModule declared by the imported op families."""
+    return list(_REGISTRY)
+
+
+def launch(stream: Any, kernel: Any, grid: int | tuple, block: int | tuple, args: tuple,
+           shared_mem: int = 0) -> None:
+    """Launch `kernel` on a gpuplan Stream."""
+    grid = grid if isinstance(grid, tuple) else (int(grid),)
+    block = block if isinstance(block, tuple) else (int(block),)
+    with stream.cuda_stream:
+        kernel(grid, block, args, shared_mem=shared_mem)
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)

@@ -1,0 +1,18 @@
+"""Plan families, one op family per module (descriptors, args, plans, NumPy reference).
+
+Each module lists its public plan classes in ``__all__`` and its functional wrappers
+(array in, fresh arrays out; what autograd calls) in ``__functional__``.
+"""
+
+FAMILIES: tuple[str, ...] = (
+    "embedding",
+    "quantize",
+    "gemm",
+    "elementwise",
+    "reduction",
+    "normalization",
+    "softmax",
+    "cross_entropy",
+    "dropout",
+    "optimizer",
+)

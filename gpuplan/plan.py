@@ -1,0 +1,313 @@
+"""The plan base: select a kernel SKU for a descriptor, validate operands, run it.
+
+A plan family subclasses `Plan` and provides:
+
+- ``op``: the op name used in SKUs and error messages;
+- ``_check_descriptor(desc)``: raise InvalidProblem / Unsupported for a bad descriptor;
+- ``_candidates(desc, on_device)``: the SKUs able to run it, best first;
+- ``_check_args(args)``: shape/dtype/size checks of the operands (see `check_operand`);
+- ``_run_<variant>(stream, ws, args)`` for every variant it offers.
+
+`select` filters the candidates by the `PlanPreference`; `run` calls `can_implement`
+first, so a rejected call writes nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+
+from gpuplan import backend
+from gpuplan.dtypes import as_dtype, short_name
+from gpuplan.errors import (
+    BufferTooSmall,
+    InvalidProblem,
+    MisalignedOperand,
+    Unsupported,
+    WorkspaceTooSmall,
+    describe,
+)
+from gpuplan.stream import Stream, Workspace
+
+
+class BackendKind(enum.Enum):
+    NUMPY = "numpy"
+    NVRTC = "nvrtc"
+    CUBLAS = "cublas"
+
+
+@dataclass(frozen=True)
+class PlanPreference:
+    """What the caller wants from `select`: a workspace cap, determinism, a forced backend."""
+
+    max_workspace_bytes: int | None = None
+    deterministic: bool = False
+    backend: BackendKind | None = None
+
+
+@dataclass(frozen=True)
+class PrecisionGuarantee:
+    """What a SKU promises about its arithmetic.
+
+    math_precision: dtype the inputs are rounded to before multiply/add ('f32', 'bf16', ...).
+    accumulator: dtype of sums.  deterministic: the same inputs give the same bits on the
+    same device and launch shape.  bit_stable: the result bits do not depend on the device,
+    the launch shape or the scheduling (for example: no atomics, fixed reduction order).
+    """
+
+    math_precision: str
+    accumulator: str
+    deterministic: bool
+    bit_stable: bool
+
+
+@dataclass(frozen=True)
+class KernelSku:
+    """Identity of a selected kernel: op, category, dtype, index dtype, backend, arch, variant."""
+
+    op: str
+    category: str
+    dtype: str
+    index_dtype: str | None
+    backend: BackendKind
+    arch: str
+    variant: str
+
+    def __str__(self) -> str:
+        idx = f",{self.index_dtype}" if self.index_dtype else ""
+        where = self.arch if self.arch == "host" else f"sm_{self.arch}"
+        return f"{self.op}.{self.variant}[{self.dtype}{idx}]@{self.backend.value}/{where}"
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One SKU a plan family can run for a descriptor (what `select` chooses among)."""
+
+    variant: str
+    backend: BackendKind
+    deterministic: bool
+    bit_stable: bool
+    math_precision: str
+    accumulator: str
+    workspace_bytes: int = 0
+
+
+def host_candidate(dtype: Any, variant: str = "numpy") -> Candidate:
+    """The NumPy reference SKU: deterministic and bit-stable, accumulating as the kernels do."""
+    d = as_dtype(dtype)
+    acc = "f32" if d.itemsize <= 2 else short_name(d)
+    return Candidate(variant, BackendKind.NUMPY, True, True, short_name(d), acc)
+
+
+class Plan:
+    """Base of every plan family (see the module docstring for the subclass contract)."""
+
+    op: ClassVar[str] = "plan"
+    category: ClassVar[str] = "generic"
+    #: integer descriptor fields that may be negative; every other int field is an extent.
+    signed_fields: ClassVar[frozenset[str]] = frozenset({"padding_idx", "ignore_index"})
+
+    def __init__(self, stream: Stream, desc: Any, candidate: Candidate) -> None:
+        self._stream = stream
+        self.desc = desc
+        self._cand = candidate
+        self._run_impl = getattr(self, f"_run_{candidate.variant}")
+
+    # -- selection -------------------------------------------------------------------
+    @classmethod
+    def select(cls, stream: Stream, desc: Any, pref: PlanPreference | None = None) -> Plan:
+        pref = pref or PlanPreference()
+        cls._check_descriptor(desc)
+        on_device = not stream.is_host
+        cands = list(cls._candidates(desc, on_device))
+        if not cands:
+            raise Unsupported(describe(cls.op, "desc", "a supported problem", desc))
+        reasons = []
+        for cand in cands:
+            why = _rejects(cand, pref)
+            if why is None:
+                return cls(stream, desc, cand)
+            reasons.append(f"{cand.variant}/{cand.backend.value}: {why}")
+        where = "device" if on_device else "host"
+        raise Unsupported(
+            f"{cls.op}: argument 'pref': expected a preference some {where} SKU meets, "
+            f"given {pref} (" + "; ".join(reasons) + ")"
+        )
+
+    @classmethod
+    def _check_descriptor(cls, desc: Any) -> None:
+        for f in dataclasses.fields(desc):
+            v = getattr(desc, f.name)
+            if isinstance(v, (int, np.integer)) and not isinstance(v, bool):
+                if f.name not in cls.signed_fields and v < 0:
+                    raise InvalidProblem(describe(cls.op, f.name, "an extent >= 0", v))
+
+    @classmethod
+    def _candidates(cls, desc: Any, on_device: bool) -> Sequence[Candidate]:
+        raise NotImplementedError
+
+    # -- queries ----------------------------------------------------------------------
+    def workspace_size(self) -> int:
+        return self._cand.workspace_bytes
+
+    def sku(self) -> KernelSku:
+        return KernelSku(
+            op=self.op,
+            category=self.category,
+            dtype=short_name(self._sku_dtype()),
+            index_dtype=self._sku_index_dtype(),
+            backend=self._cand.backend,
+            arch=self._stream.arch,
+            variant=self._cand.variant,
+        )
+
+    def _sku_dtype(self) -> Any:
+        return self.desc.dtype
+
+    def _sku_index_dtype(self) -> str | None:
+        """Index dtype of the SKU; families whose index dtype comes from the args record it
+        in ``self._index_dtype`` during ``_check_args``."""
+        return getattr(self, "_index_dtype", None)
+
+    def precision_guarantee(self) -> PrecisionGuarantee:
+        c = self._cand
+        return PrecisionGuarantee(c.math_precision, c.accumulator, c.deterministic, c.bit_stable)
+
+    @property
+    def stream(self) -> Stream:
+        return self._stream
+
+    # -- execution --------------------------------------------------------------------
+    def can_implement(self, args: Any) -> None:
+        """Raise the right GpuPlanError if `args` does not fit this plan; return None if it does."""
+        on_device = not self._stream.is_host
+        for f in dataclasses.fields(args):
+            a = getattr(args, f.name)
+            if a is None or not hasattr(a, "shape"):
+                continue
+            if backend.is_device_array(a) != on_device:
+                where = "device (CuPy)" if on_device else "host (NumPy)"
+                given = "device (CuPy)" if backend.is_device_array(a) else "host (NumPy)"
+                raise InvalidProblem(
+                    describe(self.op, f.name, f"a {where} array to match the plan's stream", given)
+                )
+            if on_device and a.device.id != self._stream.device_id:
+                raise InvalidProblem(
+                    describe(self.op, f.name, f"an array on device {self._stream.device_id}",
+                             f"one on device {a.device.id}")
+                )
+        self._check_args(args)
+
+    def _check_args(self, args: Any) -> None:
+        raise NotImplementedError
+
+    def run(self, stream: Stream, ws: Workspace | None, args: Any) -> None:
+        if stream.is_host != self._stream.is_host or (
+            not stream.is_host and stream.device_id != self._stream.device_id
+        ):
+            raise InvalidProblem(
+                describe(self.op, "stream", f"a stream like the one selected with ({self._stream})",
+                         stream)
+            )
+        self.can_implement(args)
+        ws = ws if ws is not None else Workspace.none()
+        need = self.workspace_size()
+        if ws.nbytes < need:
+            raise WorkspaceTooSmall(describe(self.op, "ws", f">= {need} bytes", f"{ws.nbytes} bytes"))
+        if self._is_empty():
+            return
+        self._run_impl(stream, ws, args)
+
+    def _is_empty(self) -> bool:
+        return False
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.sku()}>"
+
+
+def _rejects(cand: Candidate, pref: PlanPreference) -> str | None:
+    if pref.backend is not None and cand.backend is not pref.backend:
+        return f"backend is {cand.backend.value}, {pref.backend.value} requested"
+    if pref.deterministic and not cand.deterministic:
+        return "not deterministic"
+    if pref.max_workspace_bytes is not None and cand.workspace_bytes > pref.max_workspace_bytes:
+        return f"needs {cand.workspace_bytes} workspace bytes > {pref.max_workspace_bytes}"
+    return None
+
+
+# -- operand checks shared by every plan family -------------------------------------------
+
+
+def check_dtype(op: str, name: str, dtype: Any, allowed: Sequence[Any]) -> np.dtype:
+    """Unsupported unless `dtype` is one of `allowed`; returns the normalised dtype."""
+    d = as_dtype(dtype)
+    allowed_d = [as_dtype(a) for a in allowed]
+    if d not in allowed_d:
+        names = ", ".join(short_name(a) for a in allowed_d)
+        raise Unsupported(describe(op, name, f"dtype in ({names})", short_name(d)))
+    return d
+
+
+def check_operand(
+    op: str,
+    name: str,
+    a: Any,
+    shape: Sequence[int],
+    dtype: Any | Sequence[Any],
+    *,
+    contiguous: bool = True,
+    alignment: int | None = None,
+) -> None:
+    """Check one operand: present, dtype, size (BufferTooSmall), exact shape, layout, alignment."""
+    if a is None or not hasattr(a, "shape") or not hasattr(a, "dtype"):
+        raise InvalidProblem(describe(op, name, "an array", type(a).__name__))
+    shape = tuple(int(s) for s in shape)
+    allowed = dtype if isinstance(dtype, (list, tuple)) else (dtype,)
+    if as_dtype(a.dtype) not in [as_dtype(x) for x in allowed]:
+        names = " or ".join(short_name(x) for x in allowed)
+        raise Unsupported(describe(op, name, f"dtype {names}", short_name(a.dtype)))
+    need = int(np.prod(shape, dtype=np.int64))
+    if a.size < need:
+        raise BufferTooSmall(
+            describe(op, name, f"at least {need} elements (shape {shape})",
+                     f"{a.size} elements (shape {tuple(a.shape)})")
+        )
+    if tuple(a.shape) != shape:
+        raise InvalidProblem(describe(op, name, f"shape {shape}", f"shape {tuple(a.shape)}"))
+    if contiguous and not a.flags.c_contiguous:
+        raise InvalidProblem(describe(op, name, "a C-contiguous array", "a strided view"))
+    align = alignment or a.dtype.itemsize
+    ptr = a.data.ptr if backend.is_device_array(a) else a.ctypes.data
+    if a.size and ptr % align:
+        raise MisalignedOperand(describe(op, name, f"an address aligned to {align} bytes",
+                                         f"{ptr:#x}"))
+
+
+def check_index_dtype(op: str, name: str, a: Any) -> np.dtype:
+    if a is None or not hasattr(a, "dtype"):
+        raise InvalidProblem(describe(op, name, "an int32 or int64 array", type(a).__name__))
+    return check_dtype(op, name, a.dtype, (np.int32, np.int64))
+
+
+def check_writable_distinct(op: str, outputs: dict[str, Any], inputs: dict[str, Any]) -> None:
+    """InvalidProblem if an output aliases an input (kernels read inputs while writing)."""
+    for oname, o in outputs.items():
+        for iname, i in inputs.items():
+            if o is None or i is None or o.size == 0 or i.size == 0:
+                continue
+            if _may_share(o, i):
+                raise InvalidProblem(describe(op, oname, f"a buffer distinct from '{iname}'",
+                                              "an overlapping buffer"))
+
+
+def _may_share(a: Any, b: Any) -> bool:
+    if backend.is_device_array(a):
+        a0, a1 = a.data.ptr, a.data.ptr + a.nbytes
+        b0, b1 = b.data.ptr, b.data.ptr + b.nbytes
+        return a0 < b1 and b0 < a1
+    return bool(np.may_share_memory(a, b))

@@ -1,0 +1,112 @@
+"""Kernel compile check: every .cu module and every template instance the plans launch
+compiles to cubin for each target arch through NVRTC, with the options CuPy uses at run
+time, on a machine with no GPU and no driver. Prints registers, spills and shared memory
+per kernel; exits non-zero on any compile error or any spill.
+
+    python scripts/check_kernels.py [--arch 80 90] [--module embedding]
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import re
+import sys
+import time
+
+_FUNC_RE = re.compile(r"Compiling entry function '(\S+)' for '(sm_\d+)'")
+_SPILL_RE = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
+_REGS_RE = re.compile(r"Used (\d+) registers(?:.*?(\d+) bytes smem)?")
+
+
+def cupy_options() -> tuple[str, ...]:
+    """The include paths and flags CuPy itself passes to NVRTC (private CuPy 14 API)."""
+    from cupy._core import core
+
+    return tuple(core.assemble_cupy_compiler_options(()))
+
+
+def parse_ptxas(log: str, demangle: dict[str, str]) -> list[dict]:
+    rows: list[dict] = []
+    cur: dict | None = None
+    for line in log.splitlines():
+        m = _FUNC_RE.search(line)
+        if m:
+            cur = {"kernel": demangle.get(m.group(1), m.group(1)), "arch": m.group(2),
+                   "regs": None, "stack": 0, "spill_st": 0, "spill_ld": 0, "smem": 0}
+            rows.append(cur)
+            continue
+        if cur is None:
+            continue
+        m = _SPILL_RE.search(line)
+        if m:
+            cur["stack"], cur["spill_st"], cur["spill_ld"] = (int(g) for g in m.groups())
+        m = _REGS_RE.search(line)
+        if m:
+            cur["regs"] = int(m.group(1))
+            cur["smem"] = int(m.group(2) or 0)
+    return rows
+
+
+def compile_module(mod, arch: str) -> tuple[list[dict], float]:
+    from cupy.cuda import compiler
+
+    opts = cupy_options() + tuple(mod.options) + (
+        f"-arch=sm_{arch}", "--device-as-default-execution-space", "-Xptxas=-v")
+    t0 = time.perf_counter()
+    prog = compiler._NVRTCProgram(mod.source(), mod.path.name,
+                                  name_expressions=list(mod.name_expressions), method="cubin")
+    log = io.StringIO()
+    _, mapping = prog.compile(opts, log_stream=log)
+    dt = time.perf_counter() - t0
+    missing = [n for n in mod.name_expressions if not mapping.get(n)]
+    if missing:
+        raise RuntimeError(f"{mod.path.name}: instances not lowered: {missing}")
+    demangle = {v: k for k, v in mapping.items()}
+    return parse_ptxas(log.getvalue(), demangle), dt
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--arch", nargs="+", default=["80", "90"])
+    ap.add_argument("--module", action="append", default=None,
+                    help="only modules whose file stem contains this")
+    ap.add_argument("--quiet", action="store_true", help="print only the summary and failures")
+    ns = ap.parse_args(argv)
+
+    import gpuplan  # noqa: F401 - imports every family, which declares its CudaModule
+    from gpuplan.nvrtc import registry
+
+    mods = registry()
+    if ns.module:
+        mods = [m for m in mods if any(s in m.path.stem for s in ns.module)]
+    failures: list[str] = []
+    n_kernels = 0
+    for mod in mods:
+        for arch in ns.arch:
+            try:
+                rows, dt = compile_module(mod, arch)
+            except Exception as exc:  # noqa: BLE001 - report every module's failure
+                failures.append(f"{mod.path.name} sm_{arch}: {exc}")
+                print(f"FAIL {mod.path.name} sm_{arch}:\n{exc}", file=sys.stderr)
+                continue
+            entry = [r for r in rows if r["kernel"] in mod.name_expressions]
+            n_kernels += len(entry)
+            print(f"{mod.path.name} sm_{arch}: {len(entry)} kernels in {dt:.1f} s")
+            for r in entry:
+                spill = r["spill_st"] + r["spill_ld"]
+                flag = "  SPILL" if spill else ""
+                if not ns.quiet or spill:
+                    print(f"  {r['kernel']:<70} regs={r['regs']:>3} stack={r['stack']:>4} "
+                          f"spill={spill:>4} smem={r['smem']}{flag}")
+                if spill:
+                    failures.append(f"{mod.path.name} sm_{arch} {r['kernel']}: {spill} bytes spilled")
+    print(f"compile check: {len(mods)} modules, {n_kernels} kernel instances, "
+          f"arch {' '.join('sm_' + a for a in ns.arch)}, {len(failures)} failures")
+    for f in failures:
+        print(f"  {f}")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# The whole test suite on a fresh machine: set up .venv, unit tests, the mpi tests under
+# mpiexec -n 2 and -n 4, then the kernel compile check (sm_80, sm_90).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+. .venv/bin/activate
+export PYTHONHASHSEED=0 OMP_NUM_THREADS=1
+
+echo "== unit tests =="
+python -m pytest -q -m "not mpi" "$@"
+
+for n in 2 4; do
+    echo "== mpi tests: mpiexec -n $n =="
+    # Every rank runs the same mpi-marked tests; only rank 0 reports.
+    mpiexec -n "$n" python -m mpi4py scripts/mpi_pytest.py -q -m mpi "$@"
+done
+
+echo "== kernel compile check =="
+python scripts/check_kernels.py --quiet
