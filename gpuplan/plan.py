@@ -218,7 +218,8 @@ class Plan:
         ws = ws if ws is not None else Workspace.none()
         need = self.workspace_size()
         if ws.nbytes < need:
-            raise WorkspaceTooSmall(describe(self.op, "ws", f">= {need} bytes", f"{ws.nbytes} bytes"))
+            raise WorkspaceTooSmall(
+                describe(self.op, "ws", f">= {need} bytes", f"{ws.nbytes} bytes"))
         if self._is_empty():
             return
         self._run_impl(stream, ws, args)

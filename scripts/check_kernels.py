@@ -15,7 +15,8 @@ import sys
 import time
 
 _FUNC_RE = re.compile(r"Compiling entry function '(\S+)' for '(sm_\d+)'")
-_SPILL_RE = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
+_SPILL_RE = re.compile(
+    r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
 _REGS_RE = re.compile(r"Used (\d+) registers(?:.*?(\d+) bytes smem)?")
 
 
@@ -100,7 +101,8 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"  {r['kernel']:<70} regs={r['regs']:>3} stack={r['stack']:>4} "
                           f"spill={spill:>4} smem={r['smem']}{flag}")
                 if spill:
-                    failures.append(f"{mod.path.name} sm_{arch} {r['kernel']}: {spill} bytes spilled")
+                    failures.append(
+                        f"{mod.path.name} sm_{arch} {r['kernel']}: {spill} bytes spilled")
     print(f"compile check: {len(mods)} modules, {n_kernels} kernel instances, "
           f"arch {' '.join('sm_' + a for a in ns.arch)}, {len(failures)} failures")
     for f in failures:

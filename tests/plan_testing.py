@@ -80,7 +80,7 @@ def assert_rejected(call: Callable[[], Any], error: type[gp.GpuPlanError],
     msg = str(info.value)
     for w in words:
         assert w in msg, f"error message {msg!r} lacks {w!r}"
-    for o, b in zip(outputs, before):
+    for o, b in zip(outputs, before, strict=True):
         np.testing.assert_array_equal(gp.to_host(o).view(np.uint8), b.view(np.uint8))
     return info.value
 

@@ -1,0 +1,1 @@
+"""Kernel benchmark cases, one module per op family (each defines CASES); see common.py."""

@@ -1,0 +1,445 @@
+"""Per-token quantize/dequantize plans and backwards against float64 and exact references."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import gpuplan as gp
+from gpuplan.dtypes import FLOAT_DTYPES
+from tests.plan_testing import (
+    DTYPES,
+    assert_close,
+    assert_rejected,
+    f64,
+    on,
+    random,
+    run_plan,
+    stream_for,
+)
+
+SHAPES = [(1, 1), (7, 5), (33, 257), (129, 1000)]
+TINY = np.float32(np.finfo(np.float32).tiny)
+
+
+# -- references --------------------------------------------------------------------------------
+
+
+def ref_quantize64(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Float64 math: scale = max|x|/127, q = x/scale rounded (ties may differ by one)."""
+    x = f64(x)
+    scale = np.abs(x).max(axis=1, initial=0.0) / 127.0
+    with np.errstate(invalid="ignore", divide="ignore"):
+        q = np.where(scale[:, None] > 0, np.round(x / scale[:, None]), 0.0)
+    return q, scale
+
+
+def _flush(a: np.ndarray) -> np.ndarray:
+    """f32 flush-to-zero, written independently of the module (sign-preserving)."""
+    a = np.array(a, dtype=np.float32)
+    mask = np.abs(a) < TINY
+    a[mask] = np.where(np.signbit(a[mask]), np.float32(-0.0), np.float32(0.0))
+    return a
+
+
+def ref_quantize_exact(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The documented bit-exact definition, row by row."""
+    wide = x.dtype == np.float64
+    n, d = x.shape
+    q = np.zeros((n, d), np.int8)
+    scale = np.zeros(n, np.float32)
+    for i in range(n):
+        row = x[i].astype(np.float64) if wide else _flush(x[i].astype(np.float32))
+        finite = row[~np.isnan(row)]
+        amax = np.abs(finite).max() if finite.size else row.dtype.type(0)
+        with np.errstate(over="ignore"):
+            s = amax / row.dtype.type(127)
+            scale[i] = 0.0 if s < TINY else np.float32(s)
+        if scale[i] == 0:
+            continue
+        with np.errstate(invalid="ignore"):
+            r = np.round(row / row.dtype.type(scale[i]))  # one division in C, half to even
+        r[np.isnan(r)] = 0
+        q[i] = np.minimum(np.maximum(r, -127), 127).astype(np.int8)
+    return q, scale
+
+
+def ref_scaled_exact(scale: np.ndarray, v: np.ndarray, dtype) -> np.ndarray:
+    """dtype(C(scale) * C(v)) with C = f32 (flushed) or f64."""
+    s = _flush(scale.astype(np.float32))
+    if np.dtype(dtype) == np.float64:
+        return (s.astype(np.float64)[:, None] * v.astype(np.float64)).astype(dtype)
+    return _flush(s[:, None] * _flush(v.astype(np.float32))).astype(dtype)
+
+
+def special_rows(dtype) -> np.ndarray:
+    """Ties, a zero row, subnormal and underflowing rows, huge values, NaN and inf."""
+    rows = [
+        [127, 0.5, 1.5, 2.5, -0.5, -2.5, 126.5, -126.5],
+        [0, 0, 0, 0, -0.0, 0, 0, 0],
+        [1e-39, -2e-39, 0, 0, 1e-40, 0, 0, 0],
+        [1e-37, -5e-38, 3e-38, 0, 0, 0, 0, 0],
+        [3e38, -1e38, 1, 0, 0, 0, 0, 0],
+        [1e300, -1, 1, 0, 0, 0, 0, 0],
+        [np.nan, 1, -2, 3, 0.25, 0, 0, 0],
+        [np.inf, 1, -2, 3, 0.25, 0, 0, 0],
+    ]
+    with np.errstate(over="ignore"):
+        special = np.array(rows, np.float64).astype(dtype)
+    return np.concatenate([special, random((9, 8), dtype, seed=11, low=-3, high=3)])
+
+
+def _bits(a) -> np.ndarray:
+    return gp.to_host(a).view(np.uint8)
+
+
+def quantize(x: np.ndarray, device: str):
+    n, d = x.shape
+    q = on(device, np.full((n, d), 99, np.int8))
+    scale = on(device, np.full((n,), 5, np.float32))
+    plan = run_plan(gp.QuantizePerTokenPlan, gp.QuantizePerTokenDescriptor(n, d, x.dtype),
+                    gp.QuantizePerTokenArgs(on(device, x), q, scale), device)
+    return gp.to_host(q), gp.to_host(scale), plan
+
+
+# -- quantize ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n,d", SHAPES)
+def test_quantize_matches_reference(device, dtype, n, d):
+    x = random((n, d), dtype, seed=n + d, low=-4, high=4)
+    q, scale, plan = quantize(x, device)
+    q64, s64 = ref_quantize64(x)
+    np.testing.assert_allclose(scale, s64, rtol=2e-7, atol=0)
+    assert np.abs(q.astype(np.int64) - q64).max(initial=0) <= 1
+    assert np.mean(q == q64) > 0.99
+    err = np.abs(f64(x) - scale.astype(np.float64)[:, None] * q)
+    assert np.all(err <= scale.astype(np.float64)[:, None] * (0.5 + 1e-5))
+    eq, es = ref_quantize_exact(x)
+    np.testing.assert_array_equal(q, eq)
+    np.testing.assert_array_equal(scale.view(np.uint32), es.view(np.uint32))
+    g = plan.precision_guarantee()
+    assert g.deterministic and g.bit_stable
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_quantize_special_rows_are_bit_exact(device, dtype):
+    x = special_rows(dtype)
+    q, scale = quantize(x, device)[:2]
+    eq, es = ref_quantize_exact(x)
+    np.testing.assert_array_equal(q, eq)
+    np.testing.assert_array_equal(scale.view(np.uint32), es.view(np.uint32))
+    # The documented cases, by hand: ties to even, zero row, flushed and underflowing rows.
+    assert scale[0] == 1.0 and q[0].tolist() == [127, 0, 2, 2, 0, -2, 126, -126]
+    assert scale[1] == 0 and scale[2] == 0 and scale[3] == 0
+    assert not q[1:4].any()
+    assert q[6, 0] == 0 and q[6, 3] != 0  # NaN quantizes to 0, the rest of its row does not
+    # A second host run and the device run give the same bits as the first host run.
+    hq, hs = quantize(x, "cpu")[:2]
+    np.testing.assert_array_equal(q, hq)
+    np.testing.assert_array_equal(_bits(scale), _bits(hs))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_quantize_near_ties_are_bit_exact(device, dtype):
+    """x/scale within an ulp of k + 0.5: division vs reciprocal or f32 vs f64 math differ here."""
+    rng = np.random.default_rng(8)
+    s = rng.uniform(0.01, 10, 64)
+    x = (rng.integers(-126, 126, (64, 64)) + 0.5) * s[:, None]
+    x[:, 0] = 127 * s
+    x = x.astype(dtype)
+    q, scale = quantize(x, device)[:2]
+    eq, es = ref_quantize_exact(x)
+    np.testing.assert_array_equal(q, eq)
+    np.testing.assert_array_equal(scale.view(np.uint32), es.view(np.uint32))
+
+
+@pytest.mark.parametrize("n,d", [(0, 5), (5, 0), (0, 0)])
+def test_quantize_empty_extents(device, n, d):
+    q, scale = quantize(np.zeros((n, d), np.float32), device)[:2]
+    assert q.shape == (n, d) and np.all(scale == 0)  # D == 0: every row is a zero row
+
+
+# -- quantize backward (straight-through) ------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("grad_dtype", DTYPES)
+def test_quantize_backward_is_straight_through(device, dtype, grad_dtype):
+    n, d = 13, 300
+    d_q = random((n, d), grad_dtype, seed=2, low=-50, high=50)
+    d_q[0, :2] = np.array([1e-39, -1e-39]).astype(grad_dtype)  # f32 subnormals: flushed
+    d_x = on(device, np.full((n, d), 3, dtype))
+    desc = gp.QuantizePerTokenBackwardDescriptor(n, d, dtype, grad_dtype)
+    plan = run_plan(gp.QuantizePerTokenBackwardPlan, desc,
+                    gp.QuantizePerTokenBackwardArgs(on(device, d_q), d_x), device)
+    if np.dtype(dtype) == np.dtype(grad_dtype):
+        np.testing.assert_array_equal(_bits(d_x), d_q.view(np.uint8))
+    else:
+        assert_close(d_x, f64(d_q), dtype)
+        expect = _flush(d_q.astype(np.float32)).astype(dtype)
+        np.testing.assert_array_equal(_bits(d_x), expect.view(np.uint8))
+    assert plan.precision_guarantee().bit_stable
+
+
+def test_quantize_backward_empty(device):
+    d_x = on(device, np.full((0, 4), 3, np.float32))
+    run_plan(gp.QuantizePerTokenBackwardPlan, gp.QuantizePerTokenBackwardDescriptor(0, 4),
+             gp.QuantizePerTokenBackwardArgs(on(device, np.zeros((0, 4), np.float32)), d_x),
+             device)
+    assert d_x.shape == (0, 4)
+
+
+# -- dequantize and its backward ---------------------------------------------------------------
+
+
+def _q_and_scale(n: int, d: int, seed: int = 4):
+    rng = np.random.default_rng(seed)
+    q = rng.integers(-127, 128, size=(n, d)).astype(np.int8)
+    scale = rng.uniform(1e-3, 2.0, size=n).astype(np.float32)
+    if n > 2:
+        scale[1] = 0.0
+        scale[2] = np.float32(1e-39)  # subnormal scale: flushed to zero
+    return q, scale
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n,d", SHAPES)
+def test_dequantize_matches_reference(device, dtype, n, d):
+    q, scale = _q_and_scale(n, d)
+    y = on(device, np.full((n, d), 7, dtype))
+    plan = run_plan(gp.DequantizePerTokenPlan, gp.DequantizePerTokenDescriptor(n, d, dtype),
+                    gp.DequantizePerTokenArgs(on(device, q), on(device, scale), y), device)
+    s64 = np.where(np.abs(scale) < TINY, 0, scale).astype(np.float64)
+    assert_close(y, s64[:, None] * q, dtype)
+    np.testing.assert_array_equal(_bits(y), ref_scaled_exact(scale, q, dtype).view(np.uint8))
+    assert plan.precision_guarantee().deterministic
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n,d", SHAPES)
+def test_dequantize_backward_matches_reference(device, dtype, n, d):
+    _, scale = _q_and_scale(n, d)
+    d_out = random((n, d), dtype, seed=6, low=-10, high=10)
+    if n > 3:
+        d_out[3, 0] = np.asarray(1e-39).astype(dtype)  # a subnormal gradient (0 in f16)
+    d_in = on(device, np.full((n, d), 7, dtype))
+    plan = run_plan(gp.DequantizePerTokenBackwardPlan,
+                    gp.DequantizePerTokenBackwardDescriptor(n, d, dtype),
+                    gp.DequantizePerTokenBackwardArgs(on(device, scale), on(device, d_out), d_in),
+                    device)
+    s64 = np.where(np.abs(scale) < TINY, 0, scale).astype(np.float64)
+    expect64 = s64[:, None] * f64(d_out)
+    if np.dtype(dtype) != np.float64:
+        expect64 = np.where(np.abs(f64(d_out)) < TINY, 0, expect64)
+    assert_close(d_in, expect64, dtype)
+    np.testing.assert_array_equal(_bits(d_in),
+                                  ref_scaled_exact(scale, d_out, dtype).view(np.uint8))
+    g = plan.precision_guarantee()
+    assert g.deterministic and g.bit_stable
+
+
+@pytest.mark.parametrize("n,d", [(0, 5), (5, 0)])
+def test_dequantize_empty_extents_touch_nothing(device, n, d):
+    y = on(device, np.full((n, d), 7, np.float32))
+    run_plan(gp.DequantizePerTokenPlan, gp.DequantizePerTokenDescriptor(n, d),
+             gp.DequantizePerTokenArgs(on(device, np.zeros((n, d), np.int8)),
+                                       on(device, np.ones(n, np.float32)), y), device)
+    gi = on(device, np.full((n, d), 7, np.float32))
+    run_plan(gp.DequantizePerTokenBackwardPlan, gp.DequantizePerTokenBackwardDescriptor(n, d),
+             gp.DequantizePerTokenBackwardArgs(on(device, np.ones(n, np.float32)),
+                                               on(device, np.ones((n, d), np.float32)), gi),
+             device)
+    assert np.all(gp.to_host(y) == 7) and np.all(gp.to_host(gi) == 7)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_round_trip_error_is_half_a_step(device, dtype):
+    x = random((17, 130), dtype, seed=9, low=-8, high=8)
+    q, scale = gp.functional.quantize_per_token(on(device, x))
+    y = gp.functional.dequantize_per_token(q, scale, np.float64)
+    step = f64(scale)[:, None]
+    assert np.all(np.abs(f64(y) - f64(x)) <= step * (0.5 + 1e-5))
+
+
+# -- errors ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("plan_cls,desc_cls", [
+    (gp.QuantizePerTokenPlan, gp.QuantizePerTokenDescriptor),
+    (gp.QuantizePerTokenBackwardPlan, gp.QuantizePerTokenBackwardDescriptor),
+    (gp.DequantizePerTokenPlan, gp.DequantizePerTokenDescriptor),
+    (gp.DequantizePerTokenBackwardPlan, gp.DequantizePerTokenBackwardDescriptor),
+])
+def test_descriptor_errors(plan_cls, desc_cls):
+    s = gp.Stream.host()
+    with pytest.raises(gp.InvalidProblem, match=f"{plan_cls.op}: argument 'n'"):
+        plan_cls.select(s, desc_cls(-1, 4))
+    with pytest.raises(gp.InvalidProblem, match="'d'.*>= 0.*-3"):
+        plan_cls.select(s, desc_cls(2, -3))
+    with pytest.raises(gp.Unsupported, match="'dtype'.*i32"):
+        plan_cls.select(s, desc_cls(2, 4, np.int32))
+    with pytest.raises(gp.Unsupported, match="nvrtc requested"):
+        plan_cls.select(s, desc_cls(2, 4), gp.PlanPreference(backend=gp.BackendKind.NVRTC))
+    assert plan_cls.select(s, desc_cls(2, 4), gp.PlanPreference(deterministic=True))
+
+
+def test_quantize_backward_rejects_bad_grad_dtype():
+    desc = gp.QuantizePerTokenBackwardDescriptor(2, 4, np.float32, np.int8)
+    with pytest.raises(gp.Unsupported, match="'grad_dtype'"):
+        gp.QuantizePerTokenBackwardPlan.select(gp.Stream.host(), desc)
+
+
+def test_quantize_argument_errors_leave_outputs_untouched(device):
+    n, d = 5, 6
+    s = stream_for(device)
+    x = on(device, random((n, d), np.float32))
+    q = on(device, np.full((n, d), 9, np.int8))
+    scale = on(device, np.full((n,), 9, np.float32))
+    plan = gp.QuantizePerTokenPlan.select(s, gp.QuantizePerTokenDescriptor(n, d, np.float32))
+
+    def run(**kw):
+        a = dict(x=x, q=q, scale=scale) | kw
+        return lambda: plan.run(s, gp.Workspace.none(), gp.QuantizePerTokenArgs(**a))
+
+    outs = [q, scale]
+    assert_rejected(run(x=x.astype(np.float16)), gp.Unsupported, outs,
+                    "quantize_per_token", "'x'", "f32", "f16")
+    assert_rejected(run(q=on(device, np.zeros((n, d), np.int16))), gp.Unsupported, outs,
+                    "'q'", "i8")
+    assert_rejected(run(scale=on(device, np.zeros(n, np.float64))), gp.Unsupported, outs,
+                    "'scale'", "f32", "f64")
+    assert_rejected(run(scale=on(device, np.zeros(n - 1, np.float32))), gp.BufferTooSmall,
+                    outs, "'scale'", "5", "4")
+    assert_rejected(run(x=x.reshape(d, n)), gp.InvalidProblem, outs, "'x'", "(5, 6)", "(6, 5)")
+    assert_rejected(run(q=on(device, np.zeros((n, 2 * d), np.int8))[:, ::2]), gp.InvalidProblem,
+                    outs, "'q'", "contiguous")
+    alias = on(device, np.zeros((n, d), np.float32))
+    assert_rejected(run(x=alias, scale=alias[0, :n]), gp.InvalidProblem, [q, alias], "'scale'",
+                    "distinct")
+    if device == "cuda":
+        assert_rejected(run(x=gp.to_host(x)), gp.InvalidProblem, outs, "'x'", "host")
+
+
+def test_dequantize_argument_errors_leave_outputs_untouched(device):
+    n, d = 4, 3
+    s = stream_for(device)
+    q = on(device, np.ones((n, d), np.int8))
+    scale = on(device, np.ones(n, np.float32))
+    y = on(device, np.full((n, d), 9, gp.bfloat16))
+    plan = gp.DequantizePerTokenPlan.select(s, gp.DequantizePerTokenDescriptor(n, d, gp.bfloat16))
+
+    def run(**kw):
+        a = dict(q=q, scale=scale, y=y) | kw
+        return lambda: plan.run(s, None, gp.DequantizePerTokenArgs(**a))
+
+    assert_rejected(run(q=q.astype(np.uint8)), gp.Unsupported, [y], "dequantize_per_token",
+                    "'q'", "i8", "uint8")
+    assert_rejected(run(y=on(device, np.zeros((n, d), np.float16))), gp.Unsupported, [y], "'y'",
+                    "bf16", "f16")
+    assert_rejected(run(y=on(device, np.zeros((n, d - 1), gp.bfloat16))), gp.BufferTooSmall,
+                    [y], "'y'", "12", "8")
+    assert_rejected(run(scale=on(device, np.ones((n, 1), np.float32))), gp.InvalidProblem, [y],
+                    "'scale'", "(4,)", "(4, 1)")
+
+
+def test_backward_argument_errors_leave_outputs_untouched(device):
+    n, d = 4, 3
+    s = stream_for(device)
+    scale = on(device, np.ones(n, np.float32))
+    g = on(device, random((n, d), np.float64))
+    d_in = on(device, np.full((n, d), 9, np.float64))
+    plan = gp.DequantizePerTokenBackwardPlan.select(
+        s, gp.DequantizePerTokenBackwardDescriptor(n, d, np.float64))
+    args = gp.DequantizePerTokenBackwardArgs
+    assert_rejected(lambda: plan.run(s, None, args(scale, g.astype(np.float32), d_in)),
+                    gp.Unsupported, [d_in], "dequantize_per_token_backward", "'d_output'")
+    assert_rejected(lambda: plan.run(s, None, args(scale, g, d_in[:, :2])), gp.BufferTooSmall,
+                    [d_in], "'d_input'")
+    assert_rejected(lambda: plan.run(s, None, args(scale, d_in, d_in)), gp.InvalidProblem,
+                    [d_in], "'d_input'", "distinct")
+    qb = gp.QuantizePerTokenBackwardPlan.select(
+        s, gp.QuantizePerTokenBackwardDescriptor(n, d, np.float64, np.float32))
+    qargs = gp.QuantizePerTokenBackwardArgs
+    assert_rejected(lambda: qb.run(s, None, qargs(g, d_in)), gp.Unsupported, [d_in],
+                    "quantize_per_token_backward", "'d_q'", "f32", "f64")
+    assert_rejected(lambda: qb.run(s, None, qargs(g.astype(np.float32).T, d_in)),
+                    gp.InvalidProblem, [d_in], "'d_q'", "(4, 3)")
+
+
+# -- functional API and SKUs -------------------------------------------------------------------
+
+
+def test_functional_api():
+    x = random((6, 10), gp.bfloat16, seed=1)
+    q, scale = gp.functional.quantize_per_token(x)
+    assert (q.dtype, q.shape, scale.dtype, scale.shape) == (np.int8, (6, 10), np.float32, (6,))
+    eq, es = ref_quantize_exact(x)
+    np.testing.assert_array_equal(q, eq)
+    np.testing.assert_array_equal(scale, es)
+    xt = random((10, 6), np.float32).T  # a strided view is made contiguous first
+    np.testing.assert_array_equal(gp.functional.quantize_per_token(xt)[0],
+                                  ref_quantize_exact(np.ascontiguousarray(xt))[0])
+    y = gp.functional.dequantize_per_token(q, scale, np.float16)
+    assert y.dtype == np.float16 and y.shape == (6, 10)
+    d = random((6, 10), np.float32, seed=3)
+    np.testing.assert_array_equal(gp.functional.quantize_per_token_backward(d), d)
+    dx = gp.functional.quantize_per_token_backward(d, dtype=gp.bfloat16)
+    assert dx.dtype == gp.bfloat16
+    di = gp.functional.dequantize_per_token_backward(scale, d)
+    np.testing.assert_array_equal(di, ref_scaled_exact(scale, d, np.float32))
+    with pytest.raises(gp.InvalidProblem, match="quantize_per_token: argument 'x'.*rank-2"):
+        gp.functional.quantize_per_token(np.zeros((2, 3, 4), np.float32))
+    with pytest.raises(gp.Unsupported, match="dtype"):
+        gp.functional.quantize_per_token(np.zeros((2, 3), np.int32))
+
+
+def test_host_skus():
+    s = gp.Stream.host()
+    for dtype in FLOAT_DTYPES:
+        plan = gp.QuantizePerTokenPlan.select(s, gp.QuantizePerTokenDescriptor(3, 4, dtype))
+        sku = plan.sku()
+        assert (sku.op, sku.backend, sku.arch, sku.variant) == (
+            "quantize_per_token", gp.BackendKind.NUMPY, "host", "numpy")
+        assert sku.dtype == gp.dtypes.short_name(dtype) and sku.index_dtype is None
+        g = plan.precision_guarantee()
+        assert g.accumulator == ("f64" if dtype == np.float64 else "f32")
+        assert plan.workspace_size() == 0
+
+
+@pytest.mark.gpu
+def test_device_skus():
+    s = gp.Stream.current()
+    for plan_cls, desc in [(gp.QuantizePerTokenPlan, gp.QuantizePerTokenDescriptor(3, 4)),
+                           (gp.DequantizePerTokenPlan, gp.DequantizePerTokenDescriptor(3, 4)),
+                           (gp.DequantizePerTokenBackwardPlan,
+                            gp.DequantizePerTokenBackwardDescriptor(3, 4))]:
+        plan = plan_cls.select(s, desc, gp.PlanPreference(deterministic=True))
+        assert plan.sku().variant == "row" and plan.sku().backend is gp.BackendKind.NVRTC
+        assert plan.precision_guarantee().bit_stable
+    qb = gp.QuantizePerTokenBackwardPlan
+    assert qb.select(s, gp.QuantizePerTokenBackwardDescriptor(3, 4)).sku().variant == "copy"
+    conv = gp.QuantizePerTokenBackwardDescriptor(3, 4, gp.bfloat16, np.float32)
+    assert qb.select(s, conv).sku().variant == "convert"
+    with pytest.raises(gp.Unsupported, match="cublas requested"):
+        gp.QuantizePerTokenPlan.select(s, gp.QuantizePerTokenDescriptor(3, 4),
+                                       gp.PlanPreference(backend=gp.BackendKind.CUBLAS))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n,d", [(524288 + 37, 3), (3, 5000), (1000, 4096)])
+def test_device_bit_identical_to_host_on_large_shapes(dtype, n, d):
+    """More rows than the grid (grid-stride), rows longer than the block, a realistic size."""
+    x = random((n, d), dtype, seed=n, low=-6, high=6)
+    hq, hs = quantize(x, "cpu")[:2]
+    dq, ds = quantize(x, "cuda")[:2]
+    np.testing.assert_array_equal(dq, hq)
+    np.testing.assert_array_equal(_bits(ds), _bits(hs))
+    y_host = gp.functional.dequantize_per_token(hq, hs, dtype)
+    y_dev = gp.functional.dequantize_per_token(on("cuda", hq), on("cuda", hs), dtype)
+    np.testing.assert_array_equal(_bits(y_dev), _bits(y_host))
+    g_host = gp.functional.dequantize_per_token_backward(hs, x)
+    g_dev = gp.functional.dequantize_per_token_backward(on("cuda", hs), on("cuda", x))
+    np.testing.assert_array_equal(_bits(g_dev), _bits(g_host))
