@@ -21,7 +21,8 @@ _REGS_RE = re.compile(r"Used (\d+) registers(?:.*?(\d+) bytes smem)?")
 
 
 def cupy_options() -> tuple[str, ...]:
-    """The include paths and flags CuPy itself passes to NVRTC (private CuPy 14 API)."""
+    """The include paths and flags CuPy passes to NVRTC (private CuPy 14 API); CuPy also adds
+    -ftz=true, -arch and --device-as-default-execution-space, added in compile_module."""
     from cupy._core import core
 
     return tuple(core.assemble_cupy_compiler_options(()))
@@ -53,7 +54,7 @@ def compile_module(mod, arch: str) -> tuple[list[dict], float]:
     from cupy.cuda import compiler
 
     opts = cupy_options() + tuple(mod.options) + (
-        f"-arch=sm_{arch}", "--device-as-default-execution-space", "-Xptxas=-v")
+        "-ftz=true", f"-arch=sm_{arch}", "--device-as-default-execution-space", "-Xptxas=-v")
     t0 = time.perf_counter()
     prog = compiler._NVRTCProgram(mod.source(), mod.path.name,
                                   name_expressions=list(mod.name_expressions), method="cubin")

@@ -1,4 +1,332 @@
-"""(family dropout: being implemented)."""
+"""Dropout (forward, backward, keep mask) from a counter-based Philox4x32-10 generator.
 
-__all__: list[str] = []
-__functional__: list[str] = []
+The mask is a pure function of (p, seed, offset, i), the same bits on the host and on every
+device and launch shape, so backward regenerates it instead of storing it:
+
+    key     = (lo32(seed), hi32(seed))                       seed: 0 <= seed < 2**64
+    counter = (lo32(j), hi32(j), 0, 0),  j = (offset + i // 4) mod 2**64
+    word_i  = Philox4x32-10(counter, key)[i % 4]
+    u_i     = float32(word_i >> 8) * 2**-24                  (exact, in [0, 1))
+    keep_i  = u_i >= float32(p)
+
+Element i of a flat (C-order) array uses counter offset + i // 4, so one call consumes
+`philox_counters(numel)` = ceil(numel / 4) counters: a caller drawing several masks from one
+seed advances `offset` by that much between calls to keep them independent.
+
+Forward  y[i] = keep_i ? x[i] * scale : 0,   scale = 1 / (1 - p)
+Backward dx[i] = keep_i ? dy[i] * scale : 0  (the same mask, regenerated from seed and offset)
+For f32/f16/bf16 the scale is float32(1 / (1 - p)) (1/(1-p) computed in float64, rounded
+once) and the product is taken in float32 then rounded to nearest even; for f64 both are
+float64. p == 0 copies; p == 1 drops everything (zeros, as PyTorch).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from gpuplan import backend
+from gpuplan.dtypes import FLOAT_DTYPES, accumulator, as_dtype, cuda_name, float64, short_name
+from gpuplan.errors import InvalidProblem, describe
+from gpuplan.execute import execute
+from gpuplan.nvrtc import CudaModule, cdiv, launch
+from gpuplan.plan import (
+    BackendKind,
+    Candidate,
+    Plan,
+    check_dtype,
+    check_operand,
+    check_writable_distinct,
+    host_candidate,
+)
+from gpuplan.stream import Stream, Workspace
+
+__all__ = [
+    "DropoutDescriptor",
+    "DropoutArgs",
+    "DropoutPlan",
+    "DropoutBackwardDescriptor",
+    "DropoutBackwardArgs",
+    "DropoutBackwardPlan",
+    "DropoutMaskDescriptor",
+    "DropoutMaskArgs",
+    "DropoutMaskPlan",
+]
+__functional__ = ["dropout", "dropout_backward", "dropout_mask"]
+
+_MODULE = CudaModule(
+    __file__,
+    "dropout.cu",
+    [f"dropout_apply<{cuda_name(t)}>" for t in FLOAT_DTYPES] + ["dropout_keep_mask"],
+)
+
+_M0, _M1 = np.uint64(0xD2511F53), np.uint64(0xCD9E8D57)
+_W0, _W1 = 0x9E3779B9, 0xBB67AE85
+_U32 = 0xFFFFFFFF
+_U64 = 2**64
+_THREADS = 256
+_MAX_BLOCKS = 16384
+#: counters generated per host pass (bounds the host's temporary memory to ~100 MB)
+_HOST_CHUNK = 1 << 20
+
+
+def philox4x32_10(counters: np.ndarray, key: tuple[int, int],
+                  high: tuple[int, int] = (0, 0)) -> np.ndarray:
+    """Philox4x32-10 on the host: words [len, 4] uint32 for 64-bit counters (c0, c1) and the
+    two high counter words `high` = (c2, c3), key = (k0, k1). Random123's reference algorithm."""
+    j = np.asarray(counters, dtype=np.uint64)
+    c0 = (j & np.uint64(_U32)).astype(np.uint64)
+    c1 = (j >> np.uint64(32)).astype(np.uint32)
+    c2 = np.full(j.shape, high[0], dtype=np.uint64)
+    c3 = np.full(j.shape, high[1], dtype=np.uint32)
+    k0, k1 = int(key[0]) & _U32, int(key[1]) & _U32
+    for r in range(10):
+        if r:
+            k0, k1 = (k0 + _W0) & _U32, (k1 + _W1) & _U32
+        p0 = c0 * _M0  # < 2**64: exact in uint64
+        p1 = c2 * _M1
+        n0 = (p1 >> np.uint64(32)).astype(np.uint32) ^ c1 ^ np.uint32(k0)
+        n2 = (p0 >> np.uint64(32)).astype(np.uint32) ^ c3 ^ np.uint32(k1)
+        c1 = (p1 & np.uint64(_U32)).astype(np.uint32)
+        c3 = (p0 & np.uint64(_U32)).astype(np.uint32)
+        c0 = n0.astype(np.uint64)
+        c2 = n2.astype(np.uint64)
+    return np.stack([c0.astype(np.uint32), c1, c2.astype(np.uint32), c3], axis=-1)
+
+
+def philox_counters(numel: int) -> int:
+    """Counters one dropout call over `numel` elements consumes (advance `offset` by this)."""
+    return cdiv(int(numel), 4)
+
+
+def keep_mask_host(n: int, p: float, seed: int, offset: int = 0) -> np.ndarray:
+    """The keep mask [n] bool on the host, exactly as the kernels compute it."""
+    mask = np.empty(n, dtype=np.bool_)
+    p32 = np.float32(p)
+    key = (seed & _U32, seed >> 32)
+    groups = philox_counters(n)
+    for g0 in range(0, groups, _HOST_CHUNK):
+        g1 = min(groups, g0 + _HOST_CHUNK)
+        j = (np.arange(g0, g1, dtype=np.uint64) + np.uint64(offset))  # wraps mod 2**64
+        words = philox4x32_10(j, key).reshape(-1)
+        u = (words >> np.uint32(8)).astype(np.float32) * np.float32(2.0**-24)
+        lo, hi = 4 * g0, min(n, 4 * g1)
+        mask[lo:hi] = (u >= p32)[: hi - lo]
+    return mask
+
+
+def _scale(p: float, dtype: Any) -> np.floating:
+    """1 / (1 - p) rounded once to the kernel's scale type (0 when p == 1: all dropped)."""
+    s = 0.0 if p >= 1.0 else 1.0 / (1.0 - p)
+    return np.float64(s) if as_dtype(dtype) == float64 else np.float32(s)
+
+
+def _is_real(p: Any) -> bool:
+    return isinstance(p, (int, float, np.floating, np.integer)) and not isinstance(p, bool)
+
+
+def _check_p(op: str, p: float) -> None:
+    if not _is_real(p) or not (math.isfinite(float(p)) and 0.0 <= float(p) <= 1.0):
+        raise InvalidProblem(describe(op, "p", "a probability 0 <= p <= 1", p))
+
+
+def _check_u64(op: str, name: str, v: Any) -> int:
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not 0 <= int(v) < _U64:
+        raise InvalidProblem(describe(op, name, "an integer in [0, 2**64)", repr(v)))
+    return int(v)
+
+
+def _grid(n: int) -> int:
+    return max(1, min(cdiv(philox_counters(n), _THREADS), _MAX_BLOCKS))
+
+
+def _aligned(*arrays: Any) -> np.int32:
+    return np.int32(all(a.data.ptr % (4 * a.dtype.itemsize) == 0 for a in arrays))
+
+
+@dataclass(frozen=True)
+class DropoutDescriptor:
+    n: int            # number of elements (the functional API flattens x)
+    p: float          # drop probability, 0 <= p <= 1
+    dtype: Any = np.float32
+
+
+@dataclass(frozen=True)
+class DropoutArgs:
+    x: Any            # [n]
+    y: Any            # [n], written
+    seed: int         # 0 <= seed < 2**64
+    offset: int = 0   # first Philox counter, 0 <= offset < 2**64
+
+
+class DropoutPlan(Plan):
+    """y[i] = keep_i * x[i] / (1 - p) with the Philox keep mask of the module docstring.
+
+    SKUs: ``numpy`` (host) and ``philox`` (one thread per counter, four elements each,
+    vector loads when aligned). Elementwise with a launch-independent mask: deterministic,
+    bit-stable, and bit-identical to the host except that the device flushes f32/bf16
+    subnormal products to zero (CuPy compiles with -ftz=true).
+    """
+
+    op = "dropout"
+    category = "elementwise"
+    _in, _out = "x", "y"
+
+    @classmethod
+    def _check_descriptor(cls, desc: Any) -> None:
+        super()._check_descriptor(desc)
+        _check_p(cls.op, desc.p)
+
+    @classmethod
+    def _candidates(cls, desc: Any, on_device: bool) -> list[Candidate]:
+        d = check_dtype(cls.op, "dtype", desc.dtype, FLOAT_DTYPES)
+        if not on_device:
+            return [host_candidate(d)]
+        acc = short_name(accumulator(d))
+        return [Candidate("philox", BackendKind.NVRTC, True, True, short_name(d), acc)]
+
+    def _check_args(self, args: Any) -> None:
+        d = self.desc
+        x, y = getattr(args, self._in), getattr(args, self._out)
+        check_operand(self.op, self._in, x, (d.n,), d.dtype)
+        check_operand(self.op, self._out, y, (d.n,), d.dtype)
+        check_writable_distinct(self.op, {self._out: y}, {self._in: x})
+        _check_u64(self.op, "seed", args.seed)
+        _check_u64(self.op, "offset", args.offset)
+
+    def _is_empty(self) -> bool:
+        return self.desc.n == 0
+
+    def _run_numpy(self, stream: Stream, ws: Workspace, args: Any) -> None:
+        d = self.desc
+        x, y = getattr(args, self._in), getattr(args, self._out)
+        if d.p == 0:
+            y[...] = x
+            return
+        keep = keep_mask_host(d.n, d.p, int(args.seed), int(args.offset))
+        prod = x.astype(accumulator(d.dtype)) * _scale(d.p, d.dtype)
+        y[...] = np.where(keep, prod, 0).astype(d.dtype)
+
+    def _run_philox(self, stream: Stream, ws: Workspace, args: Any) -> None:
+        d = self.desc
+        x, y = getattr(args, self._in), getattr(args, self._out)
+        if d.p == 0:
+            with stream.cuda_stream:
+                y[...] = x
+            return
+        fn = _MODULE.function(f"dropout_apply<{cuda_name(d.dtype)}>", stream.device_id)
+        launch(stream, fn, _grid(d.n), _THREADS,
+               (x, y, np.int64(d.n), np.uint64(args.seed), np.uint64(args.offset),
+                np.float32(d.p), _scale(d.p, d.dtype), _aligned(x, y)))
+
+
+@dataclass(frozen=True)
+class DropoutBackwardDescriptor:
+    n: int
+    p: float
+    dtype: Any = np.float32
+
+
+@dataclass(frozen=True)
+class DropoutBackwardArgs:
+    dy: Any           # [n]
+    dx: Any           # [n], written
+    seed: int         # the forward's seed and offset
+    offset: int = 0
+
+
+class DropoutBackwardPlan(DropoutPlan):
+    """dx[i] = keep_i * dy[i] / (1 - p), the forward's mask regenerated from (seed, offset)."""
+
+    op = "dropout_backward"
+    _in, _out = "dy", "dx"
+
+
+@dataclass(frozen=True)
+class DropoutMaskDescriptor:
+    n: int
+    p: float
+
+
+@dataclass(frozen=True)
+class DropoutMaskArgs:
+    mask: Any         # [n] bool, written: True where the element is kept
+    seed: int
+    offset: int = 0
+
+
+class DropoutMaskPlan(Plan):
+    """mask[i] = keep_i (bool), the mask DropoutPlan applies for the same (p, seed, offset)."""
+
+    op = "dropout_mask"
+    category = "random"
+
+    @classmethod
+    def _check_descriptor(cls, desc: Any) -> None:
+        super()._check_descriptor(desc)
+        _check_p(cls.op, desc.p)
+
+    @classmethod
+    def _candidates(cls, desc: Any, on_device: bool) -> list[Candidate]:
+        if not on_device:
+            return [Candidate("numpy", BackendKind.NUMPY, True, True, "f32", "f32")]
+        return [Candidate("philox", BackendKind.NVRTC, True, True, "f32", "f32")]
+
+    def _sku_dtype(self) -> Any:
+        return np.bool_
+
+    def _check_args(self, args: DropoutMaskArgs) -> None:
+        check_operand(self.op, "mask", args.mask, (self.desc.n,), np.bool_)
+        _check_u64(self.op, "seed", args.seed)
+        _check_u64(self.op, "offset", args.offset)
+
+    def _is_empty(self) -> bool:
+        return self.desc.n == 0
+
+    def _run_numpy(self, stream: Stream, ws: Workspace, args: DropoutMaskArgs) -> None:
+        args.mask[...] = keep_mask_host(self.desc.n, self.desc.p, int(args.seed),
+                                        int(args.offset))
+
+    def _run_philox(self, stream: Stream, ws: Workspace, args: DropoutMaskArgs) -> None:
+        d = self.desc
+        fn = _MODULE.function("dropout_keep_mask", stream.device_id)
+        aligned = np.int32(args.mask.data.ptr % 4 == 0)
+        launch(stream, fn, _grid(d.n), _THREADS,
+               (args.mask, np.int64(d.n), np.uint64(args.seed), np.uint64(args.offset),
+                np.float32(d.p), aligned))
+
+
+# -- functional API ------------------------------------------------------------------------
+
+
+def _apply(plan_cls: type[Plan], desc_cls: type, args_cls: type, a: Any, p: float, seed: int,
+           offset: int) -> Any:
+    flat = backend.ascontiguous(a).reshape(-1)
+    out = backend.array_namespace(a).empty(flat.shape, dtype=a.dtype)
+    desc = desc_cls(int(flat.shape[0]), float(p) if _is_real(p) else p, a.dtype)
+    execute(plan_cls, desc, args_cls(flat, out, seed, offset), like=a)
+    return out.reshape(a.shape)
+
+
+def dropout(x: Any, p: float, seed: int, offset: int = 0) -> Any:
+    """y = x * keep / (1 - p), same shape and dtype as x (p == 0: a copy; p == 1: zeros)."""
+    return _apply(DropoutPlan, DropoutDescriptor, DropoutArgs, x, p, seed, offset)
+
+
+def dropout_backward(dy: Any, p: float, seed: int, offset: int = 0) -> Any:
+    """dx = dy * keep / (1 - p) with the forward's mask, regenerated from (seed, offset)."""
+    return _apply(DropoutBackwardPlan, DropoutBackwardDescriptor, DropoutBackwardArgs, dy, p,
+                  seed, offset)
+
+
+def dropout_mask(shape: Any, p: float, seed: int, offset: int = 0, device: str = "cpu") -> Any:
+    """The keep mask (bool, `shape`, on 'cpu' or 'cuda') that dropout applies."""
+    shape = (int(shape),) if isinstance(shape, (int, np.integer)) else tuple(int(s) for s in shape)
+    mask = backend.empty(shape, np.bool_, device)
+    flat = mask.reshape(-1)
+    desc = DropoutMaskDescriptor(int(flat.shape[0]), float(p) if _is_real(p) else p)
+    execute(DropoutMaskPlan, desc, DropoutMaskArgs(flat, seed, offset), like=mask)
+    return mask
