@@ -1,0 +1,76 @@
+"""LayerNorm / RMSNorm benchmarks on a 16384 x 4096 activation (bf16 and f32) vs CuPy ops."""
+
+from __future__ import annotations
+
+import numpy as np
+
+import gpuplan as gp
+from gpuplan.dtypes import accumulator
+from scripts.benchmarks.common import Case, device_array, plan_state, random_host, run_plan_state
+
+N, D = 16384, 4096
+
+
+def _ln_forward_setup(dt, rms: bool):
+    def setup() -> dict:
+        acc = accumulator(dt)
+        x = device_array(random_host((N, D), dt, scale=2.0))
+        w = device_array(random_host((D,), dt, seed=1))
+        b = None if rms else device_array(random_host((D,), dt, seed=2))
+        y = gp.empty((N, D), dt, device="cuda")
+        rstd = gp.empty((N,), acc, device="cuda")
+        if rms:
+            return plan_state(gp.RMSNormPlan, gp.RMSNormDescriptor(N, D, 1e-6, True, dt),
+                              gp.RMSNormArgs(x, w, y, rstd), x=x, w=w, b=b)
+        mean = gp.empty((N,), acc, device="cuda")
+        return plan_state(gp.LayerNormPlan, gp.LayerNormDescriptor(N, D, 1e-5, True, True, dt),
+                          gp.LayerNormArgs(x, w, b, y, mean, rstd), x=x, w=w, b=b)
+    return setup
+
+
+def _forward_baseline(rms: bool):
+    def baseline(st: dict) -> None:
+        import cupy as cp
+
+        with st["stream"].cuda_stream:
+            xf = st["x"].astype(cp.float32)
+            if rms:
+                y = xf * (1 / cp.sqrt((xf * xf).mean(axis=1, keepdims=True) + 1e-6))
+                y = y * st["w"].astype(cp.float32)
+            else:
+                c = xf - xf.mean(axis=1, keepdims=True)
+                y = c * (1 / cp.sqrt((c * c).mean(axis=1, keepdims=True) + 1e-5))
+                y = y * st["w"].astype(cp.float32) + st["b"].astype(cp.float32)
+            y.astype(st["x"].dtype)
+    return baseline
+
+
+def _backward_setup(dt, rms: bool):
+    def setup() -> dict:
+        x = device_array(random_host((N, D), dt, scale=2.0))
+        dy = device_array(random_host((N, D), dt, seed=3))
+        w = device_array(random_host((D,), dt, seed=1))
+        dx = gp.empty((N, D), dt, device="cuda")
+        dw = gp.empty((D,), dt, device="cuda")
+        if rms:
+            _, rstd = gp.functional.rms_norm(x, w)
+            return plan_state(gp.RMSNormBackwardPlan, gp.RMSNormBackwardDescriptor(N, D, True, dt),
+                              gp.RMSNormBackwardArgs(dy, x, w, rstd, dx, dw))
+        _, mean, rstd = gp.functional.layer_norm(x, w, None)
+        db = gp.empty((D,), dt, device="cuda")
+        return plan_state(gp.LayerNormBackwardPlan,
+                          gp.LayerNormBackwardDescriptor(N, D, True, True, dt),
+                          gp.LayerNormBackwardArgs(dy, x, w, mean, rstd, dx, dw, db))
+    return setup
+
+
+CASES: list[Case] = []
+for _dt in (gp.bfloat16, np.dtype(np.float32)):
+    _it = _dt.itemsize
+    _tag = gp.dtypes.short_name(_dt)
+    for _rms, _name in ((False, "layer_norm"), (True, "rms_norm")):
+        CASES.append(Case(f"{_name}_{_tag}_{N}x{D}", _ln_forward_setup(_dt, _rms), run_plan_state,
+                          2 * N * D * _it + N * 8, baseline=_forward_baseline(_rms),
+                          baseline_name="cupy ops"))
+        CASES.append(Case(f"{_name}_bwd_{_tag}_{N}x{D}", _backward_setup(_dt, _rms),
+                          run_plan_state, 3 * N * D * _it + N * 8))

@@ -1,0 +1,288 @@
+"""LayerNorm / RMSNorm plans against float64 NumPy references, on host and device."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import gpuplan as gp
+from gpuplan.dtypes import accumulator
+from tests.plan_testing import (
+    DTYPES,
+    assert_close,
+    assert_rejected,
+    f64,
+    on,
+    random,
+    run_plan,
+    stream_for,
+)
+
+# (rows, dim): one row, odd, around the warp/block threshold (1024), a long row.
+SHAPES = [(1, 1), (7, 33), (5, 1023), (9, 1025), (3, 4099)]
+AFFINE = [pytest.param(True, True, id="w+b"), pytest.param(True, False, id="w"),
+          pytest.param(False, False, id="plain")]
+
+
+def ref_forward(x, w, b, eps, rms):
+    """float64 y, mean, rstd of rows of x."""
+    x = f64(x)
+    mean = np.zeros(x.shape[0]) if rms else x.mean(axis=1)
+    var = (x * x).mean(axis=1) if rms else ((x - mean[:, None]) ** 2).mean(axis=1)
+    rstd = 1.0 / np.sqrt(var + eps)
+    y = (x - mean[:, None]) * rstd[:, None]
+    if w is not None:
+        y = y * f64(w)
+    if b is not None:
+        y = y + f64(b)
+    return y, mean, rstd
+
+
+def ref_backward(dy, x, w, eps, rms):
+    """float64 (dx, dw, db) by the chain rule through ref_forward's formulas, written
+    per row as the Jacobian J[k, i] = dy_k / dx_i (independent of the kernels' closed form)."""
+    x, dy = f64(x), f64(dy)
+    wv = np.ones(x.shape[1]) if w is None else f64(w)
+    _, mean, rstd = ref_forward(x, None, None, eps, rms)
+    n = x.shape[1]
+    eye = np.eye(n)
+    dx = np.empty_like(x)
+    for r in range(x.shape[0]):
+        c = x[r] - mean[r]
+        dc = eye if rms else eye - 1.0 / n                   # d(x - mean)/dx
+        dvar = 2.0 * c @ dc / n                               # d var / dx
+        drstd = -0.5 * rstd[r] ** 3 * dvar
+        jac = (dc * rstd[r] + np.outer(c, drstd)) * wv[:, None]
+        dx[r] = dy[r] @ jac
+    xhat = (x - mean[:, None]) * rstd[:, None]
+    return dx, (dy * xhat).sum(axis=0), dy.sum(axis=0)
+
+
+def _inputs(rows, dim, dtype, has_w, has_b):
+    x = random((rows, dim), dtype, seed=1, low=-2.0, high=3.0)
+    w = random((dim,), dtype, seed=2, low=0.5, high=1.5) if has_w else None
+    b = random((dim,), dtype, seed=3) if has_b else None
+    return x, w, b
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows,dim", SHAPES)
+@pytest.mark.parametrize("has_w,has_b", AFFINE)
+def test_layer_norm_forward(device, dtype, rows, dim, has_w, has_b):
+    x, w, b = _inputs(rows, dim, dtype, has_w, has_b)
+    acc = accumulator(dtype)
+    y = on(device, np.full((rows, dim), 7, dtype))
+    mean, rstd = on(device, np.zeros(rows, acc)), on(device, np.zeros(rows, acc))
+    desc = gp.LayerNormDescriptor(rows, dim, 1e-5, has_w, has_b, dtype)
+    plan = run_plan(gp.LayerNormPlan, desc,
+                    gp.LayerNormArgs(on(device, x), on(device, w), on(device, b), y, mean, rstd),
+                    device)
+    ry, rmean, rrstd = ref_forward(x, w, b, 1e-5, rms=False)
+    assert_close(y, ry, dtype, scale=4)
+    assert_close(mean, rmean, acc)
+    assert_close(rstd, rrstd, acc, scale=4)
+    assert plan.precision_guarantee().deterministic
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows,dim", SHAPES)
+@pytest.mark.parametrize("has_w", [True, False])
+def test_rms_norm_forward(device, dtype, rows, dim, has_w):
+    x, w, _ = _inputs(rows, dim, dtype, has_w, False)
+    y = on(device, np.full((rows, dim), 7, dtype))
+    rstd = on(device, np.zeros(rows, accumulator(dtype)))
+    run_plan(gp.RMSNormPlan, gp.RMSNormDescriptor(rows, dim, 1e-6, has_w, dtype),
+             gp.RMSNormArgs(on(device, x), on(device, w), y, rstd), device)
+    ry, _, rrstd = ref_forward(x, w, None, 1e-6, rms=True)
+    assert_close(y, ry, dtype, scale=4)
+    assert_close(rstd, rrstd, accumulator(dtype), scale=4)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows,dim", [(1, 1), (7, 33), (40, 257), (9, 1025)])
+@pytest.mark.parametrize("has_w,has_b", AFFINE)
+@pytest.mark.parametrize("rms", [False, True], ids=["layer", "rms"])
+def test_backward(device, dtype, rows, dim, has_w, has_b, rms):
+    x, w, _ = _inputs(rows, dim, dtype, has_w, False)
+    dy = random((rows, dim), dtype, seed=4)
+    eps = 1e-6 if rms else 1e-5
+    acc = accumulator(dtype)
+    _, rmean, rrstd = ref_forward(x, None, None, eps, rms)
+    dx = on(device, np.full((rows, dim), 7, dtype))
+    dw = on(device, np.full(dim, 7, dtype)) if has_w else None
+    db = on(device, np.full(dim, 7, dtype)) if has_b and not rms else None
+    args_in = (on(device, dy), on(device, x), on(device, w))
+    if rms:
+        desc = gp.RMSNormBackwardDescriptor(rows, dim, has_w, dtype)
+        args = gp.RMSNormBackwardArgs(*args_in, on(device, rrstd.astype(acc)), dx, dw)
+        plan_cls = gp.RMSNormBackwardPlan
+    else:
+        desc = gp.LayerNormBackwardDescriptor(rows, dim, has_w, has_b, dtype)
+        args = gp.LayerNormBackwardArgs(*args_in, on(device, rmean.astype(acc)),
+                                        on(device, rrstd.astype(acc)), dx, dw, db)
+        plan_cls = gp.LayerNormBackwardPlan
+    plan = run_plan(plan_cls, desc, args, device)
+    rdx, rdw, rdb = ref_backward(dy, x, w, eps, rms)
+    assert_close(dx, rdx, dtype, scale=8)
+    # Column sums over `rows` terms: the error grows with the count.
+    if has_w:
+        assert_close(dw, rdw, dtype, scale=max(4.0, rows / 4))
+    if db is not None:
+        assert_close(db, rdb, dtype, scale=max(4.0, rows / 4))
+    assert plan.precision_guarantee().deterministic
+
+
+def test_reference_backward_matches_finite_differences():
+    rng = np.random.default_rng(0)
+    x, dy, w = rng.normal(size=(2, 5)), rng.normal(size=(2, 5)), rng.normal(size=5)
+    for rms in (False, True):
+        dx, dw, _ = ref_backward(dy, x, w, 1e-5, rms)
+        h = 1e-6
+        num = np.zeros_like(x)
+        for i in np.ndindex(x.shape):
+            xp, xm = x.copy(), x.copy()
+            xp[i] += h
+            xm[i] -= h
+            num[i] = ((ref_forward(xp, w, None, 1e-5, rms)[0]
+                       - ref_forward(xm, w, None, 1e-5, rms)[0]) * dy).sum() / (2 * h)
+        np.testing.assert_allclose(dx, num, rtol=1e-6, atol=1e-8)
+        numw = np.array([((ref_forward(x, w + h * e, None, 1e-5, rms)[0]
+                           - ref_forward(x, w - h * e, None, 1e-5, rms)[0]) * dy).sum() / (2 * h)
+                         for e in np.eye(5)])
+        np.testing.assert_allclose(dw, numw, rtol=1e-6, atol=1e-8)
+
+
+@pytest.mark.parametrize("rows,dim", [(0, 8), (4, 0), (0, 0)])
+def test_empty_extents(device, rows, dim):
+    x = on(device, np.zeros((rows, dim), np.float32))
+    w, b = on(device, np.ones(dim, np.float32)), on(device, np.zeros(dim, np.float32))
+    y = on(device, np.zeros((rows, dim), np.float32))
+    mean, rstd = on(device, np.full(rows, 3, np.float32)), on(device, np.full(rows, 3, np.float32))
+    run_plan(gp.LayerNormPlan, gp.LayerNormDescriptor(rows, dim, 0.25, dtype=np.float32),
+             gp.LayerNormArgs(x, w, b, y, mean, rstd), device)
+    # D = 0: mean 0, var 0, rstd = 1/sqrt(eps).
+    assert np.all(gp.to_host(mean) == 0) and np.all(gp.to_host(rstd) == 2)
+    dx = on(device, np.zeros((rows, dim), np.float32))
+    dw, db = on(device, np.full(dim, 5, np.float32)), on(device, np.full(dim, 5, np.float32))
+    run_plan(gp.LayerNormBackwardPlan, gp.LayerNormBackwardDescriptor(rows, dim),
+             gp.LayerNormBackwardArgs(x, x, w, mean, rstd, dx, dw, db), device)
+    assert np.all(gp.to_host(dw) == 0) and np.all(gp.to_host(db) == 0)  # empty sums
+
+
+def test_descriptor_errors():
+    s = gp.Stream.host()
+    with pytest.raises(gp.InvalidProblem, match="layer_norm: argument 'rows'"):
+        gp.LayerNormPlan.select(s, gp.LayerNormDescriptor(-1, 4))
+    with pytest.raises(gp.InvalidProblem, match="rms_norm: argument 'eps'"):
+        gp.RMSNormPlan.select(s, gp.RMSNormDescriptor(2, 4, eps=-1.0))
+    with pytest.raises(gp.Unsupported, match="dtype"):
+        gp.LayerNormBackwardPlan.select(s, gp.LayerNormBackwardDescriptor(2, 4, dtype=np.int32))
+    with pytest.raises(gp.Unsupported, match="nvrtc requested"):
+        gp.RMSNormBackwardPlan.select(s, gp.RMSNormBackwardDescriptor(2, 4),
+                                      gp.PlanPreference(backend=gp.BackendKind.NVRTC))
+
+
+def test_forward_argument_errors_leave_outputs_untouched(device):
+    rows, dim = 6, 10
+    s = stream_for(device)
+    x = on(device, random((rows, dim), np.float32))
+    w, b = on(device, np.ones(dim, np.float32)), on(device, np.zeros(dim, np.float32))
+    y = on(device, np.full((rows, dim), 9, np.float32))
+    mean, rstd = on(device, np.full(rows, 9, np.float32)), on(device, np.full(rows, 9, np.float32))
+    plan = gp.LayerNormPlan.select(s, gp.LayerNormDescriptor(rows, dim))
+
+    def run(**kw):
+        a = dict(x=x, weight=w, bias=b, y=y, mean=mean, rstd=rstd) | kw
+        return lambda: plan.run(s, None, gp.LayerNormArgs(**a))
+
+    outs = [y, mean, rstd]
+    assert_rejected(run(x=x.astype(np.float64)), gp.Unsupported, outs, "layer_norm", "'x'",
+                    "f32", "f64")
+    assert_rejected(run(mean=mean.astype(np.float16)), gp.Unsupported, outs, "'mean'", "f16")
+    assert_rejected(run(weight=w[:-1]), gp.BufferTooSmall, outs, "'weight'", "10", "9")
+    assert_rejected(run(y=y.reshape(dim, rows)), gp.InvalidProblem, outs, "'y'", "(6, 10)")
+    assert_rejected(run(bias=None), gp.InvalidProblem, outs, "'bias'", "an array")
+    assert_rejected(run(y=x), gp.InvalidProblem, outs, "'y'", "distinct")
+    assert_rejected(run(x=on(device, np.zeros((rows, 2 * dim), np.float32))[:, ::2]),
+                    gp.InvalidProblem, outs, "'x'", "contiguous")
+    no_w = gp.RMSNormPlan.select(s, gp.RMSNormDescriptor(rows, dim, has_weight=False))
+    assert_rejected(lambda: no_w.run(s, None, gp.RMSNormArgs(x, w, y, rstd)), gp.InvalidProblem,
+                    outs, "rms_norm", "'weight'", "None")
+
+
+def test_backward_argument_errors_leave_outputs_untouched(device):
+    rows, dim = 6, 10
+    s = stream_for(device)
+    x = on(device, random((rows, dim), np.float32))
+    w = on(device, np.ones(dim, np.float32))
+    st = on(device, np.ones(rows, np.float32))
+    dx = on(device, np.full((rows, dim), 9, np.float32))
+    dw, db = on(device, np.full(dim, 9, np.float32)), on(device, np.full(dim, 9, np.float32))
+    plan = gp.LayerNormBackwardPlan.select(s, gp.LayerNormBackwardDescriptor(rows, dim))
+    ws = gp.Workspace.allocate(s, plan.workspace_size())
+
+    def run(ws=ws, **kw):
+        a = dict(dy=x, x=x, weight=w, mean=st, rstd=st, dx=dx, dweight=dw, dbias=db) | kw
+        return lambda: plan.run(s, ws, gp.LayerNormBackwardArgs(**a))
+
+    outs = [dx, dw, db]
+    assert_rejected(run(dy=x.astype(np.float16)), gp.Unsupported, outs, "'dy'", "f16")
+    assert_rejected(run(rstd=st[:-1]), gp.BufferTooSmall, outs, "'rstd'", "6", "5")
+    assert_rejected(run(dbias=None), gp.InvalidProblem, outs, "'dbias'")
+    assert_rejected(run(dweight=dx.reshape(-1)[:dim]), gp.InvalidProblem, outs, "'dweight'",
+                    "distinct")
+    if device == "cuda":
+        assert plan.workspace_size() > 0
+        assert_rejected(run(ws=gp.Workspace.none()), gp.WorkspaceTooSmall, outs,
+                        "layer_norm_backward", "'ws'")
+        assert_rejected(run(x=gp.to_host(x)), gp.InvalidProblem, outs, "'x'")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_functional_api(device, dtype):
+    x = on(device, random((2, 3, 40), dtype, seed=7))
+    w = on(device, random((40,), dtype, seed=8))
+    b = on(device, random((40,), dtype, seed=9))
+    y, mean, rstd = gp.functional.layer_norm(x, w, b, eps=1e-5)
+    assert y.shape == (2, 3, 40) and mean.shape == (2, 3) and rstd.shape == (2, 3)
+    assert mean.dtype == accumulator(dtype) and y.dtype == dtype
+    ry, _, _ = ref_forward(f64(x).reshape(6, 40), w, b, 1e-5, rms=False)
+    assert_close(y.reshape(6, 40), ry, dtype, scale=4)
+    dy = on(device, random((2, 3, 40), dtype, seed=10))
+    dx, dw, db = gp.functional.layer_norm_backward(dy, x, w, mean, rstd)
+    rdx, rdw, rdb = ref_backward(f64(dy).reshape(6, 40), f64(x).reshape(6, 40), w, 1e-5, False)
+    assert dx.shape == x.shape
+    assert_close(dx.reshape(6, 40), rdx, dtype, scale=8)
+    assert_close(dw, rdw, dtype, scale=8)
+    assert_close(db, rdb, dtype, scale=8)
+    _, dw0, db0 = gp.functional.layer_norm_backward(dy, x, None, mean, rstd)
+    assert dw0 is None and db0 is not None
+    y, rstd = gp.functional.rms_norm(x, None, eps=1e-6)
+    assert_close(y.reshape(6, 40), ref_forward(f64(x).reshape(6, 40), None, None, 1e-6, True)[0],
+                 dtype, scale=4)
+    dx, dw = gp.functional.rms_norm_backward(dy, x, w, rstd)
+    rdx, rdw, _ = ref_backward(f64(dy).reshape(6, 40), f64(x).reshape(6, 40), w, 1e-6, True)
+    assert_close(dx.reshape(6, 40), rdx, dtype, scale=8)
+    assert_close(dw, rdw, dtype, scale=8)
+
+
+@pytest.mark.gpu
+def test_device_skus_and_determinism():
+    s = gp.Stream.current()
+    small = gp.LayerNormPlan.select(s, gp.LayerNormDescriptor(4, 1024))
+    large = gp.LayerNormPlan.select(s, gp.LayerNormDescriptor(4, 1025))
+    assert (small.sku().variant, large.sku().variant) == ("warp_row", "block_row")
+    bwd = gp.LayerNormBackwardPlan.select(s, gp.LayerNormBackwardDescriptor(300, 700),
+                                          gp.PlanPreference(deterministic=True))
+    g = bwd.precision_guarantee()
+    assert g.deterministic and not g.bit_stable and bwd.workspace_size() > 0
+    x = random((300, 700), np.float32, seed=1)
+    dy = random((300, 700), np.float32, seed=2)
+    w = random((700,), np.float32, seed=3)
+    xd, dyd, wd = (on("cuda", a) for a in (x, dy, w))
+    _, mean, rstd = gp.functional.layer_norm(xd, wd, None)
+    first = gp.functional.layer_norm_backward(dyd, xd, wd, mean, rstd)
+    for _ in range(3):
+        again = gp.functional.layer_norm_backward(dyd, xd, wd, mean, rstd)
+        for a, b in zip(first, again, strict=True):
+            np.testing.assert_array_equal(gp.to_host(a), gp.to_host(b))

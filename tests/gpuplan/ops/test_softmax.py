@@ -1,0 +1,216 @@
+"""Softmax / log-softmax plans (scale, causal mask) against float64 references."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import gpuplan as gp
+from tests.plan_testing import (
+    DTYPES,
+    assert_close,
+    assert_rejected,
+    f64,
+    on,
+    random,
+    run_plan,
+    stream_for,
+)
+
+# (rows, dim): tiny, odd, around the warp/block threshold, a GPT-2 vocabulary row.
+SHAPES = [(1, 1), (7, 33), (5, 1024), (6, 1025), (2, 50257)]
+
+
+def causal_mask(rows, q_len, k_len):
+    """True where masked: row r is query i = r % q_len, masked when j > i + (Lk - Lq)."""
+    i = np.arange(rows) % q_len
+    return np.arange(k_len)[None, :] > (i + k_len - q_len)[:, None]
+
+
+def ref_softmax(x, scale=1.0, mask=None, log=False):
+    z = f64(x) * scale
+    if mask is not None:
+        z = np.where(mask, -np.inf, z)
+    out = np.zeros_like(z) if not log else np.full_like(z, -np.inf)
+    for r in range(z.shape[0]):
+        keep = np.isfinite(z[r])
+        if not keep.any():
+            continue
+        zr = z[r, keep]
+        lse = np.log(np.sum(np.exp(zr - zr.max()))) + zr.max()
+        out[r, keep] = zr - lse if log else np.exp(zr - lse)
+    return out
+
+
+def ref_backward(x, dy, scale=1.0, log=False, jacobian=None):
+    """Vector-Jacobian product of ref_softmax at x. With `jacobian` (default for rows up to
+    2048) it multiplies by the explicit Jacobian J = diag(p) - p p^T (log-softmax:
+    I - 1 p^T); otherwise it uses the closed form. Both are checked by finite differences."""
+    p = ref_softmax(x, scale)
+    dy = f64(dy)
+    if jacobian is None:
+        jacobian = p.shape[1] <= 2048
+    if not jacobian:
+        if log:
+            return scale * (dy - p * dy.sum(axis=1, keepdims=True))
+        return scale * p * (dy - (dy * p).sum(axis=1, keepdims=True))
+    dx = np.empty_like(p)
+    for r in range(p.shape[0]):
+        pr = p[r]
+        jac = np.eye(len(pr)) - np.outer(np.ones_like(pr), pr) if log else (
+            np.diag(pr) - np.outer(pr, pr))
+        dx[r] = scale * dy[r] @ jac
+    return dx
+
+
+def _softmax_args(device, x, dtype):
+    return gp.SoftmaxArgs(on(device, x), on(device, np.full(x.shape, 7, dtype)))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows,dim", SHAPES)
+@pytest.mark.parametrize("log", [False, True], ids=["softmax", "log_softmax"])
+def test_forward(device, dtype, rows, dim, log):
+    x = random((rows, dim), dtype, seed=1, low=-8, high=8)
+    plan_cls = gp.LogSoftmaxPlan if log else gp.SoftmaxPlan
+    args = _softmax_args(device, x, dtype)
+    plan = run_plan(plan_cls, gp.SoftmaxDescriptor(rows, dim, 0.7, dtype=dtype), args, device)
+    # log-softmax values reach ~ -15: scale atol with them.
+    assert_close(args.y, ref_softmax(x, 0.7, log=log), dtype, scale=16 if log else 2)
+    assert plan.precision_guarantee().deterministic
+    if not log:
+        np.testing.assert_allclose(f64(args.y).sum(axis=1), 1.0, rtol=2e-2)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("batch,q_len,k_len", [(1, 1, 1), (2, 5, 5), (3, 4, 9), (2, 6, 3),
+                                               (1, 7, 1100)])
+@pytest.mark.parametrize("log", [False, True], ids=["softmax", "log_softmax"])
+def test_causal_forward(device, dtype, batch, q_len, k_len, log):
+    rows = batch * q_len
+    x = random((rows, k_len), dtype, seed=2, low=-4, high=4)
+    mask = causal_mask(rows, q_len, k_len)
+    plan_cls = gp.LogSoftmaxPlan if log else gp.SoftmaxPlan
+    args = _softmax_args(device, x, dtype)
+    run_plan(plan_cls, gp.SoftmaxDescriptor(rows, k_len, 1.3, True, q_len, dtype), args, device)
+    y, ref = f64(args.y), ref_softmax(x, 1.3, mask, log)
+    # Masked (and fully masked, Lq > Lk) positions are exactly 0 / -inf.
+    np.testing.assert_array_equal(y[mask], -np.inf if log else 0.0)
+    assert_close(y[~mask], ref[~mask], dtype, scale=16 if log else 2)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows,dim", SHAPES)
+@pytest.mark.parametrize("log", [False, True], ids=["softmax", "log_softmax"])
+def test_backward(device, dtype, rows, dim, log):
+    x = random((rows, dim), dtype, seed=3, low=-3, high=3)
+    dy = random((rows, dim), dtype, seed=4)
+    scale = 0.5
+    # The plan takes the forward output, rounded to dtype as a caller would hold it.
+    y = ref_softmax(x, scale, log=log).astype(dtype)
+    dx = on(device, np.full((rows, dim), 7, dtype))
+    plan_cls = gp.LogSoftmaxBackwardPlan if log else gp.SoftmaxBackwardPlan
+    run_plan(plan_cls, gp.SoftmaxBackwardDescriptor(rows, dim, scale, dtype),
+             gp.SoftmaxBackwardArgs(on(device, y), on(device, dy), dx), device)
+    # The reference uses exact probabilities; the plan the rounded y: allow that rounding.
+    assert_close(dx, ref_backward(x, dy, scale, log), dtype, scale=8 if log else 4)
+
+
+def test_reference_backward_matches_finite_differences():
+    rng = np.random.default_rng(0)
+    x, dy = rng.normal(size=(2, 6)), rng.normal(size=(2, 6))
+    for log, jac in ((False, True), (True, True), (False, False), (True, False)):
+        h = 1e-6
+        num = np.zeros_like(x)
+        for i in np.ndindex(x.shape):
+            xp, xm = x.copy(), x.copy()
+            xp[i] += h
+            xm[i] -= h
+            num[i] = ((ref_softmax(xp, 0.5, log=log) - ref_softmax(xm, 0.5, log=log)) * dy).sum()
+        np.testing.assert_allclose(ref_backward(x, dy, 0.5, log, jac), num / (2 * h), rtol=1e-6,
+                                   atol=1e-9)
+
+
+def test_extreme_inputs_host():
+    # -inf inputs contribute nothing, large inputs do not overflow.
+    x = np.array([[0.0, -np.inf, 1000.0, 999.0], [-np.inf, 3.0, -np.inf, -np.inf]], np.float32)
+    y = gp.functional.softmax(x)
+    np.testing.assert_allclose(y, ref_softmax(x), rtol=1e-6, atol=1e-30)
+    lg = gp.functional.log_softmax(x)
+    assert np.isneginf(lg[0, 1]) and lg[1, 1] == 0
+
+
+@pytest.mark.parametrize("rows,dim", [(0, 5), (5, 0)])
+def test_empty_extents(device, rows, dim):
+    x = on(device, np.zeros((rows, dim), np.float32))
+    y = on(device, np.zeros((rows, dim), np.float32))
+    run_plan(gp.SoftmaxPlan, gp.SoftmaxDescriptor(rows, dim), gp.SoftmaxArgs(x, y), device)
+    run_plan(gp.LogSoftmaxBackwardPlan, gp.SoftmaxBackwardDescriptor(rows, dim),
+             gp.SoftmaxBackwardArgs(x, x, y), device)
+    assert gp.functional.softmax(x).shape == (rows, dim)
+
+
+def test_descriptor_errors():
+    s = gp.Stream.host()
+    with pytest.raises(gp.InvalidProblem, match="softmax: argument 'dim'"):
+        gp.SoftmaxPlan.select(s, gp.SoftmaxDescriptor(2, -3))
+    with pytest.raises(gp.InvalidProblem, match="softmax: argument 'q_len'"):
+        gp.SoftmaxPlan.select(s, gp.SoftmaxDescriptor(10, 4, causal=True, q_len=3))
+    with pytest.raises(gp.InvalidProblem, match="log_softmax: argument 'q_len'"):
+        gp.LogSoftmaxPlan.select(s, gp.SoftmaxDescriptor(10, 4, causal=True, q_len=0))
+    with pytest.raises(gp.InvalidProblem, match="'scale'"):
+        gp.SoftmaxBackwardPlan.select(s, gp.SoftmaxBackwardDescriptor(2, 3, float("nan")))
+    with pytest.raises(gp.Unsupported, match="dtype"):
+        gp.SoftmaxPlan.select(s, gp.SoftmaxDescriptor(2, 3, dtype=np.int64))
+    with pytest.raises(gp.Unsupported, match="cublas requested"):
+        gp.SoftmaxPlan.select(s, gp.SoftmaxDescriptor(2, 3),
+                              gp.PlanPreference(backend=gp.BackendKind.CUBLAS))
+    with pytest.raises(gp.InvalidProblem, match="rank >= 2"):
+        gp.functional.softmax(np.zeros(3, np.float32), causal=True)
+
+
+def test_argument_errors_leave_outputs_untouched(device):
+    rows, dim = 4, 9
+    s = stream_for(device)
+    x = on(device, random((rows, dim), np.float32))
+    y = on(device, np.full((rows, dim), 9, np.float32))
+    plan = gp.SoftmaxPlan.select(s, gp.SoftmaxDescriptor(rows, dim))
+    run = lambda **kw: lambda: plan.run(s, None, gp.SoftmaxArgs(**(dict(x=x, y=y) | kw)))  # noqa: E731
+    assert_rejected(run(x=x.astype(gp.bfloat16)), gp.Unsupported, [y], "softmax", "'x'", "f32",
+                    "bf16")
+    assert_rejected(run(x=x[:-1]), gp.BufferTooSmall, [y], "'x'", "36", "27")
+    assert_rejected(run(x=x.reshape(dim, rows)), gp.InvalidProblem, [y], "'x'", "(4, 9)")
+    assert_rejected(run(y=x), gp.InvalidProblem, [y], "'y'", "distinct")
+    bwd = gp.SoftmaxBackwardPlan.select(s, gp.SoftmaxBackwardDescriptor(rows, dim))
+    assert_rejected(lambda: bwd.run(s, None, gp.SoftmaxBackwardArgs(x, x[:, :4], y)),
+                    gp.BufferTooSmall, [y], "softmax_backward", "'dy'")
+    if device == "cuda":
+        assert_rejected(run(x=gp.to_host(x)), gp.InvalidProblem, [y], "'x'")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_functional_api(device, dtype):
+    x = on(device, random((2, 3, 5, 8), dtype, seed=5, low=-2, high=2))
+    y = gp.functional.softmax(x, scale=0.5, causal=True)
+    assert y.shape == x.shape and y.dtype == dtype
+    mask = causal_mask(30, 5, 8)
+    assert_close(y.reshape(30, 8), ref_softmax(f64(x).reshape(30, 8), 0.5, mask), dtype, scale=2)
+    dy = on(device, random(x.shape, dtype, seed=6))
+    dx = gp.functional.softmax_backward(y, dy, scale=0.5)
+    yd, dyd = f64(y), f64(dy)
+    assert_close(dx, 0.5 * yd * (dyd - (dyd * yd).sum(-1, keepdims=True)), dtype, scale=4)
+    assert np.all(f64(dx).reshape(30, 8)[mask] == 0)
+    ly = gp.functional.log_softmax(x)
+    assert_close(ly.reshape(30, 8), ref_softmax(f64(x).reshape(30, 8), log=True), dtype, scale=4)
+    ldx = gp.functional.log_softmax_backward(ly, dy)
+    lyd = f64(ly)
+    assert_close(ldx, dyd - np.exp(lyd) * dyd.sum(-1, keepdims=True), dtype, scale=4)
+
+
+@pytest.mark.gpu
+def test_device_skus():
+    s = gp.Stream.current()
+    assert gp.SoftmaxPlan.select(s, gp.SoftmaxDescriptor(4, 1024)).sku().variant == "warp_row"
+    plan = gp.SoftmaxBackwardPlan.select(s, gp.SoftmaxBackwardDescriptor(4, 50257),
+                                         gp.PlanPreference(deterministic=True))
+    assert plan.sku().variant == "block_row" and not plan.precision_guarantee().bit_stable
