@@ -74,14 +74,17 @@ def assert_rejected(call: Callable[[], Any], error: type[gp.GpuPlanError],
                     outputs: Sequence[Any], *words: str) -> gp.GpuPlanError:
     """`call` raises `error` whose message names every word in `words`, and the `outputs`
     arrays hold exactly the bytes they held before the call."""
-    before = [gp.to_host(o).copy() for o in outputs]
+    def raw(o: Any) -> np.ndarray:
+        return np.ascontiguousarray(gp.to_host(o)).reshape(-1).view(np.uint8)
+
+    before = [raw(o).copy() for o in outputs]
     with pytest.raises(error) as info:
         call()
     msg = str(info.value)
     for w in words:
         assert w in msg, f"error message {msg!r} lacks {w!r}"
     for o, b in zip(outputs, before, strict=True):
-        np.testing.assert_array_equal(gp.to_host(o).view(np.uint8), b.view(np.uint8))
+        np.testing.assert_array_equal(raw(o), b)
     return info.value
 
 
