@@ -1,0 +1,323 @@
+// Elementwise kernels: unary forward/backward, broadcasting binary ops and their gradient
+// terms, bias add and dtype casts. T: float, double, __half, __nv_bfloat16; math runs in
+// gp::acc_type<T> (f32 for halves). Contiguous kernels take `vec_ok` (every pointer aligned
+// to a 16-byte pack, checked on the host) and then move 16 bytes per load and store; the
+// tail and the unaligned case use scalar accesses. All loops are grid-stride, 64-bit.
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+#include "gpuplan_common.cuh"
+
+namespace {
+
+template <typename T, int N> struct alignas(sizeof(T) * N) Pack { T v[N]; };
+
+__device__ __forceinline__ float m_exp(float x) { return expf(x); }
+__device__ __forceinline__ double m_exp(double x) { return exp(x); }
+__device__ __forceinline__ float m_erf(float x) { return erff(x); }
+__device__ __forceinline__ double m_erf(double x) { return erf(x); }
+__device__ __forceinline__ float m_tanh(float x) { return tanhf(x); }
+__device__ __forceinline__ double m_tanh(double x) { return tanh(x); }
+
+enum UnaryOp { RELU = 0, GELU, GELU_TANH, SILU, TANH, EXP, NEG, SCALE };
+enum BinaryOp { ADD = 0, SUB, MUL, DIV };
+
+template <int OP, typename A> __device__ __forceinline__ A unary_fwd(A x, A alpha) {
+    if constexpr (OP == RELU) {
+        return x > A(0) ? x : A(0);
+    } else if constexpr (OP == GELU) {
+        return A(0.5) * x * (A(1) + m_erf(x * A(0.70710678118654752440)));
+    } else if constexpr (OP == GELU_TANH) {
+        const A u = A(0.79788456080286535588) * (x + A(0.044715) * x * x * x);
+        return A(0.5) * x * (A(1) + m_tanh(u));
+    } else if constexpr (OP == SILU) {
+        return x / (A(1) + m_exp(-x));
+    } else if constexpr (OP == TANH) {
+        return m_tanh(x);
+    } else if constexpr (OP == EXP) {
+        return m_exp(x);
+    } else if constexpr (OP == NEG) {
+        return -x;
+    } else {
+        return alpha * x;
+    }
+}
+
+// dx = dy * f'(x), x being the forward input.
+template <int OP, typename A> __device__ __forceinline__ A unary_bwd(A x, A dy, A alpha) {
+    if constexpr (OP == RELU) {
+        return x > A(0) ? dy : A(0);
+    } else if constexpr (OP == GELU) {
+        const A cdf = A(0.5) * (A(1) + m_erf(x * A(0.70710678118654752440)));
+        const A pdf = A(0.39894228040143267794) * m_exp(A(-0.5) * x * x);
+        return dy * (cdf + x * pdf);
+    } else if constexpr (OP == GELU_TANH) {
+        const A k = A(0.79788456080286535588), c = A(0.044715);
+        const A t = m_tanh(k * (x + c * x * x * x));
+        const A dt = k * (A(1) + A(3) * c * x * x);
+        return dy * (A(0.5) * (A(1) + t) + A(0.5) * x * (A(1) - t * t) * dt);
+    } else if constexpr (OP == SILU) {
+        const A s = A(1) / (A(1) + m_exp(-x));
+        return dy * s * (A(1) + x * (A(1) - s));
+    } else if constexpr (OP == TANH) {
+        const A t = m_tanh(x);
+        return dy * (A(1) - t * t);
+    } else if constexpr (OP == EXP) {
+        return dy * m_exp(x);
+    } else if constexpr (OP == NEG) {
+        return -dy;
+    } else {
+        return alpha * dy;
+    }
+}
+
+template <int OP, typename A> __device__ __forceinline__ A binary_op(A a, A b) {
+    if constexpr (OP == ADD) return a + b;
+    else if constexpr (OP == SUB) return a - b;
+    else if constexpr (OP == MUL) return a * b;
+    else return a / b;
+}
+
+// Gradient term of c = op(a, b) with respect to a (WHICH == 0) or b (WHICH == 1).
+template <int OP, int WHICH, typename A> __device__ __forceinline__ A binary_grad_term(A a, A b,
+                                                                                      A dc) {
+    if constexpr (OP == ADD) return dc;
+    else if constexpr (OP == SUB) return WHICH == 0 ? dc : -dc;
+    else if constexpr (OP == MUL) return WHICH == 0 ? dc * b : dc * a;
+    else return WHICH == 0 ? dc / b : -dc * a / (b * b);
+}
+
+template <typename T> using Acc = typename gp::acc_type<T>::type;
+
+template <typename T> __device__ __forceinline__ Acc<T> ld(T v) { return gp::to_acc<T>(v); }
+template <typename T> __device__ __forceinline__ T st(Acc<T> v) { return gp::from_acc<T>(v); }
+
+__device__ __forceinline__ long long thread_index() {
+    return (long long)blockIdx.x * blockDim.x + threadIdx.x;
+}
+__device__ __forceinline__ long long grid_stride() { return (long long)gridDim.x * blockDim.x; }
+
+#define GP_DIMS_PARAMS(p)                                                                  \
+    long long p##0, long long p##1, long long p##2, long long p##3, long long p##4,       \
+        long long p##5, long long p##6, long long p##7
+#define GP_DIMS_ARRAY(p) {p##0, p##1, p##2, p##3, p##4, p##5, p##6, p##7}
+
+// Offsets into a and b of the output element i (C order over the collapsed shape `shp`,
+// element strides sa/sb, 0 on broadcast dims).
+__device__ __forceinline__ void broadcast_offsets(long long i, int ndim, const long long* shp,
+                                                  const long long* sa, const long long* sb,
+                                                  long long& oa, long long& ob) {
+    if (ndim <= 1) {
+        oa = i * sa[0];
+        ob = i * sb[0];
+        return;
+    }
+    oa = 0;
+    ob = 0;
+#pragma unroll
+    for (int d = 7; d >= 0; --d) {
+        if (d < ndim) {
+            const long long q = i / shp[d];
+            const long long r = i - q * shp[d];
+            oa += r * sa[d];
+            ob += r * sb[d];
+            i = q;
+        }
+    }
+}
+
+}  // namespace
+
+template <typename T, int OP>
+__global__ void unary_forward(const T* __restrict__ x, T* __restrict__ y, long long n,
+                              Acc<T> alpha, int vec_ok) {
+    constexpr int N = 16 / sizeof(T);
+    long long head = 0;
+    if (vec_ok) {
+        const long long np = n / N;
+        const Pack<T, N>* xp = reinterpret_cast<const Pack<T, N>*>(x);
+        Pack<T, N>* yp = reinterpret_cast<Pack<T, N>*>(y);
+        for (long long p = thread_index(); p < np; p += grid_stride()) {
+            const Pack<T, N> in = xp[p];
+            Pack<T, N> out;
+#pragma unroll
+            for (int j = 0; j < N; ++j) out.v[j] = st<T>(unary_fwd<OP>(ld(in.v[j]), alpha));
+            yp[p] = out;
+        }
+        head = np * N;
+    }
+    for (long long i = head + thread_index(); i < n; i += grid_stride()) {
+        y[i] = st<T>(unary_fwd<OP>(ld(x[i]), alpha));
+    }
+}
+
+template <typename T, int OP>
+__global__ void unary_backward(const T* __restrict__ x, const T* __restrict__ dy,
+                               T* __restrict__ dx, long long n, Acc<T> alpha, int vec_ok) {
+    constexpr int N = 16 / sizeof(T);
+    long long head = 0;
+    if (vec_ok) {
+        const long long np = n / N;
+        const Pack<T, N>* xp = reinterpret_cast<const Pack<T, N>*>(x);
+        const Pack<T, N>* gp_ = reinterpret_cast<const Pack<T, N>*>(dy);
+        Pack<T, N>* op = reinterpret_cast<Pack<T, N>*>(dx);
+        for (long long p = thread_index(); p < np; p += grid_stride()) {
+            const Pack<T, N> xv = xp[p], gv = gp_[p];
+            Pack<T, N> out;
+#pragma unroll
+            for (int j = 0; j < N; ++j) {
+                out.v[j] = st<T>(unary_bwd<OP>(ld(xv.v[j]), ld(gv.v[j]), alpha));
+            }
+            op[p] = out;
+        }
+        head = np * N;
+    }
+    for (long long i = head + thread_index(); i < n; i += grid_stride()) {
+        dx[i] = st<T>(unary_bwd<OP>(ld(x[i]), ld(dy[i]), alpha));
+    }
+}
+
+// c = op(a, b) for same-shape contiguous operands.
+template <typename T, int OP>
+__global__ void binary_contiguous(const T* __restrict__ a, const T* __restrict__ b,
+                                  T* __restrict__ c, long long n, int vec_ok) {
+    constexpr int N = 16 / sizeof(T);
+    long long head = 0;
+    if (vec_ok) {
+        const long long np = n / N;
+        const Pack<T, N>* ap = reinterpret_cast<const Pack<T, N>*>(a);
+        const Pack<T, N>* bp = reinterpret_cast<const Pack<T, N>*>(b);
+        Pack<T, N>* cp = reinterpret_cast<Pack<T, N>*>(c);
+        for (long long p = thread_index(); p < np; p += grid_stride()) {
+            const Pack<T, N> av = ap[p], bv = bp[p];
+            Pack<T, N> out;
+#pragma unroll
+            for (int j = 0; j < N; ++j) out.v[j] = st<T>(binary_op<OP>(ld(av.v[j]), ld(bv.v[j])));
+            cp[p] = out;
+        }
+        head = np * N;
+    }
+    for (long long i = head + thread_index(); i < n; i += grid_stride()) {
+        c[i] = st<T>(binary_op<OP>(ld(a[i]), ld(b[i])));
+    }
+}
+
+// c[i] = op(a[oa(i)], b[ob(i)]) over the collapsed broadcast shape (at most 8 dims).
+template <typename T, int OP>
+__global__ void binary_broadcast(const T* __restrict__ a, const T* __restrict__ b,
+                                 T* __restrict__ c, long long n, int ndim, GP_DIMS_PARAMS(s),
+                                 GP_DIMS_PARAMS(sa), GP_DIMS_PARAMS(sb)) {
+    const long long shp[8] = GP_DIMS_ARRAY(s);
+    const long long stra[8] = GP_DIMS_ARRAY(sa);
+    const long long strb[8] = GP_DIMS_ARRAY(sb);
+    for (long long i = thread_index(); i < n; i += grid_stride()) {
+        long long oa, ob;
+        broadcast_offsets(i, ndim, shp, stra, strb, oa, ob);
+        c[i] = st<T>(binary_op<OP>(ld(a[oa]), ld(b[ob])));
+    }
+}
+
+// out[i] = d op(a, b) / d(a or b) * dc[i] over the output shape, as Tout (T, or the
+// accumulator type when a reduction to the operand's shape follows). a/b are read only by
+// mul and div.
+template <typename T, typename Tout, int OP, int WHICH>
+__global__ void binary_grad(const T* __restrict__ a, const T* __restrict__ b,
+                            const T* __restrict__ dc, Tout* __restrict__ out, long long n, int ndim,
+                            GP_DIMS_PARAMS(s), GP_DIMS_PARAMS(sa), GP_DIMS_PARAMS(sb)) {
+    using A = Acc<T>;
+    const long long shp[8] = GP_DIMS_ARRAY(s);
+    const long long stra[8] = GP_DIMS_ARRAY(sa);
+    const long long strb[8] = GP_DIMS_ARRAY(sb);
+    for (long long i = thread_index(); i < n; i += grid_stride()) {
+        A av = A(0), bv = A(0);
+        if constexpr (OP == MUL || OP == DIV) {
+            long long oa, ob;
+            broadcast_offsets(i, ndim, shp, stra, strb, oa, ob);
+            av = ld(a[oa]);
+            bv = ld(b[ob]);
+        }
+        const A g = binary_grad_term<OP, WHICH>(av, bv, ld(dc[i]));
+        out[i] = gp::from_acc<Tout>(static_cast<Acc<Tout>>(g));
+    }
+}
+
+// y[r, j] = x[r, j] + bias[j] for x [rows, n]. vec_ok also requires n % N == 0, so a pack
+// never straddles two rows and its bias slice is aligned.
+template <typename T>
+__global__ void bias_add(const T* __restrict__ x, const T* __restrict__ bias, T* __restrict__ y,
+                         long long total, long long n, int vec_ok) {
+    constexpr int N = 16 / sizeof(T);
+    if (vec_ok) {
+        const long long np = total / N;
+        const Pack<T, N>* xp = reinterpret_cast<const Pack<T, N>*>(x);
+        Pack<T, N>* yp = reinterpret_cast<Pack<T, N>*>(y);
+        for (long long p = thread_index(); p < np; p += grid_stride()) {
+            const long long j0 = (p * N) % n;
+            const Pack<T, N> xv = xp[p];
+            const Pack<T, N> bv = *reinterpret_cast<const Pack<T, N>*>(bias + j0);
+            Pack<T, N> out;
+#pragma unroll
+            for (int j = 0; j < N; ++j) out.v[j] = st<T>(ld(xv.v[j]) + ld(bv.v[j]));
+            yp[p] = out;
+        }
+        return;
+    }
+    for (long long i = thread_index(); i < total; i += grid_stride()) {
+        y[i] = st<T>(ld(x[i]) + ld(bias[i % n]));
+    }
+}
+
+namespace {
+// Widen to the type a conversion goes through: float for f32/f16/bf16, else itself.
+template <typename S> struct wide { typedef S type; };
+template <> struct wide<__half> { typedef float type; };
+template <> struct wide<__nv_bfloat16> { typedef float type; };
+template <typename S> __device__ __forceinline__ typename wide<S>::type widen(S v) { return v; }
+template <> __device__ __forceinline__ float widen<__half>(__half v) { return __half2float(v); }
+template <> __device__ __forceinline__ float widen<__nv_bfloat16>(__nv_bfloat16 v) {
+    return __bfloat162float(v);
+}
+// Narrow a wide value to D, rounding to nearest even (truncation toward zero for integers).
+template <typename D> struct narrow {
+    template <typename W> static __device__ __forceinline__ D from(W v) { return static_cast<D>(v); }
+};
+template <> struct narrow<__half> {
+    static __device__ __forceinline__ __half from(float v) { return __float2half_rn(v); }
+    static __device__ __forceinline__ __half from(double v) { return __double2half(v); }
+    static __device__ __forceinline__ __half from(int v) { return __double2half((double)v); }
+    static __device__ __forceinline__ __half from(long long v) { return __double2half((double)v); }
+};
+template <> struct narrow<__nv_bfloat16> {
+    static __device__ __forceinline__ __nv_bfloat16 from(float v) { return __float2bfloat16_rn(v); }
+    static __device__ __forceinline__ __nv_bfloat16 from(double v) { return __double2bfloat16(v); }
+    static __device__ __forceinline__ __nv_bfloat16 from(int v) { return __double2bfloat16((double)v); }
+    static __device__ __forceinline__ __nv_bfloat16 from(long long v) {
+        return __double2bfloat16((double)v);
+    }
+};
+template <typename D, typename S> __device__ __forceinline__ D convert(S v) {
+    return narrow<D>::from(widen<S>(v));
+}
+}  // namespace
+
+// y = D(x). S, D: the four floats, int, long long. Packs hold 16 bytes of the wider type.
+template <typename S, typename D>
+__global__ void cast(const S* __restrict__ x, D* __restrict__ y, long long n, int vec_ok) {
+    constexpr int N = 16 / (sizeof(S) > sizeof(D) ? sizeof(S) : sizeof(D));
+    long long head = 0;
+    if (vec_ok) {
+        const long long np = n / N;
+        const Pack<S, N>* xp = reinterpret_cast<const Pack<S, N>*>(x);
+        Pack<D, N>* yp = reinterpret_cast<Pack<D, N>*>(y);
+        for (long long p = thread_index(); p < np; p += grid_stride()) {
+            const Pack<S, N> in = xp[p];
+            Pack<D, N> out;
+#pragma unroll
+            for (int j = 0; j < N; ++j) out.v[j] = convert<D, S>(in.v[j]);
+            yp[p] = out;
+        }
+        head = np * N;
+    }
+    for (long long i = head + thread_index(); i < n; i += grid_stride()) {
+        y[i] = convert<D, S>(x[i]);
+    }
+}

@@ -1,0 +1,142 @@
+"""Elementwise benchmarks: unary, binary (same-shape and broadcast), binary backward with a
+broadcast reduction, bias add and casts on 8192x8192 bf16/f32, in GB/s against CuPy."""
+
+from __future__ import annotations
+
+import numpy as np
+
+import gpuplan as gp
+from scripts.benchmarks.common import Case, device_array, plan_state, random_host, run_plan_state
+
+ROWS, COLS = 8192, 8192
+N = ROWS * COLS
+
+
+def _size(dtype) -> int:
+    return np.dtype(dtype).itemsize
+
+
+def _unary(op: str, dtype, backward: bool = False) -> Case:
+    tag = f"{op}_{'bwd' if backward else 'fwd'}_{gp.dtypes.short_name(dtype)}_{ROWS}x{COLS}"
+
+    def setup() -> dict:
+        import cupy as cp
+
+        x = device_array(random_host((N,), dtype))
+        if backward:
+            dy = device_array(random_host((N,), dtype, seed=1))
+            dx = cp.empty(N, dtype=dtype)
+            return plan_state(gp.UnaryBackwardPlan, gp.UnaryBackwardDescriptor(op, N, dtype),
+                              gp.UnaryBackwardArgs(x, dy, dx), x=x, y=dx)
+        y = cp.empty(N, dtype=dtype)
+        return plan_state(gp.UnaryPlan, gp.UnaryDescriptor(op, N, dtype), gp.UnaryArgs(x, y),
+                          x=x, y=y)
+
+    def baseline(s: dict) -> None:
+        import cupy as cp
+
+        cp.tanh(s["x"], out=s["y"])
+
+    moved = (3 if backward else 2) * N * _size(dtype)
+    return Case(tag, setup, run_plan_state, bytes_moved=moved,
+                baseline=baseline if op == "tanh" and not backward else None,
+                baseline_name="cupy.tanh")
+
+
+def _binary(op: str, dtype, b_shape: tuple) -> Case:
+    tag = f"{op}_{gp.dtypes.short_name(dtype)}_{ROWS}x{COLS}_b{'x'.join(map(str, b_shape))}"
+
+    def setup() -> dict:
+        import cupy as cp
+
+        a = device_array(random_host((ROWS, COLS), dtype))
+        b = device_array(random_host(b_shape, dtype, seed=1))
+        c = cp.empty((ROWS, COLS), dtype=dtype)
+        return plan_state(gp.BinaryPlan, gp.BinaryDescriptor(op, (ROWS, COLS), b_shape, dtype),
+                          gp.BinaryArgs(a, b, c), a=a, b=b, c=c)
+
+    def baseline(s: dict) -> None:
+        import cupy as cp
+
+        getattr(cp, {"add": "add", "sub": "subtract", "mul": "multiply",
+                     "div": "divide"}[op])(s["a"], s["b"], out=s["c"])
+
+    moved = (2 * N + int(np.prod(b_shape))) * _size(dtype)
+    return Case(tag, setup, run_plan_state, bytes_moved=moved, baseline=baseline,
+                baseline_name=f"cupy {op}")
+
+
+def _binary_backward(dtype) -> Case:
+    """mul with a broadcast [COLS] operand: da elementwise, db a column reduction."""
+
+    def setup() -> dict:
+        import cupy as cp
+
+        a = device_array(random_host((ROWS, COLS), dtype))
+        b = device_array(random_host((COLS,), dtype, seed=1))
+        dc = device_array(random_host((ROWS, COLS), dtype, seed=2))
+        da, db = cp.empty((ROWS, COLS), dtype=dtype), cp.empty((COLS,), dtype=dtype)
+        desc = gp.BinaryBackwardDescriptor("mul", (ROWS, COLS), (COLS,), dtype)
+        return plan_state(gp.BinaryBackwardPlan, desc, gp.BinaryBackwardArgs(a, b, dc, da, db),
+                          a=a, b=b, dc=dc, da=da, db=db)
+
+    def baseline(s: dict) -> None:
+        import cupy as cp
+
+        cp.multiply(s["dc"], s["b"], out=s["da"])
+        cp.sum(s["dc"] * s["a"], axis=0, out=s["db"])
+
+    # reads a, dc (twice: once per gradient), writes da, and the f32 temp written+read for db
+    moved = 4 * N * _size(dtype) + 2 * N * 4
+    return Case(f"mul_bwd_{gp.dtypes.short_name(dtype)}_{ROWS}x{COLS}_b{COLS}", setup,
+                run_plan_state, bytes_moved=moved, baseline=baseline,
+                baseline_name="cupy multiply + sum(axis=0)")
+
+
+def _bias_add(dtype) -> Case:
+    def setup() -> dict:
+        import cupy as cp
+
+        x = device_array(random_host((ROWS, COLS), dtype))
+        bias = device_array(random_host((COLS,), dtype, seed=1))
+        y = cp.empty((ROWS, COLS), dtype=dtype)
+        return plan_state(gp.BiasAddPlan, gp.BiasAddDescriptor(ROWS, COLS, dtype),
+                          gp.BiasAddArgs(x, bias, y), x=x, bias=bias, y=y)
+
+    def baseline(s: dict) -> None:
+        import cupy as cp
+
+        cp.add(s["x"], s["bias"], out=s["y"])
+
+    return Case(f"bias_add_{gp.dtypes.short_name(dtype)}_{ROWS}x{COLS}", setup, run_plan_state,
+                bytes_moved=2 * N * _size(dtype), baseline=baseline, baseline_name="cupy add")
+
+
+def _cast(src, dst) -> Case:
+    def setup() -> dict:
+        import cupy as cp
+
+        x = device_array(random_host((N,), src))
+        y = cp.empty(N, dtype=dst)
+        return plan_state(gp.CastPlan, gp.CastDescriptor(N, src, dst), gp.CastArgs(x, y),
+                          x=x, y=y)
+
+    def baseline(s: dict) -> None:
+        s["y"][...] = s["x"]
+
+    return Case(f"cast_{gp.dtypes.short_name(src)}_to_{gp.dtypes.short_name(dst)}_{N}", setup,
+                run_plan_state, bytes_moved=N * (_size(src) + _size(dst)), baseline=baseline,
+                baseline_name="cupy astype copy")
+
+
+def _cases() -> list[Case]:
+    cases: list[Case] = []
+    for dtype in (gp.bfloat16, np.float32):
+        cases += [_unary("gelu", dtype), _unary("tanh", dtype), _unary("gelu", dtype, True),
+                  _binary("add", dtype, (ROWS, COLS)), _binary("mul", dtype, (COLS,)),
+                  _binary_backward(dtype), _bias_add(dtype)]
+    cases += [_cast(np.float32, gp.bfloat16), _cast(gp.bfloat16, np.float32)]
+    return cases
+
+
+CASES = _cases()

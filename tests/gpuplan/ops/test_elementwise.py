@@ -1,0 +1,346 @@
+"""Elementwise plans (unary, binary with broadcasting and their gradients, bias add, cast)
+against float64 NumPy references, on host and device."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+import gpuplan as gp
+from gpuplan.ops.elementwise import UNARY_OPS, broadcast_dims, erf
+from tests.plan_testing import (
+    DTYPES,
+    assert_close,
+    assert_rejected,
+    f64,
+    on,
+    random,
+    run_plan,
+    stream_for,
+)
+
+SIZES = [1, 37, 4099]  # odd sizes: scalar tails after the 16-byte packs
+_ERF = np.vectorize(math.erf)
+_C = math.sqrt(2 / math.pi)
+
+
+def ref_unary(op: str, x: np.ndarray, alpha=None) -> np.ndarray:
+    x = f64(x)
+    return {
+        "relu": lambda: np.maximum(x, 0.0),
+        "gelu": lambda: 0.5 * x * (1 + _ERF(x / math.sqrt(2))),
+        "gelu_tanh": lambda: 0.5 * x * (1 + np.tanh(_C * (x + 0.044715 * x**3))),
+        "silu": lambda: x / (1 + np.exp(-x)),
+        "tanh": lambda: np.tanh(x),
+        "exp": lambda: np.exp(x),
+        "neg": lambda: -x,
+        "scale": lambda: alpha * x,
+    }[op]()
+
+
+def ref_derivative(op: str, x: np.ndarray, alpha=None) -> np.ndarray:
+    x = f64(x)
+    if op == "relu":
+        return (x > 0).astype(np.float64)
+    if op == "gelu":
+        return 0.5 * (1 + _ERF(x / math.sqrt(2))) + x * np.exp(-x * x / 2) / math.sqrt(2 * math.pi)
+    if op == "gelu_tanh":
+        t = np.tanh(_C * (x + 0.044715 * x**3))
+        return 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * _C * (1 + 3 * 0.044715 * x * x)
+    if op == "silu":
+        s = 1 / (1 + np.exp(-x))
+        return s * (1 + x * (1 - s))
+    return {"tanh": lambda: 1 - np.tanh(x) ** 2, "exp": lambda: np.exp(x),
+            "neg": lambda: -np.ones_like(x), "scale": lambda: alpha * np.ones_like(x)}[op]()
+
+
+def _alpha(op):
+    return -1.75 if op == "scale" else None
+
+
+def test_reference_derivatives_match_finite_differences():
+    x = np.linspace(-3, 3, 101) + 0.013  # avoid relu's kink at 0
+    h = 1e-6
+    for op in UNARY_OPS:
+        a = _alpha(op)
+        fd = (ref_unary(op, x + h, a) - ref_unary(op, x - h, a)) / (2 * h)
+        np.testing.assert_allclose(ref_derivative(op, x, a), fd, rtol=1e-6, atol=1e-7,
+                                   err_msg=op)
+
+
+def test_host_erf_is_accurate():
+    x = np.concatenate([np.linspace(-7, 7, 3001), [0.0, 2.999999, 3.0, 3.000001, 1e-300]])
+    np.testing.assert_allclose(erf(x), _ERF(x), rtol=1e-14, atol=2e-15)
+    assert erf(np.array([np.inf, -np.inf])).tolist() == [1.0, -1.0]
+    assert np.isnan(erf(np.array([np.nan])))[0]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("op", UNARY_OPS)
+@pytest.mark.parametrize("n", SIZES)
+def test_unary_forward_and_backward(device, dtype, op, n):
+    x = random((n,), dtype, low=-3, high=3)
+    dy = random((n,), dtype, seed=1)
+    a = _alpha(op)
+    y = on(device, np.full((n,), 7, dtype))
+    plan = run_plan(gp.UnaryPlan, gp.UnaryDescriptor(op, n, dtype, a),
+                    gp.UnaryArgs(on(device, x), y), device)
+    assert_close(y, ref_unary(op, x, a), dtype, scale=4, err_msg=op)
+    assert plan.precision_guarantee().bit_stable
+    dx = on(device, np.full((n,), 7, dtype))
+    run_plan(gp.UnaryBackwardPlan, gp.UnaryBackwardDescriptor(op, n, dtype, a),
+             gp.UnaryBackwardArgs(on(device, x), on(device, dy), dx), device)
+    assert_close(dx, f64(dy) * ref_derivative(op, x, a), dtype, scale=4, err_msg=op)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_unaligned_views_match_aligned(device, dtype):
+    """Offset views take the scalar path on the GPU; results equal the packed path's."""
+    n = 1000
+    buf = random((n + 1,), dtype, low=-3, high=3)
+    dev = on(device, buf)
+    outs = []
+    for x in (dev[:n], dev[1:]):
+        outs.append(gp.to_host(gp.functional.unary("gelu", x)))
+    np.testing.assert_array_equal(outs[0][1:], gp.to_host(gp.functional.unary("gelu", dev[1:n])))
+    np.testing.assert_array_equal(outs[1], gp.to_host(gp.functional.unary("gelu", dev[1:])))
+    assert_close(outs[1], ref_unary("gelu", buf[1:]), dtype, scale=4)
+
+
+# -- binary --------------------------------------------------------------------------------
+
+SHAPE_PAIRS = [
+    ((7,), (7,)),
+    ((4099,), (4099,)),
+    ((3, 1, 5), (4, 1)),
+    ((2, 3, 4), (4,)),
+    ((5,), ()),
+    ((1,), (6, 1)),
+    ((2, 1, 3, 1, 2), (1, 4, 1, 5, 1)),
+    ((3000, 8), (8,)),      # tall column reduction for db (split into fixed row blocks)
+    ((2, 70000), (1, 1)),   # long row reduction for db (split into fixed segments)
+    ((0, 3), (3,)),         # empty output, db still written (zeros)
+]
+
+
+def _operands(a_shape, b_shape, dtype):
+    a = random(a_shape, dtype, seed=2)
+    b = random(b_shape, dtype, seed=3, low=0.5, high=2.0)
+    b = np.where(random(b_shape, np.float32, seed=4) < 0, -b, b).astype(dtype)  # signs, |b|>=.5
+    return a, b
+
+
+def ref_binary(op, a, b):
+    a, b = f64(a), f64(b)
+    return {"add": a + b, "sub": a - b, "mul": a * b, "div": a / b}[op]
+
+
+def ref_binary_backward(op, a, b, dc):
+    a, b, dc = f64(a), f64(b), f64(dc)
+    ga, gb = {"add": (dc, dc), "sub": (dc, -dc), "mul": (dc * b, dc * a),
+              "div": (dc / b, -dc * a / (b * b))}[op]
+    return _sum_to(ga, a.shape), _sum_to(gb, b.shape)
+
+
+def _sum_to(g, shape):
+    g = np.broadcast_to(g, np.broadcast_shapes(g.shape, shape))
+    lead = g.ndim - len(shape)
+    axes = tuple(range(lead)) + tuple(lead + i for i, e in enumerate(shape)
+                                      if e == 1 and g.shape[lead + i] != 1)
+    return g.sum(axis=axes, keepdims=True).reshape(shape)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("op", ["add", "sub", "mul", "div"])
+@pytest.mark.parametrize("a_shape,b_shape", SHAPE_PAIRS)
+def test_binary_and_backward(device, dtype, op, a_shape, b_shape):
+    a, b = _operands(a_shape, b_shape, dtype)
+    desc = gp.BinaryDescriptor(op, a_shape, b_shape, dtype)
+    out_shape = desc.out_shape()
+    c = on(device, np.full(out_shape, 7, dtype))
+    run_plan(gp.BinaryPlan, desc, gp.BinaryArgs(on(device, a), on(device, b), c), device)
+    assert_close(c, ref_binary(op, a, b), dtype)
+
+    dc = random(out_shape, dtype, seed=5)
+    da = on(device, np.full(a_shape, 7, dtype))
+    db = on(device, np.full(b_shape, 7, dtype))
+    plan = run_plan(gp.BinaryBackwardPlan, gp.BinaryBackwardDescriptor(op, a_shape, b_shape,
+                                                                       dtype),
+                    gp.BinaryBackwardArgs(on(device, a), on(device, b), on(device, dc), da, db),
+                    device)
+    ra, rb = ref_binary_backward(op, a, b, dc)
+    n_out = max(1, int(np.prod(out_shape)))
+    assert_close(da, ra, dtype, scale=max(4.0, np.sqrt(n_out / max(1, a.size))))
+    assert_close(db, rb, dtype, scale=max(4.0, np.sqrt(n_out / max(1, b.size))))
+    g = plan.precision_guarantee()
+    assert g.deterministic and g.bit_stable
+
+
+@pytest.mark.parametrize("op", ["add", "sub"])
+def test_binary_backward_optional_operands_and_outputs(device, op):
+    dc = random((6, 4), np.float32)
+    db = on(device, np.full((4,), 7, np.float32))
+    run_plan(gp.BinaryBackwardPlan, gp.BinaryBackwardDescriptor(op, (6, 4), (4,)),
+             gp.BinaryBackwardArgs(None, None, on(device, dc), None, db), device)
+    sign = -1.0 if op == "sub" else 1.0
+    assert_close(db, sign * f64(dc).sum(axis=0), np.float32)
+
+
+def test_broadcast_dims_collapse():
+    assert broadcast_dims("binary", (4, 5, 6), (4, 5, 6)) == ((4, 5, 6), [(120, 1, 1)])
+    assert broadcast_dims("binary", (8, 3, 4), (4,)) == ((8, 3, 4), [(24, 4, 0), (4, 1, 1)])
+    assert broadcast_dims("binary", (3, 1, 5), (4, 1)) == (
+        (3, 4, 5), [(3, 5, 0), (4, 0, 1), (5, 1, 0)])
+    assert broadcast_dims("binary", (1, 1), ()) == ((1, 1), [])
+
+
+# -- bias add and cast ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows,n", [(1, 1), (7, 13), (33, 64), (0, 5), (5, 0)])
+def test_bias_add(device, dtype, rows, n):
+    x = random((rows, n), dtype)
+    bias = random((n,), dtype, seed=1)
+    y = on(device, np.full((rows, n), 7, dtype))
+    run_plan(gp.BiasAddPlan, gp.BiasAddDescriptor(rows, n, dtype),
+             gp.BiasAddArgs(on(device, x), on(device, bias), y), device)
+    assert_close(y, f64(x) + f64(bias), dtype)
+
+
+CAST_DTYPES = [pytest.param(np.dtype(d), id=gp.dtypes.short_name(d))
+               for d in gp.FLOAT_DTYPES + (np.int32, np.int64)]
+
+
+@pytest.mark.parametrize("src", CAST_DTYPES)
+@pytest.mark.parametrize("dst", CAST_DTYPES)
+def test_cast(device, src, dst):
+    n = 1031
+    vals = random((n,), np.float64, low=-100, high=100)
+    x = np.trunc(vals).astype(src) if src.kind == "i" else vals.astype(src)
+    y = on(device, np.full((n,), 7, dst))
+    run_plan(gp.CastPlan, gp.CastDescriptor(n, src, dst), gp.CastArgs(on(device, x), y), device)
+    if dst.kind == "i":  # truncation toward zero is exact
+        np.testing.assert_array_equal(gp.to_host(y), np.trunc(f64(x)).astype(dst))
+    else:
+        assert_close(y, f64(x), dst)
+
+
+def test_empty_extents(device):
+    for plan_cls, desc, args in [
+        (gp.UnaryPlan, gp.UnaryDescriptor("relu", 0), lambda z: gp.UnaryArgs(z, z.copy())),
+        (gp.CastPlan, gp.CastDescriptor(0, np.float32, gp.bfloat16),
+         lambda z: gp.CastArgs(z, z.astype(gp.bfloat16))),
+        (gp.BinaryPlan, gp.BinaryDescriptor("mul", (0,), (0,)),
+         lambda z: gp.BinaryArgs(z, z.copy(), z.copy())),
+    ]:
+        run_plan(plan_cls, desc, args(on(device, np.zeros((0,), np.float32))), device)
+
+
+# -- errors ------------------------------------------------------------------------------
+
+
+def test_descriptor_errors():
+    s = gp.Stream.host()
+    with pytest.raises(gp.Unsupported, match="unary: argument 'op'"):
+        gp.UnaryPlan.select(s, gp.UnaryDescriptor("softplus", 3))
+    with pytest.raises(gp.InvalidProblem, match="'alpha'"):
+        gp.UnaryPlan.select(s, gp.UnaryDescriptor("scale", 3))
+    with pytest.raises(gp.InvalidProblem, match="'alpha'"):
+        gp.UnaryBackwardPlan.select(s, gp.UnaryBackwardDescriptor("relu", 3, alpha=2.0))
+    with pytest.raises(gp.InvalidProblem, match="'numel'"):
+        gp.UnaryPlan.select(s, gp.UnaryDescriptor("relu", -1))
+    with pytest.raises(gp.Unsupported, match="dtype"):
+        gp.UnaryPlan.select(s, gp.UnaryDescriptor("relu", 3, np.int32))
+    with pytest.raises(gp.InvalidProblem, match="binary: argument 'b_shape'"):
+        gp.BinaryPlan.select(s, gp.BinaryDescriptor("add", (3, 4), (3,)))
+    with pytest.raises(gp.Unsupported, match="'op'"):
+        gp.BinaryBackwardPlan.select(s, gp.BinaryBackwardDescriptor("pow", (3,), (3,)))
+    with pytest.raises(gp.Unsupported, match="at most 8 dims"):
+        gp.BinaryPlan.select(s, gp.BinaryDescriptor("add", (2, 1) * 5, (1, 2) * 5))
+    with pytest.raises(gp.Unsupported, match="'out_dtype'"):
+        gp.CastPlan.select(s, gp.CastDescriptor(3, np.float32, np.int8))
+    with pytest.raises(gp.Unsupported, match="nvrtc requested"):
+        gp.BiasAddPlan.select(s, gp.BiasAddDescriptor(2, 3),
+                              gp.PlanPreference(backend=gp.BackendKind.NVRTC))
+
+
+def test_argument_errors_leave_outputs_untouched(device):
+    s = stream_for(device)
+    x = on(device, random((8,), np.float32))
+    y = on(device, np.full((8,), 9, np.float32))
+    unary = gp.UnaryPlan.select(s, gp.UnaryDescriptor("silu", 8))
+    none = gp.Workspace.none()
+
+    def run_unary(**kw):
+        a = dict(x=x, y=y) | kw
+        return lambda: unary.run(s, none, gp.UnaryArgs(**a))
+
+    assert_rejected(run_unary(x=x.astype(np.float16)), gp.Unsupported, [y], "unary", "'x'",
+                    "f32", "f16")
+    assert_rejected(run_unary(y=on(device, np.zeros(7, np.float32))), gp.BufferTooSmall, [y],
+                    "'y'", "8", "7")
+    assert_rejected(run_unary(x=x.reshape(2, 4)), gp.InvalidProblem, [y], "'x'", "(8,)")
+    assert_rejected(run_unary(y=x), gp.InvalidProblem, [x], "'y'", "distinct")
+    if device == "cuda":
+        assert_rejected(run_unary(x=gp.to_host(x)), gp.InvalidProblem, [y], "'x'")
+
+    binary = gp.BinaryBackwardPlan.select(s, gp.BinaryBackwardDescriptor("mul", (2, 4), (4,)))
+    a2, b1 = x.reshape(2, 4), on(device, random((4,), np.float32))
+    da = on(device, np.full((2, 4), 9, np.float32))
+    db = on(device, np.full((4,), 9, np.float32))
+    ws = gp.Workspace.allocate(s, binary.workspace_size())
+
+    def run_bwd(**kw):
+        a = dict(a=a2, b=b1, dc=a2, da=da, db=db) | kw
+        return lambda: binary.run(s, ws, gp.BinaryBackwardArgs(**a))
+
+    assert_rejected(run_bwd(a=None), gp.InvalidProblem, [da, db], "binary_backward", "'a'")
+    assert_rejected(run_bwd(db=on(device, np.zeros((3,), np.float32))), gp.BufferTooSmall,
+                    [da, db], "'db'", "4", "3")
+    assert_rejected(run_bwd(da=on(device, np.zeros((4, 2), np.float32))), gp.InvalidProblem,
+                    [da, db], "'da'", "(2, 4)")
+    assert_rejected(run_bwd(dc=a2.astype(np.float64)), gp.Unsupported, [da, db], "'dc'")
+    assert_rejected(run_bwd(db=da.reshape(-1)[:4]), gp.InvalidProblem, [da], "'db'", "'da'")
+
+    cast = gp.CastPlan.select(s, gp.CastDescriptor(8, np.float32, gp.bfloat16))
+    out = on(device, np.zeros((8,), gp.bfloat16))
+    assert_rejected(lambda: cast.run(s, none, gp.CastArgs(x, out.astype(np.float16))),
+                    gp.Unsupported, [out], "cast", "'y'", "bf16", "f16")
+
+
+@pytest.mark.gpu
+def test_device_skus_and_workspace():
+    s = gp.Stream.current()
+    same = gp.BinaryPlan.select(s, gp.BinaryDescriptor("add", (4, 5), (4, 5)))
+    bcast = gp.BinaryPlan.select(s, gp.BinaryDescriptor("add", (4, 5), (5,)))
+    assert (same.sku().variant, bcast.sku().variant) == ("contiguous", "broadcast")
+    bwd = gp.BinaryBackwardPlan.select(s, gp.BinaryBackwardDescriptor("mul", (3000, 8), (8,),
+                                                                      gp.bfloat16))
+    assert bwd.workspace_size() > 0 and bwd.precision_guarantee().accumulator == "f32"
+    a, b = on("cuda", random((3000, 8), gp.bfloat16)), on("cuda", random((8,), gp.bfloat16))
+    da, db = on("cuda", np.zeros((3000, 8), gp.bfloat16)), on("cuda", np.zeros(8, gp.bfloat16))
+    assert_rejected(lambda: bwd.run(s, gp.Workspace.none(),
+                                    gp.BinaryBackwardArgs(a, b, a, da, db)),
+                    gp.WorkspaceTooSmall, [da, db], "'ws'")
+
+
+def test_functional_api(device):
+    x = on(device, random((3, 5, 7), gp.bfloat16))
+    bias = on(device, random((7,), gp.bfloat16, seed=1))
+    F = gp.functional
+    assert F.unary("scale", x, alpha=2.0).shape == (3, 5, 7)
+    np.testing.assert_array_equal(f64(F.unary("neg", x)), -f64(x))
+    assert_close(F.unary_backward("tanh", x, x), f64(x) * ref_derivative("tanh", x), gp.bfloat16,
+                 scale=4)
+    assert_close(F.bias_add(x, bias), f64(x) + f64(bias), gp.bfloat16)
+    c = F.binary("mul", x, bias)
+    assert c.shape == (3, 5, 7) and c.dtype == gp.bfloat16
+    da, db = F.binary_backward("mul", x, bias, x)
+    assert da.shape == (3, 5, 7) and db.shape == (7,)
+    assert_close(db, (f64(x) * f64(x)).sum(axis=(0, 1)), gp.bfloat16, scale=4)
+    y = F.cast(x.transpose(2, 0, 1), np.float32)  # strided input is made contiguous
+    assert y.shape == (7, 3, 5) and y.dtype == np.float32 and gp.device_of(y) == device
+    np.testing.assert_array_equal(gp.to_host(y), f64(x).transpose(2, 0, 1))
