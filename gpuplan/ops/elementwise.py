@@ -14,6 +14,7 @@ Math runs in f32 for f16/bf16 and in the dtype itself for f32/f64.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -101,28 +102,14 @@ def _map_candidates(op: str, dtype: Any, on_device: bool, variant: str = "map") 
 # -- NumPy implementation (inputs already in the accumulator dtype) ------------------------
 
 
+_ERF_UFUNC = np.frompyfunc(math.erf, 1, 1)
+
+
 def erf(x: np.ndarray) -> np.ndarray:
-    """Vectorised erf to float64 accuracy (NumPy has none): the all-positive series
-    erf(x) = 2/sqrt(pi) e^(-x^2) sum_n 2^n x^(2n+1) / (1*3*...*(2n+1)) for |x| < 3, and
-    erf(x) = 1 - erfc(x) with erfc's continued fraction (evaluated from the tail) beyond."""
+    """Elementwise erf in float64 (NumPy has none): the C library's erf through math.erf,
+    accurate to an ulp and several times faster than any series evaluated in NumPy."""
     x = np.asarray(x, dtype=np.float64)
-    ax = np.abs(x)
-    small = ax < 3.0
-    xs = np.where(small, ax, 0.0)
-    x2 = xs * xs
-    term = xs.copy()
-    total = xs.copy()
-    for n in range(1, 90):
-        term = term * (2.0 * x2 / (2 * n + 1))
-        total += term
-    series = (2.0 / np.sqrt(np.pi)) * np.exp(-x2) * total
-    xl = np.where(small, 3.0, ax)
-    frac = xl.copy()
-    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-        for k in range(60, 0, -1):
-            frac = xl + (k / 2.0) / frac
-        tail = 1.0 - np.exp(-xl * xl) / (np.sqrt(np.pi) * frac)
-    return np.copysign(np.where(small, series, tail), x)
+    return _ERF_UFUNC(x).astype(np.float64) if x.size else x.copy()
 
 
 _SQRT_2_OVER_PI = 0.79788456080286535588
