@@ -198,10 +198,11 @@ class GemmPlan(Plan):
         acc = accumulator(d.dtype)
         a = args.a.astype(acc)
         b = args.b.astype(acc)
+        # Batched np.matmul falls back to a slow non-BLAS loop on swapped-axes views: copy.
         if d.trans_a:
-            a = np.swapaxes(a, -1, -2)
+            a = np.ascontiguousarray(np.swapaxes(a, -1, -2))
         if d.trans_b:
-            b = np.swapaxes(b, -1, -2)
+            b = np.ascontiguousarray(np.swapaxes(b, -1, -2))
         v = acc.type(d.alpha) * np.matmul(a, b)
         if d.beta != 0:
             v += acc.type(d.beta) * args.c.astype(acc)
