@@ -1,0 +1,34 @@
+"""autograd: a small tape-based autograd over gpuplan (Tensor, Tape, Function, gradcheck).
+
+``autograd.nn`` and ``autograd.optim`` load on first access (``ag.nn``) or by import.
+"""
+
+from __future__ import annotations
+
+import importlib as _importlib
+from typing import Any as _Any
+
+# autograd.tensor first: it binds the op modules, which import Function.
+from autograd import random
+from autograd import tensor as _tensor_module
+from autograd.function import Context, Function
+from autograd.functions.reduce import max, mean, sum
+from autograd.functions.shape import broadcast_to, cat, chunk, split, stack
+from autograd.grad_mode import enable_grad, is_grad_enabled, no_grad, set_grad_enabled
+from autograd.gradcheck import GradcheckError, gradcheck
+from autograd.random import manual_seed
+from autograd.tape import Tape, current_tape
+from autograd.tensor import Tensor, full, ones, randn, tensor, zeros
+
+__all__ = [
+    "Tensor", "tensor", "zeros", "ones", "full", "randn", "Tape", "current_tape", "Function",
+    "Context", "no_grad", "enable_grad", "set_grad_enabled", "is_grad_enabled", "gradcheck",
+    "GradcheckError", "cat", "split", "chunk", "stack", "broadcast_to", "sum", "mean", "max",
+    "manual_seed", "random", "nn", "optim",
+]
+
+
+def __getattr__(name: str) -> _Any:
+    if name in ("nn", "optim"):
+        return _importlib.import_module(f"autograd.{name}")
+    raise AttributeError(f"module 'autograd' has no attribute {name!r}")

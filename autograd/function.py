@@ -1,0 +1,103 @@
+"""Function: an op with a forward on arrays and a backward by its local chain rule."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from autograd import grad_mode
+from autograd.tape import Node, _default_tape, _open_tapes
+from autograd.tensor import Tensor
+
+
+class Context:
+    """Per-call scratch space shared by forward and backward.
+
+    ``save_for_backward(*arrays)`` stores arrays in ``saved`` (released after backward);
+    ``needs_input_grad[i]`` says whether positional input i needs a gradient (all False
+    when nothing is recorded); ``mark_non_differentiable(*arrays)`` marks outputs that get
+    ``requires_grad=False`` (their gradient reaches backward as zeros). Any other
+    attribute may be set freely.
+    """
+
+    saved: tuple = ()
+    needs_input_grad: tuple = ()
+    _non_differentiable: tuple = ()
+
+    def save_for_backward(self, *arrays: Any) -> None:
+        self.saved = arrays
+
+    def mark_non_differentiable(self, *arrays: Any) -> None:
+        self._non_differentiable = tuple(id(a) for a in arrays)
+
+
+class Function:
+    """Subclass with ``forward(ctx, *args, **kwargs)`` and ``backward(ctx, *grad_outputs)``.
+
+    forward receives arrays where the caller passed Tensors (keyword arguments are
+    options, passed through unchanged) and returns an array or a tuple of arrays.
+    backward receives one gradient array per output (zeros for an output that got none)
+    and returns one array or None per positional input of forward; each array must have
+    its input's shape and dtype (integer inputs take a float gradient: straight-through).
+    """
+
+    @staticmethod
+    def forward(ctx: Context, *args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError
+
+    @staticmethod
+    def backward(ctx: Context, *grad_outputs: Any) -> Any:
+        raise NotImplementedError
+
+    @classmethod
+    def apply(cls, *args: Any, **kwargs: Any) -> Any:
+        """Run forward on the arrays; record a tape node when grad mode is on and some
+        Tensor input requires grad. Returns a Tensor or a tuple of Tensors."""
+        ctx = Context()
+        arrays = []
+        parents = []
+        needs = []
+        record = False
+        for a in args:
+            if isinstance(a, Tensor):
+                arrays.append(a.data)
+                if a.requires_grad:
+                    record = True
+                    needs.append(True)
+                    node = a._node
+                    parents.append(a if node is None else (node, a._out_index))
+                    continue
+            else:
+                arrays.append(a)
+            needs.append(False)
+            parents.append(None)
+        record = record and grad_mode._enabled
+        ctx.needs_input_grad = tuple(needs) if record else (False,) * len(args)
+        out = cls.forward(ctx, *arrays, **kwargs)
+        if type(out) is not tuple:
+            return _wrap_one(cls, ctx, out, parents, record)
+        if not record:
+            return tuple(Tensor(o) for o in out)
+        tape = _open_tapes[-1] if _open_tapes else _default_tape
+        node = Node(cls, ctx, tuple(parents), tuple((o.shape, o.dtype) for o in out), tape)
+        tape._record(node)
+        skip = ctx._non_differentiable
+        results = []
+        for k, o in enumerate(out):
+            t = Tensor(o)
+            if id(o) not in skip:
+                t.requires_grad = True
+                t._node = node
+                t._out_index = k
+            results.append(t)
+        return tuple(results)
+
+
+def _wrap_one(cls: type, ctx: Context, out: Any, parents: list, record: bool) -> Tensor:
+    t = Tensor(out)
+    if record:
+        tape = _open_tapes[-1] if _open_tapes else _default_tape
+        node = Node(cls, ctx, tuple(parents), ((out.shape, out.dtype),), tape)
+        tape._record(node)
+        t.requires_grad = True
+        t._node = node
+    return t

@@ -1,0 +1,207 @@
+"""A GPT-2-style decoder-only transformer (pre-LN blocks, causal attention, tied head)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+import autograd as ag
+import gpuplan as gp
+from autograd.nn import functional as F
+from autograd.nn.layers import GELU, Dropout, Embedding, LayerNorm, Linear
+from autograd.nn.module import Module, ModuleList
+from autograd.tensor import Tensor
+
+
+@dataclass(frozen=True)
+class GPTConfig:
+    """Model shape and options. ``n_embd`` must be divisible by ``n_head``."""
+
+    vocab_size: int
+    block_size: int
+    n_layer: int
+    n_head: int
+    n_embd: int
+    dropout: float = 0.0
+    bias: bool = True
+    tie_weights: bool = True
+    dtype: Any = np.float32
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
+            if int(getattr(self, name)) <= 0:
+                raise ValueError(f"GPTConfig: {name} must be > 0, given {getattr(self, name)}")
+        if self.n_embd % self.n_head:
+            raise ValueError(f"GPTConfig: n_embd ({self.n_embd}) must be divisible by n_head "
+                             f"({self.n_head})")
+
+
+class CausalSelfAttention(Module):
+    """``qkv = x @ W_qkv + b`` with ``W_qkv [C, 3C]`` whose columns are
+    ``[q heads | k heads | v heads]`` (head h of q = columns ``h*Dh:(h+1)*Dh``), so a
+    tensor-parallel split over heads is a column slice of each third;
+    ``y = proj(concat_h softmax(q_h k_h^T / sqrt(Dh) + causal mask) v_h)``. Dropout acts on
+    the block's output only (``F.scaled_dot_product_attention`` has no attention dropout)."""
+
+    def __init__(self, cfg: GPTConfig) -> None:
+        super().__init__()
+        self.n_head = cfg.n_head
+        self.qkv = Linear(cfg.n_embd, 3 * cfg.n_embd, bias=cfg.bias, dtype=cfg.dtype, seed=0)
+        self.proj = Linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias, dtype=cfg.dtype, seed=0)
+        self.resid_drop = Dropout(cfg.dropout)
+
+    def forward(self, x: Tensor) -> Tensor:
+        B, T, C = x.shape
+        H = self.n_head
+        q, k, v = ag.split(self.qkv(x), C, dim=-1)
+        q, k, v = (t.reshape(B, T, H, C // H).transpose(1, 2) for t in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # [B, H, T, Dh]
+        y = y.transpose(1, 2).reshape(B, T, C)
+        return self.resid_drop(self.proj(y))
+
+
+class MLP(Module):
+    """``proj(gelu(x @ W_fc + b_fc))`` with hidden width ``4 C``."""
+
+    def __init__(self, cfg: GPTConfig) -> None:
+        super().__init__()
+        self.fc = Linear(cfg.n_embd, 4 * cfg.n_embd, bias=cfg.bias, dtype=cfg.dtype, seed=0)
+        self.act = GELU()
+        self.proj = Linear(4 * cfg.n_embd, cfg.n_embd, bias=cfg.bias, dtype=cfg.dtype, seed=0)
+        self.drop = Dropout(cfg.dropout)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.drop(self.proj(self.act(self.fc(x))))
+
+
+class Block(Module):
+    """Pre-LN transformer block: ``x + attn(ln_1(x))`` then ``x + mlp(ln_2(x))``."""
+
+    def __init__(self, cfg: GPTConfig) -> None:
+        super().__init__()
+        self.ln_1 = LayerNorm(cfg.n_embd, bias=cfg.bias, dtype=cfg.dtype)
+        self.attn = CausalSelfAttention(cfg)
+        self.ln_2 = LayerNorm(cfg.n_embd, bias=cfg.bias, dtype=cfg.dtype)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp(self.ln_2(x))
+
+
+class GPT(Module):
+    """``logits[B, T, V] = head(ln_f(blocks(wte[idx] + wpe[0:T])))``.
+
+    Parameters (names Megatron-friendly): ``wte.weight [V, C]``, ``wpe.weight [block, C]``,
+    ``blocks.{i}.ln_1.*``, ``blocks.{i}.attn.qkv.weight [C, 3C]``,
+    ``blocks.{i}.attn.proj.weight [C, C]``, ``blocks.{i}.ln_2.*``,
+    ``blocks.{i}.mlp.fc.weight [C, 4C]``, ``blocks.{i}.mlp.proj.weight [4C, C]``,
+    ``ln_f.*`` and, untied only, ``head.weight [C, V]`` (tied: ``logits = x @ wte.weight^T``).
+
+    Init (GPT-2): matrices and embeddings N(0, 0.02), the residual projections
+    (``attn.proj``, ``mlp.proj``) N(0, 0.02 / sqrt(2 n_layer)), biases 0, LayerNorm 1/0; drawn
+    in ``named_parameters`` order from ``np.random.default_rng(config.seed)`` in float64 on the
+    host, so the same seed gives the same model on any device or parallel layout.
+    """
+
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__()
+        cfg = self.config = config
+        self.wte = Embedding(cfg.vocab_size, cfg.n_embd, dtype=cfg.dtype, seed=0)
+        self.wpe = Embedding(cfg.block_size, cfg.n_embd, dtype=cfg.dtype, seed=0)
+        self.drop = Dropout(cfg.dropout)
+        self.blocks = ModuleList([Block(cfg) for _ in range(cfg.n_layer)])
+        self.ln_f = LayerNorm(cfg.n_embd, bias=cfg.bias, dtype=cfg.dtype)
+        if not cfg.tie_weights:
+            self.head = Linear(cfg.n_embd, cfg.vocab_size, bias=False, dtype=cfg.dtype, seed=0)
+        self._init_weights()
+
+    def _init_weights(self) -> None:
+        rng = np.random.default_rng(self.config.seed)
+        resid_std = 0.02 / math.sqrt(2 * self.config.n_layer)
+        for name, p in self.named_parameters():
+            leaf = name.rsplit(".", 2)
+            if ".ln_" in f".{name}" and leaf[-1] == "weight":
+                values = np.ones(p.shape)
+            elif leaf[-1] == "bias":
+                values = np.zeros(p.shape)
+            elif name.endswith(("attn.proj.weight", "mlp.proj.weight")):
+                values = rng.normal(0.0, resid_std, p.shape)
+            else:
+                values = rng.normal(0.0, 0.02, p.shape)
+            p.data[...] = gp.to_device(values.astype(p.dtype), p.device)
+
+    def forward(self, idx: Any, targets: Any = None) -> Tensor | tuple[Tensor, Tensor]:
+        """``idx [B, T]`` int32/int64 (array or Tensor) -> logits ``[B, T, V]``; with
+        ``targets [B, T]``, returns ``(logits, mean cross-entropy over B*T)``."""
+        idx = idx.data if isinstance(idx, Tensor) else idx
+        B, T = idx.shape
+        if T > self.config.block_size:
+            raise ValueError(f"GPT: sequence length {T} exceeds block_size "
+                             f"{self.config.block_size}")
+        pos = gp.asarray(np.arange(T, dtype=np.int64), device=gp.device_of(idx))
+        x = self.drop(self.wte(idx) + self.wpe(pos))
+        for block in self.blocks:
+            x = block(x)
+        x = self.ln_f(x)
+        if self.config.tie_weights:
+            logits = x @ self.wte.weight.T
+        else:
+            logits = self.head(x)
+        if targets is None:
+            return logits
+        targets = targets.data if isinstance(targets, Tensor) else targets
+        loss = F.cross_entropy(logits.reshape(B * T, self.config.vocab_size),
+                               targets.reshape(B * T))
+        return logits, loss
+
+    def loss(self, idx: Any, targets: Any) -> Tensor:
+        """Mean next-token cross-entropy of ``forward(idx)`` against ``targets [B, T]``."""
+        return self.forward(idx, targets)[1]
+
+    def generate(self, idx: Any, max_new_tokens: int, temperature: float = 1.0,
+                 top_k: int | None = None, seed: int | None = None) -> Any:
+        """Append ``max_new_tokens`` sampled tokens to ``idx [B, T]`` (returns ``[B, T+n]``,
+        same array kind and device as ``idx``). Each step feeds the last ``block_size``
+        tokens, scales the last logits by ``1/temperature`` (0 means greedy argmax), keeps
+        the ``top_k`` largest, and samples with ``np.random.default_rng(seed)`` on the host."""
+        data = idx.data if isinstance(idx, Tensor) else idx
+        device = gp.device_of(data)
+        out = gp.to_host(data).astype(np.int64)
+        rng = np.random.default_rng(seed)
+        was_training = self.training
+        self.eval()
+        try:
+            with ag.no_grad():
+                for _ in range(int(max_new_tokens)):
+                    cond = gp.to_device(np.ascontiguousarray(out[:, -self.config.block_size:]),
+                                        device)
+                    logits = self.forward(cond)
+                    last = gp.to_host(logits.data[:, -1, :]).astype(np.float64)
+                    out = np.concatenate([out, _sample(last, temperature, top_k, rng)], axis=1)
+        finally:
+            self.train(was_training)
+        out = out.astype(gp.to_host(data).dtype)
+        result = gp.to_device(out, device)
+        return ag.tensor(result) if isinstance(idx, Tensor) else result
+
+
+def _sample(logits: np.ndarray, temperature: float, top_k: int | None,
+            rng: np.random.Generator) -> np.ndarray:
+    """One token per row of ``logits [B, V]`` (float64, host) -> ``[B, 1]`` int64."""
+    if temperature == 0.0:
+        return logits.argmax(axis=-1)[:, None]
+    logits = logits / temperature
+    if top_k is not None and top_k < logits.shape[-1]:
+        kth = np.sort(logits, axis=-1)[:, -int(top_k)][:, None]
+        logits = np.where(logits < kth, -np.inf, logits)
+    probs = np.exp(logits - logits.max(axis=-1, keepdims=True))
+    probs /= probs.sum(axis=-1, keepdims=True)
+    cdf = np.cumsum(probs, axis=-1)
+    u = rng.random((logits.shape[0], 1))
+    choice = (cdf < u * cdf[:, -1:]).sum(axis=-1)
+    return np.minimum(choice, logits.shape[-1] - 1)[:, None].astype(np.int64)

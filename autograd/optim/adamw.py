@@ -1,0 +1,91 @@
+"""AdamW (decoupled weight decay, PyTorch semantics) with fused, multi-tensor kernels."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import gpuplan as gp
+from autograd.optim.optimizer import Optimizer
+
+
+class AdamW(Optimizer):
+    """PyTorch AdamW.
+
+    At step t (from 1): ``p -= lr * wd * p``; ``m = b1 m + (1-b1) g``;
+    ``v = b2 v + (1-b2) g^2``; ``p -= lr * (m / (1-b1^t)) / (sqrt(v / (1-b2^t)) + eps)``.
+    Moments are float32 (float64 for float64 parameters). With ``foreach=True`` (default)
+    the parameters of a group that share dtypes and step count are updated by one
+    ``gp.AdamWMultiTensorPlan`` launch; otherwise one ``gp.functional.adamw_step`` each.
+    Both give the same bits.
+    """
+
+    def __init__(self, params: Iterable[Any], lr: float = 1e-3,
+                 betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
+                 weight_decay: float = 1e-2, master_weights: bool = True,
+                 foreach: bool = True) -> None:
+        if lr < 0.0 or eps < 0.0 or weight_decay < 0.0:
+            raise ValueError(f"AdamW: lr, eps and weight_decay must be >= 0, given lr={lr}, "
+                             f"eps={eps}, weight_decay={weight_decay}")
+        if not (0.0 <= betas[0] < 1.0 and 0.0 <= betas[1] < 1.0):
+            raise ValueError(f"AdamW: betas must lie in [0, 1), given {betas}")
+        super().__init__(params, {"lr": lr, "betas": tuple(betas), "eps": eps,
+                                  "weight_decay": weight_decay}, master_weights)
+        self.foreach = foreach
+
+    def step(self) -> None:
+        buckets: dict[tuple, list[tuple[dict, Any, dict]]] = {}
+        for group, p in self._params_with_grad():
+            state = self._param_state(p)
+            if "exp_avg" not in state:
+                state["exp_avg"] = self._zeros_like_master(p, state)
+                state["exp_avg_sq"] = self._zeros_like_master(p, state)
+            state["step"] += 1
+            target, lowp = self._target(p, state)
+            key = (id(group), state["step"], target.dtype, p.grad.data.dtype,
+                   None if lowp is None else lowp.dtype, gp.device_of(target))
+            buckets.setdefault(key, []).append((group, p, state))
+        for entries in buckets.values():
+            if self.foreach and len(entries) > 1 and all(_contiguous(e) for e in entries):
+                self._multi_tensor_step(entries)
+            else:
+                for group, p, state in entries:
+                    self._single_step(group, p, state)
+
+    def _hyper(self, group: dict, step: int) -> dict[str, Any]:
+        beta1, beta2 = group["betas"]
+        return dict(lr=float(group["lr"]), beta1=float(beta1), beta2=float(beta2),
+                    eps=float(group["eps"]), weight_decay=float(group["weight_decay"]),
+                    step=int(step))
+
+    def _single_step(self, group: dict, p: Any, state: dict) -> None:
+        target, lowp = self._target(p, state)
+        gp.functional.adamw_step(target, p.grad.data, state["exp_avg"], state["exp_avg_sq"],
+                                 param_lowp=lowp, **self._hyper(group, state["step"]))
+
+    def _multi_tensor_step(self, entries: list[tuple[dict, Any, dict]]) -> None:
+        group, _, first = entries[0]
+        targets, lowps = zip(*(self._target(p, s) for _, p, s in entries), strict=True)
+
+        def flat(a: Any) -> Any:
+            return a.reshape(-1)
+
+        grads = [gp.backend.ascontiguous(p.grad.data).reshape(-1) for _, p, _ in entries]
+        has_lowp = lowps[0] is not None
+        desc = gp.AdamWMultiTensorDescriptor(
+            sizes=tuple(int(t.size) for t in targets), dtype=targets[0].dtype,
+            grad_dtype=grads[0].dtype, lowp_dtype=lowps[0].dtype if has_lowp else None)
+        args = gp.AdamWMultiTensorArgs(
+            params=[flat(t) for t in targets], grads=grads,
+            exp_avgs=[flat(s["exp_avg"]) for _, _, s in entries],
+            exp_avg_sqs=[flat(s["exp_avg_sq"]) for _, _, s in entries],
+            params_lowp=[flat(lp) for lp in lowps] if has_lowp else None,
+            **self._hyper(group, first["step"]))
+        gp.execute(gp.AdamWMultiTensorPlan, desc, args, like=targets[0])
+
+
+def _contiguous(entry: tuple[dict, Any, dict]) -> bool:
+    """Flat views of in-place operands must alias them (else updates would be lost)."""
+    _, p, state = entry
+    arrays = [p.data, state["exp_avg"], state["exp_avg_sq"], state.get("master", p.data)]
+    return all(a.flags.c_contiguous for a in arrays)

@@ -1,0 +1,262 @@
+"""Tensor: an array (NumPy or CuPy) plus the autograd state (grad, requires_grad, tape node)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+import gpuplan as gp
+from gpuplan.dtypes import as_dtype
+
+
+class Tensor:
+    """A NumPy (device "cpu") or CuPy (device "cuda") array with autograd state.
+
+    ``grad`` is a Tensor or None; ``_node`` is the tape entry that produced this tensor
+    (None for leaves) and ``_out_index`` which of that entry's outputs it is.
+    """
+
+    # ndarray <op> Tensor returns NotImplemented, so Tensor's reflected operator runs.
+    __array_ufunc__ = None
+
+    def __init__(self, data: Any, requires_grad: bool = False) -> None:
+        if isinstance(data, Tensor):
+            data = data.data
+        elif not isinstance(data, np.ndarray) and not gp.is_device_array(data):
+            data = np.asarray(data)
+        self.data = data
+        self.grad: Tensor | None = None
+        self.requires_grad = bool(requires_grad)
+        self._node = None
+        self._out_index = 0
+
+    # -- properties --------------------------------------------------------------------------
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self.data.dtype
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.data.shape)
+
+    @property
+    def ndim(self) -> int:
+        return self.data.ndim
+
+    @property
+    def device(self) -> str:
+        return gp.device_of(self.data)
+
+    @property
+    def is_leaf(self) -> bool:
+        return self._node is None
+
+    @property
+    def T(self) -> Tensor:  # noqa: N802 - array convention
+        return self.transpose()
+
+    def size(self, dim: int | None = None) -> Any:
+        return self.shape if dim is None else self.shape[dim]
+
+    def numel(self) -> int:
+        return int(self.data.size)
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __repr__(self) -> str:
+        grad = ", requires_grad=True" if self.requires_grad else ""
+        return (f"Tensor(shape={self.shape}, dtype={self.dtype}, device={self.device!r}"
+                f"{grad})")
+
+    # -- conversion --------------------------------------------------------------------------
+
+    def numpy(self) -> np.ndarray:
+        """A host NumPy array with this tensor's values (a copy for device tensors)."""
+        return gp.to_host(self.data)
+
+    def item(self) -> float:
+        if self.data.size != 1:
+            raise ValueError(f"item(): needs a one-element tensor, given shape {self.shape}")
+        return gp.to_host(self.data).reshape(-1)[0].item()
+
+    def tolist(self) -> Any:
+        return gp.to_host(self.data).tolist()
+
+    def detach(self) -> Tensor:
+        """The same array, cut from the tape (requires_grad=False)."""
+        return Tensor(self.data)
+
+    def requires_grad_(self, requires_grad: bool = True) -> Tensor:
+        self.requires_grad = bool(requires_grad)
+        return self
+
+    def zero_(self) -> Tensor:
+        self.data[...] = 0
+        return self
+
+    def to(self, device: str | None = None, dtype: Any = None) -> Tensor:
+        """Move and/or cast (differentiable: the gradient comes back moved and cast)."""
+        out = self
+        if device is not None and device != self.device:
+            out = _shape.ToDevice.apply(out, device=device)
+        if dtype is not None and as_dtype(dtype) != out.dtype:
+            out = _shape.Cast.apply(out, dtype=as_dtype(dtype))
+        return out
+
+    def cpu(self) -> Tensor:
+        return self.to(device="cpu")
+
+    def cuda(self) -> Tensor:
+        return self.to(device="cuda")
+
+    def float(self) -> Tensor:
+        return self.to(dtype=np.float32)
+
+    def double(self) -> Tensor:
+        return self.to(dtype=np.float64)
+
+    def backward(self, grad: Any = None, retain: bool = False) -> None:
+        """Back-propagate through the tape that recorded this tensor (see Tape.backward)."""
+        if self._node is None:
+            from autograd.tape import run_backward
+
+            run_backward([(self, grad)], retain=retain)
+            return
+        self._node.tape.backward(self, grad, retain=retain)
+
+    # -- arithmetic --------------------------------------------------------------------------
+
+    def __add__(self, other: Any) -> Tensor:
+        return _arith.add(self, other)
+
+    def __radd__(self, other: Any) -> Tensor:
+        return _arith.add(other, self)
+
+    def __sub__(self, other: Any) -> Tensor:
+        return _arith.sub(self, other)
+
+    def __rsub__(self, other: Any) -> Tensor:
+        return _arith.sub(other, self)
+
+    def __mul__(self, other: Any) -> Tensor:
+        return _arith.mul(self, other)
+
+    def __rmul__(self, other: Any) -> Tensor:
+        return _arith.mul(other, self)
+
+    def __truediv__(self, other: Any) -> Tensor:
+        return _arith.div(self, other)
+
+    def __rtruediv__(self, other: Any) -> Tensor:
+        return _arith.div(other, self)
+
+    def __neg__(self) -> Tensor:
+        return _arith.neg(self)
+
+    def __matmul__(self, other: Tensor) -> Tensor:
+        return _matmul.matmul(self, other)
+
+    def __rmatmul__(self, other: Tensor) -> Tensor:
+        return _matmul.matmul(other, self)
+
+    def exp(self) -> Tensor:
+        return _act.unary("exp", self)
+
+    def tanh(self) -> Tensor:
+        return _act.unary("tanh", self)
+
+    def relu(self) -> Tensor:
+        return _act.unary("relu", self)
+
+    # -- reductions --------------------------------------------------------------------------
+
+    def sum(self, axis: int | Sequence[int] | None = None, keepdims: bool = False) -> Tensor:
+        return _reduce.reduce("sum", self, axis, keepdims)
+
+    def mean(self, axis: int | Sequence[int] | None = None, keepdims: bool = False) -> Tensor:
+        return _reduce.reduce("mean", self, axis, keepdims)
+
+    def max(self, axis: int | Sequence[int] | None = None, keepdims: bool = False) -> Tensor:
+        return _reduce.reduce("max", self, axis, keepdims)
+
+    # -- shape -------------------------------------------------------------------------------
+
+    def reshape(self, *shape: Any) -> Tensor:
+        return _shape.reshape(self, *shape)
+
+    view = reshape
+
+    def flatten(self) -> Tensor:
+        return _shape.reshape(self, -1)
+
+    def transpose(self, *axes: int) -> Tensor:
+        """No axes: reverse all; two axes: swap them (PyTorch); else a full permutation."""
+        return _shape.transpose(self, *axes)
+
+    def permute(self, *axes: int) -> Tensor:
+        return _shape.permute(self, *axes)
+
+    def broadcast_to(self, shape: Sequence[int]) -> Tensor:
+        return _shape.broadcast_to(self, shape)
+
+    expand = broadcast_to
+
+    def __getitem__(self, index: Any) -> Tensor:
+        return _shape.getitem(self, index)
+
+
+def tensor(data: Any, requires_grad: bool = False, dtype: Any = None,
+           device: str | None = None) -> Tensor:
+    """A new leaf Tensor from an array, a list or a scalar (copied; default device cpu)."""
+    if isinstance(data, Tensor):
+        data = data.data
+    if device is None:
+        device = gp.device_of(data)
+    arr = gp.asarray(data, dtype=dtype, device=device)
+    if arr is data:
+        arr = arr.copy()
+    if dtype is None and arr.dtype == np.float64 and not hasattr(data, "dtype"):
+        arr = arr.astype(np.float32)  # Python floats give float32, as in PyTorch
+    return Tensor(arr, requires_grad=requires_grad)
+
+
+def zeros(*shape: Any, dtype: Any = np.float32, device: str = "cpu",
+          requires_grad: bool = False) -> Tensor:
+    return Tensor(gp.zeros(_shape_arg(shape), dtype, device), requires_grad=requires_grad)
+
+
+def ones(*shape: Any, dtype: Any = np.float32, device: str = "cpu",
+         requires_grad: bool = False) -> Tensor:
+    return Tensor(gp.full(_shape_arg(shape), 1.0, dtype, device), requires_grad=requires_grad)
+
+
+def full(shape: Sequence[int], value: float, dtype: Any = np.float32, device: str = "cpu",
+         requires_grad: bool = False) -> Tensor:
+    return Tensor(gp.full(tuple(shape), value, dtype, device), requires_grad=requires_grad)
+
+
+def randn(*shape: Any, dtype: Any = np.float32, device: str = "cpu",
+          requires_grad: bool = False, seed: int | None = None) -> Tensor:
+    """Standard normal draws made on the host (seeded: identical on every device)."""
+    rng = _random.default_generator.host if seed is None else np.random.default_rng(seed)
+    host = rng.standard_normal(_shape_arg(shape)).astype(as_dtype(dtype))
+    return Tensor(gp.to_device(host, device), requires_grad=requires_grad)
+
+
+def _shape_arg(shape: tuple) -> tuple[int, ...]:
+    if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
+        return tuple(int(s) for s in shape[0])
+    return tuple(int(s) for s in shape)
+
+
+# Op modules import Tensor from here, so they are bound after the class exists.
+from autograd import random as _random  # noqa: E402
+from autograd.functions import activation as _act  # noqa: E402
+from autograd.functions import arithmetic as _arith  # noqa: E402
+from autograd.functions import matmul as _matmul  # noqa: E402
+from autograd.functions import reduce as _reduce  # noqa: E402
+from autograd.functions import shape as _shape  # noqa: E402

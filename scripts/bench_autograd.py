@@ -1,0 +1,214 @@
+"""Autograd benchmarks: per-op overhead on tiny tensors and GPT training-step time.
+
+    python scripts/bench_autograd.py                 # cuda if available, else cpu
+    python scripts/bench_autograd.py --device cpu --gpt small
+    python scripts/bench_autograd.py --device cuda --gpt gpt2 --dtype bf16
+
+On the host the small-GPT step is also timed in PyTorch eager (same weights, same batch)
+when torch is installed, and the two losses are compared.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+import autograd as ag
+import gpuplan as gp
+from autograd import nn, optim
+from autograd.nn import functional as F
+
+GPT_SHAPES = {
+    # name: (config kwargs, batch, seq)
+    "small": (dict(vocab_size=512, block_size=64, n_layer=2, n_head=4, n_embd=128), 8, 64),
+    "gpt2": (dict(vocab_size=50304, block_size=1024, n_layer=12, n_head=12, n_embd=768), 8, 1024),
+}
+
+
+def sync(device: str) -> None:
+    if device == "cuda":
+        gp.backend.synchronize()
+
+
+def timeit(fn: Callable[[], object], device: str, repeat: int, warmup: int = 3) -> float:
+    """Median seconds per call."""
+    for _ in range(warmup):
+        fn()
+    sync(device)
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        sync(device)
+        times.append(time.perf_counter() - t0)
+    return float(np.median(times))
+
+
+def bench_ops(device: str, repeat: int) -> None:
+    """Per-op latency (forward only, and forward + backward) for 8x8 float32 tensors: this
+    is the Python + plan-dispatch overhead, not kernel time."""
+    rng = np.random.default_rng(0)
+
+    def t(*shape):
+        return ag.tensor(rng.standard_normal(shape).astype(np.float32), device=device,
+                         requires_grad=True)
+
+    a, b, w, bias = t(8, 8), t(8, 8), t(8, 8), t(8)
+    idx = gp.to_device(rng.integers(0, 8, (8,)), device)
+    target = gp.to_device(rng.integers(0, 8, (8,)), device)
+    ops = {
+        "add": lambda: a + b,
+        "mul": lambda: a * b,
+        "matmul": lambda: a @ b,
+        "linear": lambda: F.linear(a, w, bias),
+        "gelu": lambda: F.gelu(a),
+        "softmax": lambda: F.softmax(a, dim=-1),
+        "layer_norm": lambda: F.layer_norm(a, (8,), bias, bias),
+        "sum": lambda: a.sum(),
+        "reshape+transpose": lambda: a.reshape(4, 16).transpose(),
+        "embedding": lambda: F.embedding(idx, w),
+        "cross_entropy": lambda: F.cross_entropy(a, target),
+    }
+    print(f"\nper-op latency, 8x8 float32 on {device} (median of {repeat})")
+    print(f"{'op':<20}{'forward us':>12}{'fwd+bwd us':>12}")
+    for name, op in ops.items():
+        with ag.no_grad():
+            fwd = timeit(op, device, repeat)
+
+        def fwd_bwd(op=op):
+            out = op()
+            (out if out.ndim == 0 else out.sum()).backward()
+            for x in (a, b, w, bias):
+                x.grad = None
+
+        both = timeit(fwd_bwd, device, repeat)
+        print(f"{name:<20}{fwd * 1e6:>12.1f}{both * 1e6:>12.1f}")
+
+
+def gpt_step_fn(model: nn.GPT, opt: optim.Optimizer, idx, targets) -> Callable[[], float]:
+    def step() -> float:
+        loss = model.loss(idx, targets)
+        loss.backward()
+        optim.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad()
+        return loss.item()
+
+    return step
+
+
+def bench_gpt(device: str, shape: str, dtype: str, repeat: int) -> None:
+    kwargs, B, T = GPT_SHAPES[shape]
+    dt = gp.dtypes.as_dtype(dtype)
+    cfg = nn.GPTConfig(**kwargs, dtype=dt, seed=0)
+    model = nn.GPT(cfg).to(device)
+    rng = np.random.default_rng(0)
+    idx = gp.to_device(rng.integers(0, cfg.vocab_size, (B, T)), device)
+    targets = gp.to_device(rng.integers(0, cfg.vocab_size, (B, T)), device)
+    opt = optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1)
+    step = gpt_step_fn(model, opt, idx, targets)
+    seconds = timeit(step, device, repeat, warmup=2)
+    n = model.num_parameters()
+    tokens = B * T
+    flops = 6 * n * tokens + 12 * cfg.n_layer * cfg.n_embd * T * tokens  # PaLM appendix B
+    print(f"\nGPT '{shape}' training step on {device}, {gp.dtypes.short_name(dt)}: "
+          f"{n / 1e6:.2f}M params, batch {B}x{T}")
+    print(f"  {seconds * 1e3:.1f} ms/step, {tokens / seconds:,.0f} tokens/s, "
+          f"{flops / seconds / 1e12:.2f} TFLOP/s (model flops)")
+    if device == "cpu" and dt == np.float32:
+        bench_torch(model, cfg, idx, targets, repeat)
+
+
+def bench_torch(model: nn.GPT, cfg: nn.GPTConfig, idx, targets, repeat: int) -> None:
+    """The same model and step in PyTorch eager on the CPU (weights copied from ours)."""
+    try:
+        import torch
+    except ImportError:
+        print("  (torch not installed: no PyTorch comparison)")
+        return
+    tnn = torch.nn
+    C = cfg.n_embd
+
+    class TorchBlock(tnn.Module):
+        def __init__(self):
+            super().__init__()
+            self.ln_1, self.ln_2 = tnn.LayerNorm(C), tnn.LayerNorm(C)
+            self.qkv, self.proj = tnn.Linear(C, 3 * C), tnn.Linear(C, C)
+            self.fc, self.mproj = tnn.Linear(C, 4 * C), tnn.Linear(4 * C, C)
+
+        def forward(self, x):
+            B, T, _ = x.shape
+            q, k, v = self.qkv(self.ln_1(x)).split(C, dim=2)
+            q, k, v = (t.view(B, T, cfg.n_head, -1).transpose(1, 2) for t in (q, k, v))
+            y = tnn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+            x = x + self.proj(y.transpose(1, 2).reshape(B, T, C))
+            return x + self.mproj(tnn.functional.gelu(self.fc(self.ln_2(x))))
+
+    class TorchGPT(tnn.Module):
+        def __init__(self):
+            super().__init__()
+            self.wte = tnn.Embedding(cfg.vocab_size, C)
+            self.wpe = tnn.Embedding(cfg.block_size, C)
+            self.blocks = tnn.ModuleList([TorchBlock() for _ in range(cfg.n_layer)])
+            self.ln_f = tnn.LayerNorm(C)
+
+        def forward(self, idx, targets):
+            T = idx.shape[1]
+            x = self.wte(idx) + self.wpe(torch.arange(T))
+            for b in self.blocks:
+                x = b(x)
+            logits = self.ln_f(x) @ self.wte.weight.T
+            return tnn.functional.cross_entropy(logits.view(-1, logits.shape[-1]),
+                                                targets.view(-1))
+
+    tm = TorchGPT()
+    ours = model.state_dict()
+    rename = {"attn.qkv": "qkv", "attn.proj": "proj", "mlp.fc": "fc", "mlp.proj": "mproj"}
+    with torch.no_grad():
+        for name, value in ours.items():
+            tname = name
+            for a, b in rename.items():
+                tname = tname.replace(a, b)
+            tensor = torch.from_numpy(value.copy())
+            param = tm.get_parameter(tname)
+            is_linear = tensor.ndim == 2 and not name.startswith(("wte.", "wpe."))
+            param.copy_(tensor.T if is_linear else tensor)  # ours [in, out], torch [out, in]
+    tidx, ttgt = torch.from_numpy(gp.to_host(idx)), torch.from_numpy(gp.to_host(targets))
+    topt = torch.optim.AdamW(tm.parameters(), lr=3e-4, weight_decay=0.1)
+    ours_loss = model.loss(idx, targets).item()
+    model.zero_grad()
+    theirs_loss = tm(tidx, ttgt).item()
+    print(f"  loss ours {ours_loss:.6f} vs torch {theirs_loss:.6f} (same weights and batch)")
+
+    def step():
+        loss = tm(tidx, ttgt)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(tm.parameters(), 1.0)
+        topt.step()
+        topt.zero_grad()
+
+    seconds = timeit(step, "cpu", repeat, warmup=2)
+    print(f"  PyTorch {torch.__version__} eager CPU: {seconds * 1e3:.1f} ms/step")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", choices=["cpu", "cuda"], default=None)
+    parser.add_argument("--gpt", choices=list(GPT_SHAPES), default=None,
+                        help="GPT shape (default: gpt2 on cuda, small on cpu)")
+    parser.add_argument("--dtype", default="float32", help="float32 | bf16 | float16")
+    parser.add_argument("--repeat", type=int, default=None)
+    parser.add_argument("--skip-ops", action="store_true")
+    args = parser.parse_args()
+    device = args.device or ("cuda" if gp.device_available() else "cpu")
+    shape = args.gpt or ("gpt2" if device == "cuda" else "small")
+    if not args.skip_ops:
+        bench_ops(device, args.repeat or 200)
+    bench_gpt(device, shape, args.dtype, args.repeat or 5)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,50 @@
+"""embedding: gathered values, scatter-add gradient (duplicates, padding_idx), dtype sweep."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import autograd as ag
+from autograd.nn import functional as F
+from tests.autograd.functions.helpers import check_dtypes, gradcheck_on
+from tests.plan_testing import DTYPES
+
+
+def _w(v=6, d=3, seed=0):
+    return np.random.default_rng(seed).uniform(-1, 1, (v, d))
+
+
+@pytest.mark.parametrize("index_dtype", [np.int32, np.int64])
+def test_gradcheck_and_values(device, index_dtype):
+    idx = np.array([[1, 4, 1], [0, 5, 1]], dtype=index_dtype)
+    gradcheck_on(device, lambda w: F.embedding(idx, w), _w())
+    w = _w()
+    out = F.embedding(ag.tensor(idx, device=device), ag.tensor(w, device=device))
+    assert out.shape == (2, 3, 3)
+    np.testing.assert_array_equal(out.numpy(), w[idx])
+
+
+def test_padding_idx_gets_no_gradient(device):
+    idx = np.array([2, 0, 2, 3])
+    w = ag.tensor(_w(4, 2), requires_grad=True, device=device)
+    out = F.embedding(idx, w, padding_idx=2)
+    np.testing.assert_array_equal(out.numpy()[0], w.numpy()[2])  # forward still looks it up
+    out.backward(np.ones((4, 2)))
+    np.testing.assert_array_equal(w.grad.numpy(), [[1, 1], [0, 0], [0, 0], [1, 1]])
+    w.grad = None
+    F.embedding(idx, w, padding_idx=-2).backward(np.ones((4, 2)))  # -2 counts from V
+    np.testing.assert_array_equal(w.grad.numpy()[2], [0, 0])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_dtypes(device, dtype):
+    idx = np.random.default_rng(1).integers(0, 11, (4, 9))
+    check_dtypes(lambda w: F.embedding(idx, w, deterministic=True), [_w(11, 17, seed=2)],
+                 device, [dtype])
+
+
+def test_empty(device):
+    w = ag.tensor(_w(), requires_grad=True, device=device)
+    F.embedding(np.zeros((0,), np.int64), w).backward(np.zeros((0, 3)))
+    np.testing.assert_array_equal(w.grad.numpy(), np.zeros((6, 3)))

@@ -1,0 +1,71 @@
+"""matmul (2-D, batched, mixed) and linear: values, gradcheck, dtype sweep, shape errors."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import autograd as ag
+from autograd.nn import functional as F
+from tests.autograd.functions.helpers import check_dtypes, gradcheck_on
+from tests.plan_testing import DTYPES
+
+
+def _r(*shape, seed=0):
+    return np.random.default_rng(seed).uniform(-1, 1, shape)
+
+
+@pytest.mark.parametrize("sa,sb", [((3, 4), (4, 5)), ((2, 3, 4), (2, 4, 2)),
+                                   ((2, 3, 4), (4, 5)), ((3, 4), (2, 4, 2)),
+                                   ((2, 2, 3, 4), (2, 2, 4, 3))])
+def test_matmul_gradcheck_and_values(device, sa, sb):
+    a, b = _r(*sa, seed=1), _r(*sb, seed=2)
+    gradcheck_on(device, lambda p, q: p @ q, a, b)
+    out = ag.tensor(a, device=device) @ ag.tensor(b, device=device)
+    np.testing.assert_allclose(out.numpy(), np.matmul(a, b), rtol=1e-12, atol=1e-12)
+
+
+def test_matmul_shape_errors(device):
+    a = ag.tensor(_r(2, 3), device=device)
+    with pytest.raises(ValueError, match="inner dims"):
+        a @ ag.tensor(_r(2, 3), device=device)
+    with pytest.raises(ValueError, match="batch dims"):
+        ag.tensor(_r(2, 2, 3)) @ ag.tensor(_r(3, 3, 1))
+    with pytest.raises(ValueError, match="2-d"):
+        a @ ag.tensor(_r(3))
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_linear_gradcheck(device, bias):
+    x, w, b = _r(2, 3, 4, seed=3), _r(4, 5, seed=4), _r(5, seed=5)
+    if bias:
+        gradcheck_on(device, F.linear, x, w, b)
+    else:
+        gradcheck_on(device, lambda p, q: F.linear(p, q), x, w)
+    y = F.linear(ag.tensor(x, device=device), ag.tensor(w, device=device),
+                 ag.tensor(b, device=device) if bias else None)
+    np.testing.assert_allclose(y.numpy(), x @ w + (b if bias else 0), rtol=1e-12, atol=1e-12)
+
+
+def test_linear_shape_errors(device):
+    x, w = ag.tensor(_r(2, 4), device=device), ag.tensor(_r(3, 5), device=device)
+    with pytest.raises(ValueError, match="linear"):
+        F.linear(x, w)
+    with pytest.raises(ValueError, match="bias"):
+        F.linear(x, ag.tensor(_r(4, 5)), ag.tensor(_r(4)))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_dtypes(device, dtype):
+    x, w, b = _r(5, 17, seed=6), _r(17, 9, seed=7), _r(9, seed=8)
+    check_dtypes(lambda p, q, r: F.linear(p, q, r) @ q.T, [x, w, b], device, [dtype], scale=20)
+    check_dtypes(lambda p, q: p @ q, [_r(3, 4, 17, seed=9), _r(3, 17, 5, seed=10)], device,
+                 [dtype], scale=10)
+
+
+def test_empty(device):
+    x = ag.tensor(np.zeros((0, 4)), requires_grad=True, device=device)
+    w = ag.tensor(_r(4, 3), requires_grad=True, device=device)
+    F.linear(x, w).backward(np.zeros((0, 3)))
+    assert x.grad.shape == (0, 4)
+    np.testing.assert_array_equal(w.grad.numpy(), np.zeros((4, 3)))
