@@ -17,7 +17,8 @@ def main() -> int:
     comm = MPI.COMM_WORLD
     args = sys.argv[1:]
     if comm.rank != 0:
-        args = args + ["-p", "no:terminal", "-q"]
+        # (-p no:terminal would also remove -q/-v and make pytest reject them on this rank)
+        args = [a for a in args if a not in ("-q", "-v")] + ["-qq"]
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - kept open for the run
     code = int(pytest.main(args))
     if code == pytest.ExitCode.NO_TESTS_COLLECTED:

@@ -1,0 +1,319 @@
+"""Communicator: MPI-named collectives and point-to-point messages on host or device arrays."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from dist.cuda_aware import cuda_aware_mpi
+from dist.nccl_backend import NcclTransport
+from dist.staging import PinnedBufferCache, stage_to_device, stage_to_host, sync_current_stream
+from gpuplan import backend
+from gpuplan.dtypes import HALF_DTYPES, as_dtype, float32
+from gpuplan.errors import InvalidProblem, Unsupported, describe
+
+BACKENDS = ("mpi-cuda-aware", "mpi-host-staged", "mpi-host", "nccl")
+REDUCE_OPS = ("sum", "max", "mean")
+ENV_BACKEND = "GPUPLAN_DIST_BACKEND"
+
+
+def _mpi() -> Any:
+    from mpi4py import MPI
+
+    return MPI
+
+
+def resolve_backend(requested: str | None = None) -> str:
+    """The backend a Communicator uses: the request, else $GPUPLAN_DIST_BACKEND, else auto.
+
+    auto: "mpi-host" without a CUDA device, "mpi-cuda-aware" when the MPI library is
+    CUDA-aware (see dist.cuda_aware), "mpi-host-staged" otherwise. NCCL is never automatic.
+    """
+    choice = requested if requested is not None else os.environ.get(ENV_BACKEND) or "auto"
+    if choice == "auto":
+        if not backend.device_available():
+            return "mpi-host"
+        return "mpi-cuda-aware" if cuda_aware_mpi()[0] else "mpi-host-staged"
+    if choice not in BACKENDS:
+        raise Unsupported(describe("Communicator", "backend", f"'auto' or one of {BACKENDS}",
+                                   repr(choice)))
+    return choice
+
+
+class PendingSend:
+    """A non-blocking send in flight; keeps its buffers alive until `wait()`."""
+
+    def __init__(self, requests: list[Any], buffers: list[Any]) -> None:
+        self._requests = requests
+        self._buffers = buffers
+
+    def wait(self) -> None:
+        if self._requests:
+            _mpi().Request.Waitall(self._requests)
+        self._requests, self._buffers = [], []
+
+
+class Communicator:
+    """A group of processes over an mpi4py communicator; methods follow MPI's names.
+
+    Every method takes NumPy or CuPy arrays. Host arrays go to MPI directly. Device arrays
+    go to MPI directly when the library is CUDA-aware ("mpi-cuda-aware"), otherwise
+    through cached pinned host buffers ("mpi-host-staged"); with "nccl" the collectives run
+    on NCCL (stream-ordered) and point-to-point messages still use MPI. The current CUDA
+    stream is synchronized before MPI touches device memory. f16/bf16 reduce in float32.
+    """
+
+    def __init__(self, mpi_comm: Any = None, backend: str | None = None) -> None:
+        self.mpi_comm = _mpi().COMM_WORLD if mpi_comm is None else mpi_comm
+        self._requested = backend
+        self._backend = resolve_backend(backend)
+        self._nccl = NcclTransport(self.mpi_comm) if self._backend == "nccl" else None
+        # How device buffers reach MPI (all of MPI with the MPI backends, p2p with NCCL).
+        self._mpi_sees_device = self._backend == "mpi-cuda-aware" or (
+            self._backend == "nccl" and cuda_aware_mpi()[0])
+        self._pinned = PinnedBufferCache()
+
+    @property
+    def rank(self) -> int:
+        return self.mpi_comm.Get_rank()
+
+    @property
+    def size(self) -> int:
+        return self.mpi_comm.Get_size()
+
+    @property
+    def backend(self) -> str:
+        return self._backend
+
+    def __repr__(self) -> str:
+        return f"Communicator(rank={self.rank}, size={self.size}, backend={self.backend!r})"
+
+    def split(self, color: int, key: int | None = None) -> Communicator:
+        """Sub-communicator of the ranks passing the same `color`, ordered by `key`."""
+        sub = self.mpi_comm.Split(color, self.rank if key is None else key)
+        return Communicator(sub, backend=self._requested)
+
+    def barrier(self) -> None:
+        self.mpi_comm.Barrier()
+
+    # ---- collectives -------------------------------------------------------------------
+
+    def all_reduce(self, x: Any, op: str = "sum", *, out: Any = None) -> Any:
+        """out = op over ranks of x (elementwise); op "sum", "max" or "mean"."""
+        work = self._reduce_dtype("all_reduce", x, op)
+        out = self._check_out("all_reduce", x, out, x.shape)
+        if self.size == 1 or x.size == 0:
+            return _assign(out, x)
+        xp = backend.array_namespace(x)
+        in_place = out is x and x.dtype == work and x.flags.c_contiguous
+        if in_place:
+            send = recv = x.reshape(-1)
+        else:
+            send = xp.ascontiguousarray(x, dtype=work).reshape(-1)
+        direct = in_place or (out.dtype == work and out.flags.c_contiguous)
+        if not in_place:
+            recv = out.reshape(-1) if direct else xp.empty(x.size, dtype=work)
+        mpi_op = self._mpi_op(op)
+        self._exchange(send, recv,
+                       lambda s, r: self.mpi_comm.Allreduce(s, r, op=mpi_op),
+                       lambda s, r: self._nccl.all_reduce(s, r, _nccl_op(op)))
+        if op == "mean":
+            recv /= self.size
+        return out if direct else _assign(out, recv.reshape(x.shape))
+
+    def all_gather(self, x: Any, *, axis: int = 0, out: Any = None) -> Any:
+        """Concatenation along `axis` of every rank's x (same shape on every rank)."""
+        xp = backend.array_namespace(x)
+        shape = tuple(x.shape) if x.ndim else (1,)
+        axis = _normalize_axis("all_gather", axis, len(shape))
+        result_shape = shape[:axis] + (shape[axis] * self.size,) + shape[axis + 1:]
+        out = self._check_out("all_gather", x, out, result_shape)
+        if self.size == 1 or x.size == 0:
+            return _assign(out, x.reshape(result_shape))
+        gathered = xp.empty((self.size,) + shape, dtype=x.dtype)
+        send = _bytes(xp.ascontiguousarray(x))
+        self._exchange(send, _bytes(gathered),
+                       lambda s, r: self.mpi_comm.Allgather(s, r),
+                       lambda s, r: self._nccl.all_gather(s, r))
+        result = xp.moveaxis(gathered, 0, axis).reshape(result_shape)
+        return _assign(out, result)
+
+    def reduce_scatter(self, x: Any, op: str = "sum", *, axis: int = 0, out: Any = None) -> Any:
+        """Chunk `rank` (of `size` equal chunks along `axis`) of op over ranks of x."""
+        work = self._reduce_dtype("reduce_scatter", x, op)
+        if x.ndim == 0:
+            raise InvalidProblem(describe("reduce_scatter", "x", "an array with ndim >= 1",
+                                          "a 0-d array"))
+        axis = _normalize_axis("reduce_scatter", axis, x.ndim)
+        n = x.shape[axis]
+        if n % self.size:
+            raise InvalidProblem(describe("reduce_scatter", "x", f"shape[{axis}] divisible "
+                                          f"by the communicator size {self.size}", x.shape))
+        chunk_shape = x.shape[:axis] + (n // self.size,) + x.shape[axis + 1:]
+        out = self._check_out("reduce_scatter", x, out, chunk_shape)
+        if self.size == 1 or x.size == 0:
+            return _assign(out, x)
+        xp = backend.array_namespace(x)
+        split = x.reshape(x.shape[:axis] + (self.size, n // self.size) + x.shape[axis + 1:])
+        send = xp.ascontiguousarray(xp.moveaxis(split, axis, 0), dtype=work).reshape(-1)
+        recv = xp.empty(send.size // self.size, dtype=work)
+        mpi_op = self._mpi_op(op)
+        self._exchange(send, recv,
+                       lambda s, r: self.mpi_comm.Reduce_scatter_block(s, r, op=mpi_op),
+                       lambda s, r: self._nccl.reduce_scatter(s, r, _nccl_op(op)))
+        if op == "mean":
+            recv /= self.size
+        return _assign(out, recv.reshape(chunk_shape))
+
+    def broadcast(self, x: Any, root: int = 0) -> Any:
+        """Overwrite x on every rank with root's x (in place); returns x."""
+        self._check_rank("broadcast", "root", root)
+        if self.size == 1 or x.size == 0:
+            return x
+        buf = x if x.flags.c_contiguous else backend.array_namespace(x).ascontiguousarray(x)
+        raw = _bytes(buf)
+        self._exchange(raw, raw, lambda s, r: self.mpi_comm.Bcast(r, root=root),
+                       lambda s, r: self._nccl.broadcast(r, root))
+        return x if buf is x else _assign(x, buf)
+
+    # ---- point to point (always MPI: blocking NCCL p2p would serialize pipelines) ------
+
+    def send(self, x: Any, dest: int, tag: int = 0) -> None:
+        """Blocking send of x's elements to `dest` (matched by recv with the same tag)."""
+        self._check_rank("send", "dest", dest)
+        if x.size:
+            buf = _bytes(backend.array_namespace(x).ascontiguousarray(x))
+            self._exchange(buf, None, lambda s, r: self.mpi_comm.Send(s, dest=dest, tag=tag))
+
+    def recv(self, out: Any, source: int, tag: int = 0) -> Any:
+        """Blocking receive into `out` (shape and dtype agreed with the sender); returns out."""
+        self._check_rank("recv", "source", source)
+        if out.size == 0:
+            return out
+        xp = backend.array_namespace(out)
+        buf = out if out.flags.c_contiguous else xp.empty(out.shape, dtype=out.dtype)
+        self._exchange(None, _bytes(buf),
+                       lambda s, r: self.mpi_comm.Recv(r, source=source, tag=tag))
+        return out if buf is out else _assign(out, buf)
+
+    def isend(self, x: Any, dest: int, tag: int = 0) -> PendingSend:
+        """Non-blocking send; the data is copied or pinned now, so x may change at once."""
+        self._check_rank("isend", "dest", dest)
+        if x.size == 0:
+            return PendingSend([], [])
+        if backend.is_device_array(x) and not self._mpi_sees_device:
+            buf = backend.to_host(x).reshape(-1).view(np.uint8)  # synchronous copy
+        else:
+            buf = _bytes(backend.array_namespace(x).array(x, order="C", copy=True))
+            if backend.is_device_array(x):
+                sync_current_stream()  # the copy must be finished before MPI reads it
+        return PendingSend([self.mpi_comm.Isend(buf, dest=dest, tag=tag)], [buf])
+
+    def isend_array(self, x: Any, dest: int, tag: int = 0) -> PendingSend:
+        """isend of a header (shape, dtype, device) then the data, for recv_array."""
+        header = (tuple(x.shape), as_dtype(x.dtype).name, backend.device_of(x))
+        first = self.mpi_comm.isend(header, dest=dest, tag=tag)
+        data = self.isend(x, dest, tag)
+        return PendingSend([first] + data._requests, data._buffers)
+
+    def send_array(self, x: Any, dest: int, tag: int = 0) -> None:
+        self.isend_array(x, dest, tag).wait()
+
+    def recv_array(self, source: int, tag: int = 0, device: str | None = None) -> Any:
+        """Receive what send_array/isend_array sent, on `device` (default: the sender's)."""
+        self._check_rank("recv_array", "source", source)
+        shape, dtype, sender_device = self.mpi_comm.recv(source=source, tag=tag)
+        out = backend.empty(shape, as_dtype(dtype), device or sender_device)
+        return self.recv(out, source, tag)
+
+    # ---- small Python objects ----------------------------------------------------------
+
+    def bcast_object(self, obj: Any, root: int = 0) -> Any:
+        return self.mpi_comm.bcast(obj, root=root)
+
+    def all_gather_object(self, obj: Any) -> list[Any]:
+        return self.mpi_comm.allgather(obj)
+
+    # ---- helpers -----------------------------------------------------------------------
+
+    def _exchange(self, send: Any, recv: Any, mpi_fn: Callable[[Any, Any], Any],
+                  nccl_fn: Callable[[Any, Any], Any] | None = None) -> None:
+        """Run one MPI (or NCCL) call on flat contiguous buffers; send or recv may be None.
+
+        `send is recv` means in place (MPI.IN_PLACE for the collectives that take it).
+        """
+        in_place = send is recv
+        probe = recv if recv is not None else send
+        if not backend.is_device_array(probe):
+            mpi_fn(_mpi().IN_PLACE if in_place else send, recv)
+            return
+        if self._nccl is not None and nccl_fn is not None:
+            nccl_fn(send, recv)
+            return
+        if self._mpi_sees_device:
+            sync_current_stream()
+            mpi_fn(_mpi().IN_PLACE if in_place else send, recv)
+            return
+        host_send = None if send is None else stage_to_host(send, self._pinned, "send")
+        host_send = None if host_send is None else host_send.view(send.dtype)
+        host_recv = None
+        if recv is not None:
+            host_recv = (host_send if in_place
+                         else self._pinned.get(recv.nbytes, "recv").view(recv.dtype))
+        mpi_fn(_mpi().IN_PLACE if in_place else host_send, host_recv)
+        if recv is not None:
+            stage_to_device(host_recv.view(np.uint8), recv)
+
+    def _reduce_dtype(self, op_name: str, x: Any, op: str) -> np.dtype:
+        if op not in REDUCE_OPS:
+            raise Unsupported(describe(op_name, "op", f"one of {REDUCE_OPS}", repr(op)))
+        dtype = as_dtype(x.dtype)
+        if dtype in HALF_DTYPES:
+            return float32
+        if dtype.kind not in "fiu" or (op == "mean" and dtype.kind != "f"):
+            kinds = "a float dtype" if op == "mean" else "a float or integer dtype"
+            raise Unsupported(describe(op_name, "x", kinds, dtype.name))
+        return dtype
+
+    def _mpi_op(self, op: str) -> Any:
+        MPI = _mpi()
+        return MPI.MAX if op == "max" else MPI.SUM
+
+    def _check_out(self, op_name: str, x: Any, out: Any, shape: tuple[int, ...]) -> Any:
+        if out is None:
+            return backend.array_namespace(x).empty(shape, dtype=x.dtype)
+        if backend.device_of(out) != backend.device_of(x):
+            raise InvalidProblem(describe(op_name, "out", f"on {backend.device_of(x)}",
+                                          backend.device_of(out)))
+        if tuple(out.shape) != tuple(shape) or out.dtype != x.dtype:
+            raise InvalidProblem(describe(op_name, "out", f"shape {tuple(shape)} dtype "
+                                          f"{x.dtype}", f"shape {out.shape} dtype {out.dtype}"))
+        return out
+
+    def _check_rank(self, op_name: str, arg: str, r: int) -> None:
+        if not 0 <= int(r) < self.size:
+            raise InvalidProblem(describe(op_name, arg, f"a rank in [0, {self.size})", r))
+
+
+def _nccl_op(op: str) -> str:
+    return "max" if op == "max" else "sum"
+
+
+def _bytes(a: Any) -> Any:
+    """Flat uint8 view of a C-contiguous host or device array (0-d arrays included)."""
+    return a.reshape(-1).view(backend.array_namespace(a).uint8)
+
+
+def _assign(out: Any, value: Any) -> Any:
+    if out is not value:
+        out[...] = value.astype(out.dtype, copy=False)
+    return out
+
+
+def _normalize_axis(op_name: str, axis: int, ndim: int) -> int:
+    if not -ndim <= axis < ndim:
+        raise InvalidProblem(describe(op_name, "axis", f"in [{-ndim}, {ndim})", axis))
+    return axis % ndim

@@ -1,0 +1,198 @@
+"""Tensor-parallel linear layers: ColumnParallelLinear and RowParallelLinear (Megatron-LM)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+import autograd.nn.functional as F
+from autograd.nn import Linear, Module, Parameter
+from autograd.tensor import Tensor
+from dist.communicator import Communicator
+from dist.tensor_parallel.mappings import (
+    copy_to_tensor_parallel_region,
+    gather_from_sequence_parallel_region,
+    gather_from_tensor_parallel_region,
+    reduce_from_tensor_parallel_region,
+    reduce_scatter_to_sequence_parallel_region,
+    scatter_to_tensor_parallel_region,
+)
+from gpuplan import backend
+from gpuplan.errors import InvalidProblem, describe
+
+
+@dataclass(frozen=True)
+class TensorParallelConfig:
+    """How TP layers communicate.
+
+    comm: the tensor-parallel Communicator (mesh.tp); None means one process.
+    reduce_output: RowParallelLinear all-reduces its output (else it returns the partial
+      sum X_t @ W_t, with the bias added on TP rank 0 only, so the outputs sum to Y).
+    reduce_scatter_output: sequence parallelism. RowParallelLinear reduce-scatters its
+      output along axis 0 (rows / sequence) instead of all-reducing it, and
+      ColumnParallelLinear expects its input sharded the same way and all-gathers it.
+    """
+
+    comm: Communicator | None = None
+    reduce_output: bool = True
+    reduce_scatter_output: bool = False
+
+    @property
+    def size(self) -> int:
+        return 1 if self.comm is None else self.comm.size
+
+    @property
+    def rank(self) -> int:
+        return 0 if self.comm is None else self.comm.rank
+
+
+def shared_seed(config: TensorParallelConfig, seed: int | None) -> int | None:
+    """A seed every TP rank agrees on (rank 0 draws one when `seed` is None)."""
+    if seed is not None or config.size == 1:
+        return seed
+    drawn = int(np.random.SeedSequence().generate_state(1)[0])
+    return config.comm.bcast_object(drawn, root=0)
+
+
+def _param(a: Any) -> Parameter:
+    return Parameter(backend.ascontiguous(a).copy())
+
+
+def _divisible(op: str, arg: str, value: int, size: int) -> int:
+    if value % size:
+        raise InvalidProblem(describe(op, arg, f"divisible by the tensor-parallel size {size}",
+                                      value))
+    return value // size
+
+
+class _ParallelLinear(Module):
+    """Shared construction: build (or take) the dense Linear, keep this rank's shard."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True,
+                 config: TensorParallelConfig | None = None, dtype: Any = np.float32,
+                 seed: int | None = None, device: str = "cpu", **options: Any) -> None:
+        config = config or TensorParallelConfig()
+        dense = Linear(in_features, out_features, bias=bias, dtype=dtype,
+                       seed=shared_seed(config, seed), device="cpu")
+        self._build(dense, config, device=device, **options)
+
+    @classmethod
+    def from_dense(cls, layer: Linear, config: TensorParallelConfig | None = None,
+                   **options: Any) -> _ParallelLinear:
+        """This rank's shard of a dense nn.Linear (same dtype and device); the layer is kept
+        unchanged. Every TP rank must pass the same dense layer."""
+        self = cls.__new__(cls)
+        self._build(layer, config or TensorParallelConfig(),
+                    device=backend.device_of(layer.weight.data), **options)
+        return self
+
+    def _build(self, dense: Linear, config: TensorParallelConfig, device: str,
+               **options: Any) -> None:
+        Module.__init__(self)
+        self.config = config
+        self.comm = config.comm
+        self.rank, self.world_size = config.rank, config.size
+        self.in_features, self.out_features = dense.in_features, dense.out_features
+        self._configure(**options)
+        weight, bias = self._shard(dense.weight.data, dense.bias)
+        self.weight = _param(backend.to_device(weight, device))
+        if bias is None:
+            self.register_parameter("bias", None)
+        else:
+            self.bias = _param(backend.to_device(bias, device))
+
+    def _configure(self, **options: Any) -> None:
+        raise NotImplementedError
+
+    def _shard(self, weight: Any, bias: Tensor | None) -> tuple[Any, Any]:
+        raise NotImplementedError
+
+
+class ColumnParallelLinear(_ParallelLinear):
+    """Y = X A + b with A = [A_1, ..., A_p] split along the output (N) axis.
+
+    Rank t holds weight A_t [in, out/p] and bias b_t [out/p] (exact column blocks of the
+    dense layer with the same seed) and computes Y_t = X A_t + b_t with no forward
+    collective; backward all-reduces dX over the TP group. gather_output=True all-gathers
+    Y = [Y_1, ..., Y_p] along the last axis. With config.reduce_scatter_output (sequence
+    parallel) the input is row-sharded and is all-gathered along axis 0 first.
+    Shapes: x [..., in] -> [..., out/p] (or [..., out] when gathered).
+    """
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True,
+                 gather_output: bool = False, config: TensorParallelConfig | None = None,
+                 dtype: Any = np.float32, seed: int | None = None, device: str = "cpu") -> None:
+        super().__init__(in_features, out_features, bias, config, dtype, seed, device,
+                         gather_output=gather_output)
+
+    def _configure(self, gather_output: bool = False) -> None:
+        self.gather_output = bool(gather_output)
+        self.out_features_per_rank = _divisible("ColumnParallelLinear", "out_features",
+                                                self.out_features, self.world_size)
+
+    def _shard(self, weight: Any, bias: Tensor | None) -> tuple[Any, Any]:
+        cols = slice(self.rank * self.out_features_per_rank,
+                     (self.rank + 1) * self.out_features_per_rank)
+        return weight[:, cols], None if bias is None else bias.data[cols]
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self.config.reduce_scatter_output:
+            x = gather_from_sequence_parallel_region(x, self.comm)
+        else:
+            x = copy_to_tensor_parallel_region(x, self.comm)
+        y = F.linear(x, self.weight, self.bias)
+        return gather_from_tensor_parallel_region(y, self.comm) if self.gather_output else y
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"rank={self.rank}/{self.world_size}, gather_output={self.gather_output}")
+
+
+class RowParallelLinear(_ParallelLinear):
+    """Y = X A + b with A = [A_1; ...; A_p] split along the input (K) axis.
+
+    Rank t holds weight A_t [in/p, out] (row block t of the dense weight) and the whole
+    bias b [out]. Forward: Y = AllReduce(X_t A_t) + b, the bias added once, after the
+    reduce, on every rank; backward dX_t = dY A_t^T with no collective.
+    input_is_parallel=False scatters a full X [..., in] to X_t first. With
+    config.reduce_scatter_output the sum is reduce-scattered along axis 0 (each rank keeps
+    rows [t*n/p, (t+1)*n/p)) and the bias gradient is all-reduced so every rank holds the
+    dense gradient; with config.reduce_output=False see TensorParallelConfig.
+    """
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True,
+                 input_is_parallel: bool = True, config: TensorParallelConfig | None = None,
+                 dtype: Any = np.float32, seed: int | None = None, device: str = "cpu") -> None:
+        super().__init__(in_features, out_features, bias, config, dtype, seed, device,
+                         input_is_parallel=input_is_parallel)
+
+    def _configure(self, input_is_parallel: bool = True) -> None:
+        self.input_is_parallel = bool(input_is_parallel)
+        self.in_features_per_rank = _divisible("RowParallelLinear", "in_features",
+                                               self.in_features, self.world_size)
+
+    def _shard(self, weight: Any, bias: Tensor | None) -> tuple[Any, Any]:
+        rows = slice(self.rank * self.in_features_per_rank,
+                     (self.rank + 1) * self.in_features_per_rank)
+        return weight[rows, :], None if bias is None else bias.data
+
+    def forward(self, x: Tensor) -> Tensor:
+        if not self.input_is_parallel:
+            x = scatter_to_tensor_parallel_region(x, self.comm, axis=-1)
+        partial = F.linear(x, self.weight)
+        if self.config.reduce_scatter_output:
+            y = reduce_scatter_to_sequence_parallel_region(partial, self.comm)
+            bias = (None if self.bias is None
+                    else copy_to_tensor_parallel_region(self.bias, self.comm))
+        elif self.config.reduce_output:
+            y, bias = reduce_from_tensor_parallel_region(partial, self.comm), self.bias
+        else:
+            y, bias = partial, self.bias if self.rank == 0 else None
+        return y if bias is None else y + bias
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"rank={self.rank}/{self.world_size}, "
+                f"input_is_parallel={self.input_is_parallel}")

@@ -1,0 +1,172 @@
+"""Vocabulary-parallel embedding and cross entropy: each TP rank owns a block of the vocab."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+import autograd.nn.functional as F
+from autograd.function import Function
+from autograd.nn import Embedding, Module, Parameter
+from autograd.tensor import Tensor
+from dist.communicator import Communicator
+from dist.tensor_parallel.layers import TensorParallelConfig, shared_seed
+from dist.tensor_parallel.mappings import reduce_from_tensor_parallel_region
+from gpuplan import backend
+from gpuplan.dtypes import accumulator
+from gpuplan.errors import InvalidProblem, describe
+
+
+def vocab_range(num_embeddings: int, rank: int, size: int) -> tuple[int, int]:
+    """[start, end) of rank's rows: balanced blocks, the first V % size ranks one row more."""
+    base, extra = divmod(num_embeddings, size)
+    start = rank * base + min(rank, extra)
+    return start, start + base + (1 if rank < extra else 0)
+
+
+class VocabParallelEmbedding(Module):
+    """out[..., :] = weight[input[...], :] with weight [V, D] split into row blocks.
+
+    Rank t holds rows [start_t, end_t) (see vocab_range; exact rows of the dense
+    nn.Embedding with the same seed), looks up the indices that fall in its block (zero
+    rows for the others) and all-reduces: out = AllReduce_t(lookup_t). Backward needs no
+    collective: each rank scatters dout into its own rows only.
+    """
+
+    def __init__(self, num_embeddings: int, embedding_dim: int, padding_idx: int | None = None,
+                 config: TensorParallelConfig | None = None, dtype: Any = np.float32,
+                 seed: int | None = None, device: str = "cpu") -> None:
+        config = config or TensorParallelConfig()
+        dense = Embedding(num_embeddings, embedding_dim, padding_idx=padding_idx, dtype=dtype,
+                          seed=shared_seed(config, seed), device="cpu")
+        self._build(dense, config, device)
+
+    @classmethod
+    def from_dense(cls, layer: Embedding,
+                   config: TensorParallelConfig | None = None) -> VocabParallelEmbedding:
+        self = cls.__new__(cls)
+        self._build(layer, config or TensorParallelConfig(), backend.device_of(layer.weight.data))
+        return self
+
+    def _build(self, dense: Embedding, config: TensorParallelConfig, device: str) -> None:
+        Module.__init__(self)
+        self.config, self.comm = config, config.comm
+        self.rank, self.world_size = config.rank, config.size
+        self.num_embeddings, self.embedding_dim = dense.num_embeddings, dense.embedding_dim
+        self.padding_idx = dense.padding_idx
+        self.vocab_start, self.vocab_end = vocab_range(self.num_embeddings, self.rank,
+                                                       self.world_size)
+        rows = backend.ascontiguous(dense.weight.data[self.vocab_start:self.vocab_end]).copy()
+        self.weight = Parameter(backend.to_device(rows, device))
+
+    def forward(self, input: Any) -> Tensor:  # noqa: A002 - PyTorch's name
+        idx = input.data if isinstance(input, Tensor) else backend.asarray(
+            input, device=self.weight.device)
+        if idx.dtype.kind not in "iu":
+            raise InvalidProblem(describe("VocabParallelEmbedding", "input", "integer indices",
+                                          idx.dtype))
+        # Indices outside [start, end) become out of range locally: zero rows forward,
+        # skipped backward (the embedding plans' contract).
+        local = idx.astype(np.int64) - self.vocab_start
+        local[(idx < self.vocab_start) | (idx >= self.vocab_end)] = -1
+        pad = self.padding_idx
+        local_pad = pad - self.vocab_start if pad is not None and \
+            self.vocab_start <= pad < self.vocab_end else None
+        out = F.embedding(local, self.weight, padding_idx=local_pad)
+        return reduce_from_tensor_parallel_region(out, self.comm)
+
+    def extra_repr(self) -> str:
+        return (f"{self.num_embeddings}, {self.embedding_dim}, rows=[{self.vocab_start}, "
+                f"{self.vocab_end}), rank={self.rank}/{self.world_size}")
+
+
+class _VocabParallelCrossEntropy(Function):
+    """loss_n = lse_n - x[n, t_n] over logits [N, V] split by columns across the TP group.
+
+    lse_n = m_n + log sum_v exp(x[n, v] - m_n), m_n = max_v x[n, v]: one all-reduce (max)
+    of the local row maxima, one all-reduce (sum) of [local sum of exps; local target
+    logit]. Backward: dx[n, v] = g_n (softmax(x)[n, v] - [v == t_n]) on the local block.
+    """
+
+    @staticmethod
+    def forward(ctx, logits, target, comm, vocab_start, ignore_index, reduction):
+        xp = backend.array_namespace(logits)
+        acc = accumulator(logits.dtype)
+        x = logits.astype(acc)
+        n, width = x.shape
+        m = x.max(axis=1) if width else xp.full(n, -np.inf, acc)
+        m = comm.all_reduce(m, "max") if comm is not None else m
+        local_t = target.astype(np.int64) - vocab_start
+        mine = (local_t >= 0) & (local_t < width)
+        picked = xp.where(mine, x[xp.arange(n), xp.clip(local_t, 0, max(width - 1, 0))]
+                          if width else xp.zeros(n, acc), 0).astype(acc)
+        stats = xp.stack([xp.exp(x - m[:, None]).sum(axis=1), picked])
+        stats = comm.all_reduce(stats) if comm is not None else stats
+        lse = m + xp.log(stats[0])
+        valid = target != ignore_index
+        loss = xp.where(valid, lse - stats[1], 0).astype(acc)
+        count = int(valid.sum())
+        ctx.save_for_backward(x, lse, local_t, mine, valid)
+        ctx.reduction, ctx.count, ctx.dtype = reduction, count, logits.dtype
+        if reduction == "none":
+            return loss
+        total = loss.sum(dtype=acc)
+        return (total / count if count else xp.asarray(np.nan, acc)) if reduction == "mean" \
+            else total
+
+    @staticmethod
+    def backward(ctx, dloss):
+        x, lse, local_t, mine, valid = ctx.saved
+        xp = backend.array_namespace(x)
+        g = dloss.astype(x.dtype)
+        if ctx.reduction == "mean":
+            g = xp.broadcast_to(g / max(ctx.count, 1), valid.shape)
+        elif ctx.reduction == "sum":
+            g = xp.broadcast_to(g, valid.shape)
+        g = xp.where(valid, g, 0).astype(x.dtype)
+        dx = xp.exp(x - lse[:, None])
+        rows = xp.nonzero(mine)[0]
+        dx[rows, local_t[rows]] -= 1
+        dx *= g[:, None]
+        return dx.astype(ctx.dtype), None
+
+
+REDUCTIONS = ("mean", "sum", "none")
+
+
+def vocab_parallel_cross_entropy(logits: Tensor, target: Any,
+                                 config: TensorParallelConfig | Communicator | None = None,
+                                 ignore_index: int = -100, reduction: str = "mean") -> Tensor:
+    """Cross entropy of logits [N, V_t] whose columns are this rank's vocab block.
+
+    The blocks are those of vocab_range over the TP group (e.g. the output of a
+    ColumnParallelLinear with gather_output=False, or a VocabParallelEmbedding's rows).
+    Returns what F.cross_entropy(full_logits, target) returns (PyTorch semantics for
+    ignore_index and reduction), identical on every TP rank; accumulates in f32 for
+    f16/bf16 logits. The full [N, V] logits are never gathered.
+    """
+    comm = config.comm if isinstance(config, TensorParallelConfig) else config
+    if reduction not in REDUCTIONS:
+        raise InvalidProblem(describe("vocab_parallel_cross_entropy", "reduction",
+                                      f"one of {REDUCTIONS}", repr(reduction)))
+    if logits.ndim != 2:
+        raise InvalidProblem(describe("vocab_parallel_cross_entropy", "logits", "[N, V_t]",
+                                      tuple(logits.shape)))
+    t = target.data if isinstance(target, Tensor) else backend.asarray(target,
+                                                                        device=logits.device)
+    if t.dtype.kind not in "iu" or tuple(t.shape) != (logits.shape[0],):
+        raise InvalidProblem(describe("vocab_parallel_cross_entropy", "target",
+                                      f"integer [{logits.shape[0]}]", f"{t.dtype} {t.shape}"))
+    size = 1 if comm is None else comm.size
+    widths = [logits.shape[1]] if comm is None else comm.all_gather_object(logits.shape[1])
+    rank = 0 if comm is None else comm.rank
+    total = sum(widths)
+    if widths != [b - a for a, b in (vocab_range(total, r, size) for r in range(size))]:
+        raise InvalidProblem(describe("vocab_parallel_cross_entropy", "logits",
+                                      "vocab blocks of vocab_range over the group", widths))
+    comm = None if size == 1 else comm
+    return _VocabParallelCrossEntropy.apply(logits, t, comm=comm,
+                                            vocab_start=sum(widths[:rank]),
+                                            ignore_index=int(ignore_index),
+                                            reduction=reduction)

@@ -1,0 +1,56 @@
+"""dist.init(): local rank, and an uncaught exception on one rank aborts the whole job."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+import dist
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_init_is_idempotent_and_sets_local_rank():
+    world = dist.init()
+    assert dist.init() is world is dist.world()
+    assert dist.is_initialized()
+    assert 0 <= dist.local_rank() < world.size
+
+
+def _clean_env() -> dict[str, str]:
+    """This process's environment minus any MPI launcher variables (no nested-job confusion)."""
+    prefixes = ("PMI_", "PMIX_", "HYDRA_", "MPIR_", "OMPI_", "I_MPI_")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(prefixes)}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    return env
+
+
+def test_exception_on_one_rank_aborts_the_job_instead_of_hanging(tmp_path):
+    mpiexec = Path(sys.executable).with_name("mpiexec")
+    if not mpiexec.exists():
+        pytest.skip("no mpiexec next to this Python")
+    script = tmp_path / "boom.py"
+    script.write_text(textwrap.dedent("""
+        import dist
+        world = dist.init()
+        if world.rank == 1:
+            raise RuntimeError("boom on purpose")
+        world.barrier()  # rank 0 would wait here forever without MPI_Abort
+        print("rank 0 passed the barrier")
+    """))
+    start = time.monotonic()
+    proc = subprocess.run([str(mpiexec), "-n", "2", sys.executable, str(script)],
+                          capture_output=True, text=True, timeout=120, env=_clean_env(),
+                          cwd=tmp_path)
+    elapsed = time.monotonic() - start
+    assert proc.returncode != 0
+    assert "[rank 1/2] uncaught RuntimeError; aborting the MPI job" in proc.stderr
+    assert "boom on purpose" in proc.stderr
+    assert "passed the barrier" not in proc.stdout
+    assert elapsed < 30, f"abort took {elapsed:.1f} s"
