@@ -4,43 +4,18 @@
 // Statistics (mean, rstd) are stored as A. Absent weight/bias pointers are null.
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
-#include "gpuplan_common.cuh"
+#include "gpuplan_rows.cuh"
 
 namespace {
 
 __device__ __forceinline__ float inv_sqrt(float v) { return 1.0f / sqrtf(v); }
 __device__ __forceinline__ double inv_sqrt(double v) { return 1.0 / ::sqrt(v); }
 
-// Row scheduling shared by the row-wise kernels: rows are walked grid-stride either by
-// warps (WARP) or by whole blocks; `lane`/`width` walk the columns of one row.
-template <bool WARP> __device__ __forceinline__ long long row_first() {
-    if constexpr (WARP) {
-        return static_cast<long long>(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    } else {
-        return static_cast<long long>(blockIdx.x);
-    }
-}
-template <bool WARP> __device__ __forceinline__ long long row_step() {
-    if constexpr (WARP) {
-        return static_cast<long long>(gridDim.x) * (blockDim.x >> 5);
-    } else {
-        return static_cast<long long>(gridDim.x);
-    }
-}
-template <bool WARP> __device__ __forceinline__ int row_lane() {
-    return WARP ? static_cast<int>(threadIdx.x & 31) : static_cast<int>(threadIdx.x);
-}
-template <bool WARP> __device__ __forceinline__ int row_width() {
-    return WARP ? 32 : static_cast<int>(blockDim.x);
-}
-// Sum over the threads sharing a row; every one of them gets the result.
-template <bool WARP, typename A> __device__ __forceinline__ A row_sum(A v, A* smem) {
-    if constexpr (WARP) {
-        return gp::warp_sum(v);
-    } else {
-        return gp::block_sum(v, smem);
-    }
-}
+using gp::row_first;
+using gp::row_step;
+using gp::row_lane;
+using gp::row_width;
+using gp::row_sum;
 
 }  // namespace
 
