@@ -24,11 +24,16 @@ _LAZY = {
     "gather_from_tensor_parallel_region": "dist.tensor_parallel",
     "reduce_scatter_to_sequence_parallel_region": "dist.tensor_parallel",
     "gather_from_sequence_parallel_region": "dist.tensor_parallel",
+    "RNGStatesTracker": "dist.tensor_parallel",
+    "TENSOR_PARALLEL_RNG": "dist.tensor_parallel",
+    "get_rng_tracker": "dist.tensor_parallel",
+    "model_parallel_seed": "dist.tensor_parallel",
     "PipelineStage": "dist.pipeline.stage",
     "PipelineParallel": "dist.pipeline.runner",
     "DataParallel": "dist.data_parallel",
     "allreduce_gradients": "dist.data_parallel",
     "save_checkpoint": "dist.checkpoint",
+    "ParallelGPT": "dist.models",
     "load_checkpoint": "dist.checkpoint",
 }
 

@@ -1,0 +1,154 @@
+"""ParallelGPT against the single-process nn.GPT built from the same seed (float64)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import autograd as ag
+import dist
+from autograd import nn, optim
+from dist.models import ParallelGPT, ShardSpec, consolidate
+
+F64 = np.float64
+CFG = dict(vocab_size=37, block_size=8, n_layer=4, n_head=4, n_embd=16, dtype=F64, seed=5)
+BATCH = 8
+RTOL, ATOL = 1e-10, 1e-13
+
+# (dp, pp, tp) as factors of the world size N; mixed layouts need N = 4.
+LAYOUTS = {
+    "tp": lambda n: (1, 1, n), "pp": lambda n: (1, n, 1), "dp": lambda n: (n, 1, 1),
+    "pp2xtp2": lambda n: (1, 2, 2), "dp2xtp2": lambda n: (2, 1, 2),
+    "dp2xpp2": lambda n: (2, 2, 1),
+}
+
+
+def batch(seed: int = 0):
+    rng = np.random.default_rng(seed)
+    return (rng.integers(0, CFG["vocab_size"], (BATCH, CFG["block_size"])),
+            rng.integers(0, CFG["vocab_size"], (BATCH, CFG["block_size"])))
+
+
+def dense_reference(cfg: nn.GPTConfig, x, y, clip: float | None = None):
+    model = nn.GPT(cfg)
+    loss = model.loss(x, y)
+    loss.backward()
+    norm = optim.clip_grad_norm_(model.parameters(), clip) if clip else None
+    return model, float(loss.item()), norm
+
+
+def check_against_dense(pg: ParallelGPT, dense: nn.Module, what: str = "grad") -> int:
+    ref = dict(dense.named_parameters())
+    checked = 0
+    for name, p in pg.named_parameters():
+        spec = p.shard_spec
+        want = spec.take((ref[spec.name].grad if what == "grad" else ref[spec.name]).numpy())
+        got = (p.grad if what == "grad" else p).numpy()
+        np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL, err_msg=f"{name} {what}")
+        checked += 1
+    return checked
+
+
+def rows_of(a, mesh_dp_rank: int, dp: int):
+    n = a.shape[0] // dp
+    return a[mesh_dp_rank * n:(mesh_dp_rank + 1) * n]
+
+
+@pytest.mark.parametrize("micro", [1, 2, 4])
+def test_single_process_matches_dense_gpt(micro):
+    cfg = nn.GPTConfig(**CFG)
+    x, y = batch()
+    dense, loss, _ = dense_reference(cfg, x, y)
+    pg = ParallelGPT(cfg, num_micro_batches=micro)
+    assert abs(pg.train_step(x, y) - loss) <= 1e-12 * abs(loss)
+    assert check_against_dense(pg, dense) == len(list(dense.parameters()))
+    assert abs(pg.evaluate(x, y) - loss) <= 1e-12 * abs(loss)
+
+
+def test_untied_head_and_consolidation_round_trip():
+    cfg = nn.GPTConfig(**{**CFG, "tie_weights": False})
+    dense = nn.GPT(cfg)
+    pg = ParallelGPT(cfg)
+    state = pg.gather_dense_state(None)
+    ref = dense.state_dict()
+    assert list(state) == list(ref)
+    for k in ref:
+        np.testing.assert_array_equal(state[k], ref[k])
+
+
+def test_consolidate_reports_missing_shards():
+    cfg = nn.GPTConfig(**CFG)
+    pg = ParallelGPT(cfg)
+    parts = [(p.numpy(), p.shard_spec.to_json()) for p in pg.parameters()][:-1]
+    with pytest.raises(ValueError, match="incomplete shards"):
+        consolidate(cfg, parts)
+    spec = ShardSpec("blocks.0.attn.qkv.weight", 1, (3, 1, 2), True)
+    assert ShardSpec.from_json(spec.to_json()) == spec
+
+
+def test_shape_errors_name_the_argument(world):
+    with pytest.raises(dist.ProcessMesh.__init__.__globals__["InvalidProblem"],
+                       match="n_layer"):
+        ParallelGPT(nn.GPTConfig(**{**CFG, "n_layer": 3}), pp=_FakeComm(2))
+    with pytest.raises(Exception, match="n_head"):
+        ParallelGPT(nn.GPTConfig(**{**CFG, "n_head": 4, "n_embd": 16}), tp=_FakeComm(3))
+
+
+class _FakeComm:
+    """Only .size and .rank: construction checks run before any communication."""
+
+    def __init__(self, size: int) -> None:
+        self.size, self.rank = size, 0
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("schedule", ["1f1b", "gpipe"])
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_layout_matches_single_process(world, layout, schedule):
+    dp, pp, tp = LAYOUTS[layout](world.size)
+    if dp * pp * tp != world.size:
+        pytest.skip(f"{layout} needs 4 ranks")
+    if schedule == "gpipe" and pp == 1:
+        pytest.skip("the schedule only matters with pipeline stages")
+    mesh = dist.ProcessMesh(dp=dp, pp=pp, tp=tp, world=world)
+    cfg = nn.GPTConfig(**CFG)
+    x, y = batch(1)
+    dense, loss, norm = dense_reference(cfg, x, y, clip=0.05)
+    pg = ParallelGPT(cfg, mesh, num_micro_batches=2, schedule=schedule)
+    got = pg.train_step(rows_of(x, mesh.dp_rank, dp), rows_of(y, mesh.dp_rank, dp))
+    assert got == pytest.approx(loss, rel=1e-12)
+    got_norm = pg.clip_grad_norm_(0.05)
+    assert got_norm == pytest.approx(norm, rel=1e-10)
+    check_against_dense(pg, dense)  # clipped gradients
+    # One AdamW step on both: the shards stay exact slices of the dense weights.
+    for model in (dense, pg):
+        opt = optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
+        opt.step()
+    check_against_dense(pg, dense, what="value")
+    state = pg.gather_dense_state(world)
+    if world.rank == 0:
+        for k, v in dense.state_dict().items():
+            np.testing.assert_allclose(state[k], v, rtol=RTOL, atol=ATOL, err_msg=k)
+    assert pg.evaluate(rows_of(x, mesh.dp_rank, dp), rows_of(y, mesh.dp_rank, dp)) == \
+        pytest.approx(float(dense.loss(x, y).item()), rel=1e-12)
+
+
+@pytest.mark.mpi
+def test_tensor_parallel_dropout_masks_agree_with_the_dense_model(world):
+    """Dropout acts on replicated activations only: with the same default seed on every
+    TP rank, a TP model with dropout gives exactly the dense model's loss and gradients."""
+    cfg = nn.GPTConfig(**{**CFG, "dropout": 0.3})
+    x, y = batch(2)
+    saved = ag.random.default_generator.get_state()
+    try:
+        ag.random.manual_seed(11)
+        dense, loss, _ = dense_reference(cfg, x, y)
+        ag.random.manual_seed(11)
+        pg = ParallelGPT(cfg, tp=world)
+        assert pg.train_step(x, y) == pytest.approx(loss, rel=1e-12)
+        check_against_dense(pg, dense)
+        ag.random.manual_seed(11)
+        plain = nn.GPT(nn.GPTConfig(**CFG)).loss(x, y).item()
+        assert abs(plain - loss) > 1e-3  # dropout really acted
+    finally:
+        ag.random.default_generator.set_state(saved)
