@@ -100,6 +100,7 @@ class _StageRun:
         self.loss_values: list[float] = []
         self.results: dict[int, Any] = {}
         self.done = 0
+        self.peak_live = 0  # most micro-batches holding saved activations (tapes) at once
 
     def program(self, actions: list[Action]) -> Iterator[None]:
         """Runs the actions in order; yields whenever a receive has no message yet."""
@@ -147,6 +148,7 @@ class _StageRun:
                 self.losses[m] = loss * (1.0 / self.m_total)
         self.tapes[m] = tape
         self.out[m] = out
+        self.peak_live = max(self.peak_live, len(self.tapes))
 
     def _backward(self, m: int) -> None:
         tape = self.tapes.pop(m)
@@ -168,7 +170,9 @@ class PipelineParallel(Module):
     only its own stage. forward(x) splits x into num_micro_batches row blocks, runs them
     and returns the concatenated output (on the last stage's rank; None elsewhere).
     train_step(x, target, loss_fn) back-propagates mean_m loss_fn(out_m, target_m) into the
-    parameters' .grad (no optimizer step) and returns that mean as a float on every rank.
+    parameters' .grad (no optimizer step) and returns that mean as a float on every rank;
+    afterwards `peak_live_activations[stage]` is the most micro-batches whose activations
+    (tapes) that stage held at once in the step (counted, not derived from the schedule).
     Messages: activations forward, gradients backward, as non-blocking sends.
     """
 
@@ -236,6 +240,7 @@ class PipelineParallel(Module):
     def train_step(self, x: Any, target: Any, loss_fn: Callable[[Tensor, Any], Tensor]) -> float:
         """Forward and backward over the micro-batches; returns the mean micro-batch loss."""
         runs = self._execute(x, target, loss_fn)
+        self.peak_live_activations = {i: r.peak_live for i, r in runs.items()}
         last = runs.get(self.last_rank)
         mean = None if last is None else float(np.mean(last.loss_values))
         if self.comm is not None:

@@ -117,6 +117,9 @@ def test_one_stage_per_rank_matches_single_process(world, schedule, micro):
     loss = pipe.train_step(mine_x, target, loss_fn)
     np.testing.assert_allclose(loss, ref_loss, rtol=1e-10)  # on every rank
     check_grads(pipe, ref_grads)
+    # Live activations actually held (tapes alive at once), counted by the runner.
+    live = pipe.peak_live_activations[world.rank]
+    assert live == (micro if schedule == "gpipe" else min(n - world.rank, micro))
     out = pipe.forward(mine_x)
     if world.rank == n - 1:
         np.testing.assert_allclose(out.numpy(), model(ag.tensor(x)).numpy(), rtol=1e-12)
@@ -128,3 +131,17 @@ def test_one_stage_per_rank_matches_single_process(world, schedule, micro):
 def test_communicator_size_must_match_stages(world):
     with pytest.raises(gp.InvalidProblem, match=rf"comm.*num_stages={world.size + 1}"):
         dist.PipelineParallel([make_stage(0, 2)] * (world.size + 1), comm=world)
+
+
+@pytest.mark.parametrize("num_stages,micro", [(2, 4), (3, 6), (4, 8)])
+def test_one_f_one_b_holds_fewer_live_activations_than_gpipe(num_stages, micro):
+    x, target = data(num_stages)
+    peaks = {}
+    for schedule in ("gpipe", "1f1b"):
+        pipe = dist.PipelineParallel([make_stage(s, num_stages) for s in range(num_stages)],
+                                     num_micro_batches=micro, schedule=schedule)
+        pipe.train_step(x, target, loss_fn)
+        peaks[schedule] = pipe.peak_live_activations
+    assert peaks["gpipe"] == {s: micro for s in range(num_stages)}
+    assert peaks["1f1b"] == {s: num_stages - s for s in range(num_stages)}
+    assert sum(peaks["1f1b"].values()) < sum(peaks["gpipe"].values())
