@@ -1,0 +1,90 @@
+"""Sample text from a checkpoint written by scripts/train.py, in one process.
+
+    python scripts/generate.py                                  # runs/default/checkpoint
+    python scripts/generate.py --checkpoint runs/x/checkpoint --prompt "import " --tokens 400
+
+The checkpoint holds one shard per rank of whatever layout trained it (tensor, pipeline,
+data parallel); each parameter's shard records the dense parameter and the indices it holds,
+so the shards are assembled into the single-process nn.GPT (checksums verified) and sampled
+with temperature and top-k on the GPU when one is present, else on the CPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import data as data_mod  # noqa: E402
+
+
+def load_dense(checkpoint: Path):
+    """(nn.GPT with the consolidated weights, metadata of rank 0's shard)."""
+    from autograd import nn
+    from dist.checkpoint import read_shard
+    from dist.models import consolidate
+
+    shards = sorted(checkpoint.glob("rank*-of-*.npz"))
+    if not shards:
+        raise ValueError(f"no checkpoint shards (rank*-of-*.npz) in {checkpoint}")
+    sizes = {p.name.split("-of-")[1] for p in shards}
+    if len(sizes) != 1 or len(shards) != int(next(iter(sizes)).split(".")[0]):
+        raise ValueError(f"{checkpoint}: incomplete set of shards {[p.name for p in shards]}")
+    pieces, meta0 = [], None
+    for path in shards:
+        state, manifest = read_shard(path)
+        meta = manifest["metadata"]
+        if "specs" not in meta or "config" not in meta:
+            raise ValueError(f"{path} was not written by scripts/train.py (no shard specs)")
+        meta0 = meta0 or meta
+        pieces += [(state[name], spec) for name, spec in meta["specs"].items()]
+    cfg_json = dict(meta0["config"])
+    cfg_json["dtype"] = np.dtype(cfg_json["dtype"])
+    cfg = nn.GPTConfig(**cfg_json)
+    model = nn.GPT(cfg)
+    model.load_state_dict({k: v.astype(np.float32) for k, v in
+                           consolidate(cfg, pieces).items()})
+    return model, meta0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description="Sample from a train.py checkpoint.")
+    ap.add_argument("--checkpoint", default="runs/default/checkpoint")
+    ap.add_argument("--prompt", default="def ")
+    ap.add_argument("--tokens", type=int, default=300)
+    ap.add_argument("--temperature", type=float, default=0.8, help="0: greedy")
+    ap.add_argument("--top-k", type=int, default=40, help="0: no top-k cut")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    ns = ap.parse_args(argv)
+    import gpuplan as gp
+
+    try:
+        if not Path(ns.checkpoint).is_dir():
+            raise ValueError(f"--checkpoint: no such folder: {ns.checkpoint}")
+        if ns.tokens < 0 or ns.temperature < 0:
+            raise ValueError("--tokens and --temperature must be >= 0")
+        if not ns.prompt:
+            raise ValueError("--prompt must not be empty")
+        model, meta = load_dense(Path(ns.checkpoint))
+    except ValueError as exc:
+        print(f"generate.py: error: {exc}", file=sys.stderr)
+        return 2
+    device = ("cuda" if gp.device_available() else "cpu") if ns.device == "auto" else ns.device
+    model.to(device=device)
+    prompt = data_mod.encode(ns.prompt)[None].astype(np.int64)
+    prompt = prompt[:, -model.config.block_size:]
+    out = model.generate(gp.to_device(prompt, device), ns.tokens, temperature=ns.temperature,
+                         top_k=ns.top_k or None, seed=ns.seed)
+    print(f"# checkpoint step {meta['step']}, layout dp,pp,tp={meta['layout']}, {device}",
+          file=sys.stderr)
+    print(data_mod.decode(gp.to_host(out)[0]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
