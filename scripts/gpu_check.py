@@ -125,23 +125,46 @@ def install_carried_mpich(env: dict[str, str], steps: list[Step], timeout: int) 
     env["PATH"] = scripts_dir + os.pathsep + env.get("PATH", "")
 
 
+def mpi_launcher(env: dict[str, str], n: int) -> list[str] | None:
+    """`mpiexec -n n` (Open MPI also gets --oversubscribe, and root permission when root)."""
+    mpiexec = find_mpiexec(env)
+    if mpiexec is None:
+        return None
+    cmd = [mpiexec, "-n", str(n)]
+    version = subprocess.run([mpiexec, "--version"], capture_output=True, text=True,
+                             env=env).stdout
+    if "Open MPI" in version or "OpenRTE" in version:
+        cmd += ["--oversubscribe"] + (["--allow-run-as-root"] if os.geteuid() == 0 else [])
+    return cmd
+
+
 def mpi_step(env: dict[str, str], steps: list[Step], timeout: int) -> None:
     step = Step("mpi tests, mpiexec -n 2 (GPU smoke)")
     steps.append(step)
-    mpiexec = find_mpiexec(env)
-    if mpiexec is None:
+    launcher = mpi_launcher(env, 2)
+    if launcher is None:
         step.status, step.detail = "skipped", "no mpiexec on PATH and no .carry/mpich*.whl"
-        print(f"\n== {step.name}: skipped: {step.detail}", flush=True)
         return
-    cmd = [mpiexec, "-n", "2"]
-    version = subprocess.run([mpiexec, "--version"], capture_output=True, text=True,
-                             env=env, check=False).stdout
-    if "Open MPI" in version or "OpenRTE" in version:
-        cmd += ["--oversubscribe"] + (["--allow-run-as-root"] if os.geteuid() == 0 else [])
-    cmd += [PY, "-m", "mpi4py", "scripts/mpi_pytest.py", "-m", "mpi", "-q"]
-    run_step(step, cmd, env, timeout)
+    run_step(step, launcher + [PY, "-m", "mpi4py", "scripts/mpi_pytest.py", "-m", "mpi", "-q"],
+             env, timeout)
     step.detail = pytest_counts(step.tail) + ("" if step.status == "passed"
                                               else f"; {step.detail}")
+
+
+def train_step(env: dict[str, str], steps: list[Step], timeout: int) -> None:
+    """The main job on the GPU: 2 ranks sharing it as tp=2, then 4 as tp=2 x pp=2."""
+    for n in (2, 4):
+        step = Step(f"scripts/train.py on the GPU, mpiexec -n {n}")
+        steps.append(step)
+        launcher = mpi_launcher(env, n)
+        if launcher is None:
+            step.status, step.detail = "skipped", "no mpiexec"
+            continue
+        run_step(step, launcher + [PY, "-m", "mpi4py", "scripts/train.py", "--steps", "60",
+                                   "--eval-interval", "20", "--progress", "plain",
+                                   "--out", f"reports/train_gpu_n{n}"], env, timeout)
+        step.detail = next((line for line in reversed(step.tail)
+                            if line.startswith("step ")), step.detail)
 
 
 def git_commit() -> str:
@@ -227,6 +250,7 @@ def main(argv: list[str] | None = None) -> int:
 
     install_carried_mpich(env, steps, ns.timeout)
     mpi_step(env, steps, ns.timeout)
+    train_step(env, steps, ns.timeout)
 
     bench_json = REPORTS / "bench.json"
     if ns.skip_bench:

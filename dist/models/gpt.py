@@ -325,6 +325,7 @@ class ParallelGPT(Module):
         _divisible("n_head", config.n_head, t, "tensor-parallel size")
         _divisible("n_layer", config.n_layer, p, "pipeline size")
         self.tp_config = TensorParallelConfig(comm=self.tp_comm)
+        self.device = device
         self.num_stages = p
         self.stage_index = 0 if self.pp_comm is None else self.pp_comm.rank
         dense = GPT(config)
@@ -360,7 +361,7 @@ class ParallelGPT(Module):
                                             targets.reshape(-1), self.tp_config)
 
     def train_step(self, idx: Any, targets: Any) -> float:
-        loss = self.pipe.train_step(_data(idx), _data(targets), self.loss_fn)
+        loss = self.pipe.train_step(self._input(idx), self._input(targets), self.loss_fn)
         self.finish_gradients()
         return self._dp_mean(loss)
 
@@ -424,10 +425,10 @@ class ParallelGPT(Module):
         self.eval()
         try:
             with ag.no_grad():
-                logits = self.pipe.forward(_data(idx))
+                logits = self.pipe.forward(self._input(idx))
                 loss = None
                 if logits is not None:
-                    loss = float(self.loss_fn(logits, _data(targets)).item())
+                    loss = float(self.loss_fn(logits, self._input(targets)).item())
         finally:
             self.train(was)
         if self.pp_comm is not None:
@@ -442,7 +443,11 @@ class ParallelGPT(Module):
     def forward(self, idx: Any) -> Tensor | None:
         """Logits ``[B, T, V_r]`` (this TP rank's vocabulary block) on the last stage's ranks,
         None on the others."""
-        return self.pipe.forward(_data(idx))
+        return self.pipe.forward(self._input(idx))
+
+    def _input(self, x: Any) -> Any:
+        """Token arrays (host or device, or Tensors) on the model's device."""
+        return None if x is None else gp.to_device(_data(x), self.device)
 
     # -- consolidation ------------------------------------------------------------------------
 
