@@ -4,7 +4,7 @@
 PYTHON ?= $(shell if [ -x .venv/bin/python ]; then echo .venv/bin/python; else command -v python3 || command -v python; fi)
 GPU_PYTHON ?= $(shell command -v python3 || command -v python)
 
-.PHONY: test check-kernels bench lint gpu-check
+.PHONY: test check-kernels bench bench-train lint gpu-check
 
 test:
 	bash scripts/test.sh
@@ -14,6 +14,12 @@ check-kernels:
 
 bench:
 	$(PYTHON) scripts/bench_kernels.py --json reports/bench.json
+
+# Training-step throughput, ours vs PyTorch eager (GPT-2 small on a GPU, the small model on
+# the host); override e.g. `make bench-train BENCH_TRAIN_ARGS="--dtype f32"`.
+BENCH_TRAIN_ARGS ?= $(shell if $(PYTHON) -c 'import gpuplan, sys; sys.exit(not gpuplan.device_available())' 2>/dev/null; then echo --model gpt2 --dtype bf16; else echo --model small; fi)
+bench-train:
+	$(PYTHON) scripts/bench_train.py $(BENCH_TRAIN_ARGS) --json reports/bench_train.json
 
 lint:
 	$(PYTHON) -m ruff check .

@@ -1,0 +1,443 @@
+"""Training-step throughput of our GPT vs PyTorch eager: same model, weights, batch, dtype.
+
+    python scripts/bench_train.py --model small --device cpu --steps 5
+    python scripts/bench_train.py --model gpt2 --device cuda --dtype bf16 --json reports/train.json
+
+One step = forward, mean cross-entropy, backward, clip_grad_norm_(1.0), AdamW step
+(lr 3e-4, betas (0.9, 0.95), weight decay 0.1), zero grad. Each step is timed between two
+device synchronizations; the median is reported. Both runs start from our model's initial
+weights (copied into the PyTorch model, Linear weights transposed: ours are
+``[in, out]``, PyTorch's ``[out, in]``) and train on the same fixed batch, so their
+first-step losses must agree; the script exits with status 1 when they do not.
+
+dtype:
+  f32   ours: f32 everywhere, f32 GEMMs (cuBLAS pedantic f32, never TF32); PyTorch: f32
+        with its default ``allow_tf32 = False`` for matmuls, i.e. true f32 as well.
+  bf16  ours: bf16 parameters and activations, f32 accumulation, f32 master weights and
+        moments in AdamW. PyTorch: f32 parameters and optimizer (its master copy) under
+        ``torch.autocast(bfloat16)``, which runs GEMMs and attention in bf16 and keeps
+        layer norm, softmax and the loss in f32. This is the closest stock equivalent
+        (PyTorch's AdamW keeps no f32 master copy of bf16 parameters), but autocast stores
+        fewer activations in bf16 than ours does.
+
+Model FLOPs per token (PaLM, appendix B, as in nanoGPT's MFU estimate):
+  6 N + 12 L T C, N = parameters without the position embedding (the tied token embedding
+  is counted once: it is the LM head's GEMM), L layers, T sequence length, C width.
+  The attention term counts the full T x T scores although causal attention needs half.
+MFU = model FLOPs/s / peak dense FLOP/s of the device (PEAK_TFLOPS; bf16 for bf16, plain
+f32, not TF32, for f32 since neither side uses TF32). On the host no MFU is given.
+
+Peak memory on GPU: ours = the largest number of bytes in use in CuPy's memory pool during
+one extra, untimed step (a ``cupy.cuda.MemoryHook``), and the pool's total after the run;
+PyTorch = ``torch.cuda.max_memory_allocated`` and ``max_memory_reserved``.
+
+PyTorch is optional: without it only our numbers are printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import gpuplan as gp  # noqa: E402
+from autograd import nn, optim  # noqa: E402
+
+MODELS: dict[str, dict[str, int]] = {
+    "gpt2": dict(vocab_size=50304, block_size=1024, n_layer=12, n_head=12, n_embd=768),
+    "small": dict(vocab_size=256, block_size=128, n_layer=4, n_head=4, n_embd=128),
+    "tiny": dict(vocab_size=64, block_size=32, n_layer=2, n_head=2, n_embd=32),
+}
+DEFAULT_BATCH = {"gpt2": 8, "small": 8, "tiny": 4}
+
+# Dense peak TFLOP/s (no sparsity) by device-name fragment, most specific first:
+# (bf16 tensor core, f32 without tensor cores). NVIDIA data sheets.
+PEAK_TFLOPS: list[tuple[str, float, float]] = [
+    ("H100 PCIe", 756.0, 51.2),
+    ("H100 NVL", 835.0, 60.0),
+    ("H100", 989.4, 66.9),   # SXM5
+    ("H200 NVL", 835.0, 60.0),
+    ("H200", 989.4, 66.9),   # SXM, same compute as H100 SXM
+    ("A100", 312.0, 19.5),
+]
+LR, BETAS, WEIGHT_DECAY, MAX_NORM = 3e-4, (0.9, 0.95), 0.1, 1.0
+
+
+# -- run description ------------------------------------------------------------------------
+
+def git_commit() -> str:
+    """Short HEAD commit, '+dirty' when tracked files differ from it; 'unknown' without git."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, text=True,
+                              capture_output=True, check=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                               cwd=ROOT, text=True, capture_output=True, timeout=10).stdout
+        return head + ("+dirty" if dirty.strip() else "")
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def device_name(device: str) -> str:
+    if device == "cuda":
+        cp = gp.backend.cupy_module()
+        props = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)
+        name = props["name"]
+        return name.decode() if isinstance(name, bytes) else str(name)
+    model = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    model = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return f"{model}, {os.cpu_count()} logical cores"
+
+
+def peak_tflops(name: str, dtype: str) -> float | None:
+    for fragment, bf16, f32 in PEAK_TFLOPS:
+        if fragment in name:
+            return bf16 if dtype == "bf16" else f32
+    return None
+
+
+def flops_per_token(cfg: nn.GPTConfig, n_params: int, seq: int) -> float:
+    n = n_params - cfg.block_size * cfg.n_embd  # without the position embedding
+    return 6.0 * n + 12.0 * cfg.n_layer * seq * cfg.n_embd
+
+
+# -- timing ---------------------------------------------------------------------------------
+
+def time_steps(step: Callable[[], Any], sync: Callable[[], None], warmup: int,
+               steps: int) -> tuple[list[float], list[float]]:
+    """(seconds of each timed step, loss of every step, warm-up included). Losses are read
+    after the step's clock stops, so their device-to-host copy is not timed."""
+    times, losses = [], []
+    for i in range(warmup + steps):
+        sync()
+        t0 = time.perf_counter()
+        loss = step()
+        sync()
+        elapsed = time.perf_counter() - t0
+        if i >= warmup:
+            times.append(elapsed)
+        losses.append(float(loss.item()))
+    return times, losses
+
+
+def summarize(times: list[float], losses: list[float], tokens: int,
+              flops_token: float, peak: float | None) -> dict[str, Any]:
+    median = float(np.median(times))
+    tps = tokens / median
+    return {"step_ms": median * 1e3, "step_ms_min": min(times) * 1e3,
+            "step_ms_max": max(times) * 1e3, "tokens_per_s": tps,
+            "model_tflops": flops_token * tps / 1e12,
+            "mfu": None if peak is None else flops_token * tps / (peak * 1e12),
+            "first_loss": losses[0], "last_loss": losses[-1], "losses": losses}
+
+
+def _cupy_peak_hook(cp: Any) -> Any:
+    class PeakInUse(cp.cuda.MemoryHook):
+        """Tracks the bytes handed out by the memory pool (rounded sizes) and their maximum."""
+
+        name = "PeakInUse"
+
+        def __init__(self, start: int) -> None:
+            self.in_use = self.peak = start
+
+        def malloc_postprocess(self, **kw: Any) -> None:
+            self.in_use += kw["mem_size"]
+            self.peak = max(self.peak, self.in_use)
+
+        def free_postprocess(self, **kw: Any) -> None:
+            self.in_use -= kw["mem_size"]
+
+    return PeakInUse(cp.get_default_memory_pool().used_bytes())
+
+
+# -- ours -----------------------------------------------------------------------------------
+
+def bench_ours(model: nn.GPT, idx: np.ndarray, targets: np.ndarray, device: str,
+               args: argparse.Namespace) -> tuple[list[float], list[float], dict]:
+    params = list(model.parameters())  # used twice: a generator would be spent
+    opt = optim.AdamW(params, lr=LR, betas=BETAS, weight_decay=WEIGHT_DECAY)
+    x, y = gp.to_device(idx, device), gp.to_device(targets, device)
+
+    def step():
+        loss = model.loss(x, y)
+        loss.backward()
+        optim.clip_grad_norm_(params, MAX_NORM)
+        opt.step()
+        opt.zero_grad()
+        return loss
+
+    def sync():
+        if device == "cuda":
+            gp.backend.synchronize()
+
+    times, losses = time_steps(step, sync, args.warmup, args.steps)
+    memory: dict[str, Any] = {}
+    if device == "cuda":
+        cp = gp.backend.cupy_module()
+        try:
+            hook = _cupy_peak_hook(cp)
+            with hook:
+                step()
+                sync()
+            memory["peak_in_use_bytes"] = hook.peak
+        except Exception as exc:  # noqa: BLE001 - the hook API is a nicety, not the benchmark
+            memory["peak_in_use_error"] = repr(exc)
+        memory["pool_total_bytes"] = cp.get_default_memory_pool().total_bytes()
+    return times, losses, memory
+
+
+# -- PyTorch --------------------------------------------------------------------------------
+
+def build_torch_gpt(torch: Any, cfg: nn.GPTConfig) -> Any:
+    """A PyTorch GPT with our module names, so state_dict keys match ours one for one."""
+    tnn, F = torch.nn, torch.nn.functional
+    C, H = cfg.n_embd, cfg.n_head
+
+    class Attention(tnn.Module):
+        def __init__(self):
+            super().__init__()
+            self.qkv, self.proj = tnn.Linear(C, 3 * C), tnn.Linear(C, C)
+
+        def forward(self, x):
+            B, T, _ = x.shape
+            q, k, v = (t.view(B, T, H, C // H).transpose(1, 2)
+                       for t in self.qkv(x).split(C, dim=-1))
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            return self.proj(y.transpose(1, 2).reshape(B, T, C))
+
+    class Mlp(tnn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc, self.proj = tnn.Linear(C, 4 * C), tnn.Linear(4 * C, C)
+
+        def forward(self, x):
+            return self.proj(F.gelu(self.fc(x)))
+
+    class Block(tnn.Module):
+        def __init__(self):
+            super().__init__()
+            self.ln_1, self.attn = tnn.LayerNorm(C), Attention()
+            self.ln_2, self.mlp = tnn.LayerNorm(C), Mlp()
+
+        def forward(self, x):
+            x = x + self.attn(self.ln_1(x))
+            return x + self.mlp(self.ln_2(x))
+
+    class Gpt(tnn.Module):
+        def __init__(self):
+            super().__init__()
+            self.wte = tnn.Embedding(cfg.vocab_size, C)
+            self.wpe = tnn.Embedding(cfg.block_size, C)
+            self.blocks = tnn.ModuleList(Block() for _ in range(cfg.n_layer))
+            self.ln_f = tnn.LayerNorm(C)
+
+        def forward(self, idx, targets):
+            pos = torch.arange(idx.shape[1], device=idx.device)
+            x = self.wte(idx) + self.wpe(pos)
+            for block in self.blocks:
+                x = block(x)
+            logits = self.ln_f(x) @ self.wte.weight.T  # tied head, as ours
+            return F.cross_entropy(logits.view(-1, cfg.vocab_size).float(),
+                                   targets.view(-1))
+
+    return Gpt()
+
+
+def load_our_weights(torch: Any, tmodel: Any, state: dict[str, np.ndarray]) -> None:
+    """Copy our (host) state_dict into the PyTorch model; bf16 values are widened to f32."""
+    tparams = dict(tmodel.named_parameters())
+    if set(tparams) != set(state):
+        raise RuntimeError(f"bench_train: parameter names differ: ours only "
+                           f"{sorted(set(state) - set(tparams))}, torch only "
+                           f"{sorted(set(tparams) - set(state))}")
+    with torch.no_grad():
+        for name, value in state.items():
+            t = torch.from_numpy(np.asarray(value, dtype=np.float32))
+            is_linear = t.ndim == 2 and not name.startswith(("wte.", "wpe."))
+            tparams[name].copy_(t.T if is_linear else t)  # ours [in, out], torch [out, in]
+
+
+def bench_torch(torch: Any, cfg: nn.GPTConfig, state: dict[str, np.ndarray], idx: np.ndarray,
+                targets: np.ndarray, device: str, args: argparse.Namespace
+                ) -> tuple[list[float], list[float], dict]:
+    torch.backends.cuda.matmul.allow_tf32 = False  # the default; ours never uses TF32
+    torch.backends.cudnn.allow_tf32 = False
+    tmodel = build_torch_gpt(torch, cfg)
+    load_our_weights(torch, tmodel, state)
+    tmodel.to(device)
+    params = list(tmodel.parameters())
+    opt = torch.optim.AdamW(params, lr=LR, betas=BETAS, weight_decay=WEIGHT_DECAY)
+    x = torch.from_numpy(idx).to(device)
+    y = torch.from_numpy(targets).to(device)
+    use_autocast = args.dtype == "bf16"
+
+    def step():
+        with torch.autocast(device_type=device, dtype=torch.bfloat16, enabled=use_autocast):
+            loss = tmodel(x, y)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, MAX_NORM)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss
+
+    def sync():
+        if device == "cuda":
+            torch.cuda.synchronize()
+
+    if device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    times, losses = time_steps(step, sync, args.warmup, args.steps)
+    memory: dict[str, Any] = {}
+    if device == "cuda":
+        memory = {"max_allocated_bytes": torch.cuda.max_memory_allocated(),
+                  "max_reserved_bytes": torch.cuda.max_memory_reserved()}
+    return times, losses, memory
+
+
+# -- report ---------------------------------------------------------------------------------
+
+def _gib(n: int | None) -> str:
+    return "-" if n is None else f"{n / 2**30:.2f} GiB"
+
+
+def print_row(name: str, r: dict[str, Any]) -> None:
+    mfu = "-" if r["mfu"] is None else f"{100 * r['mfu']:.1f}%"
+    print(f"{name:<10}{r['step_ms']:>11.1f}{r['tokens_per_s']:>13,.0f}"
+          f"{r['model_tflops']:>10.3f}{mfu:>8}{r['first_loss']:>12.6f}{r['last_loss']:>12.6f}")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", choices=list(MODELS), default="small")
+    ap.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    ap.add_argument("--dtype", choices=["f32", "bf16"], default="f32")
+    ap.add_argument("--batch", type=int, default=None, help="default: 8 (4 for tiny)")
+    ap.add_argument("--seq", type=int, default=None, help="default: the model's block size")
+    ap.add_argument("--steps", type=int, default=None, help="timed steps (10 cuda, 5 cpu)")
+    ap.add_argument("--warmup", type=int, default=None, help="untimed steps (3 cuda, 1 cpu)")
+    ap.add_argument("--no-torch", action="store_true", help="time ours only")
+    ap.add_argument("--json", type=Path, default=None, help="also write the results here")
+    args = ap.parse_args(argv)
+    if args.device == "auto":
+        args.device = "cuda" if gp.device_available() else "cpu"
+    if args.device == "cuda" and not gp.device_available():
+        ap.error("--device cuda: gpuplan finds no usable CUDA device")
+    cuda = args.device == "cuda"
+    args.batch = args.batch or DEFAULT_BATCH[args.model]
+    args.seq = args.seq or MODELS[args.model]["block_size"]
+    args.steps = args.steps if args.steps is not None else (10 if cuda else 5)
+    args.warmup = args.warmup if args.warmup is not None else (3 if cuda else 1)
+    if args.seq > MODELS[args.model]["block_size"] or min(args.batch, args.seq) < 1:
+        ap.error(f"--seq must lie in [1, {MODELS[args.model]['block_size']}] and --batch >= 1")
+    if args.steps < 1 or args.warmup < 0:
+        ap.error("--steps must be >= 1 and --warmup >= 0")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    device = args.device
+    dtype = gp.bfloat16 if args.dtype == "bf16" else np.float32
+    cfg = nn.GPTConfig(**MODELS[args.model], dtype=dtype, seed=0)
+    model = nn.GPT(cfg).to(device)
+    n_params = model.num_parameters()
+    rng = np.random.default_rng(0)
+    idx = rng.integers(0, cfg.vocab_size, (args.batch, args.seq), dtype=np.int64)
+    targets = rng.integers(0, cfg.vocab_size, (args.batch, args.seq), dtype=np.int64)
+    tokens = args.batch * args.seq
+    name = device_name(device)
+    peak = peak_tflops(name, args.dtype) if device == "cuda" else None
+    fpt = flops_per_token(cfg, n_params, args.seq)
+    info = {"date": datetime.date.today().isoformat(), "commit": git_commit(),
+            "device": f"{device}: {name}", "model": args.model, "dtype": args.dtype,
+            "batch": args.batch, "seq": args.seq, "tokens_per_step": tokens,
+            "params": n_params, "flops_per_token": fpt, "peak_tflops": peak,
+            "steps": args.steps, "warmup": args.warmup, "numpy": np.__version__}
+    print(f"# bench_train {info['date']} commit {info['commit']} | {info['device']}")
+    print(f"# GPT '{args.model}' {n_params / 1e6:.2f}M params, {args.dtype}, batch "
+          f"{args.batch}x{args.seq} = {tokens} tokens/step, {fpt / 1e6:.1f} MFLOP/token, "
+          f"median of {args.steps} steps after {args.warmup} warm-up")
+
+    state = model.state_dict()  # initial weights, before our optimizer changes them
+    times, losses, mem_ours = bench_ours(model, idx, targets, device, args)
+    results: dict[str, Any] = {"ours": {**summarize(times, losses, tokens, fpt, peak),
+                                        **mem_ours, "times_ms": [t * 1e3 for t in times]}}
+    del model
+    if device == "cuda":
+        gp.backend.cupy_module().get_default_memory_pool().free_all_blocks()
+
+    torch = None
+    if not args.no_torch:
+        try:
+            import torch
+        except ImportError:
+            print("# torch is not installed: no PyTorch comparison")
+    if torch is not None and device == "cuda" and not torch.cuda.is_available():
+        print("# this torch build has no CUDA: no PyTorch comparison")
+        torch = None
+    if torch is not None:
+        info["torch"] = torch.__version__
+        info["torch_threads"] = torch.get_num_threads()
+        times, losses, mem_torch = bench_torch(torch, cfg, state, idx, targets, device, args)
+        results["torch"] = {**summarize(times, losses, tokens, fpt, peak), **mem_torch,
+                            "times_ms": [t * 1e3 for t in times]}
+
+    print(f"{'':<10}{'ms/step':>11}{'tokens/s':>13}{'TFLOP/s':>10}{'MFU':>8}"
+          f"{'loss step1':>12}{'loss last':>12}")
+    print_row("ours", results["ours"])
+    status = 0
+    if "torch" in results:
+        ours, theirs = results["ours"], results["torch"]
+        print_row(f"torch {'amp' if args.dtype == 'bf16' else 'eager'}", theirs)
+        ratio = ours["tokens_per_s"] / theirs["tokens_per_s"]
+        results["ratio_ours_over_torch"] = ratio
+        verdict = (f"ours is {1 / ratio:.2f}x slower" if ratio < 1
+                   else f"ours is {ratio:.2f}x faster")
+        print(f"throughput ours/torch = {ratio:.3f} (torch {torch.__version__}, "
+              f"{info['torch_threads']} threads; {verdict})")
+        tol = 1e-4 if args.dtype == "f32" else 2e-2
+        diff = abs(ours["first_loss"] - theirs["first_loss"])
+        agree = diff <= tol * max(1.0, abs(theirs["first_loss"]))
+        drift = max(abs(a - b) for a, b in zip(ours["losses"], theirs["losses"], strict=True))
+        results["first_loss_agree"] = agree
+        results["max_loss_diff_all_steps"] = drift
+        print(f"first-step loss ours {ours['first_loss']:.6f} vs torch "
+              f"{theirs['first_loss']:.6f}: |diff| {diff:.2e} "
+              f"({'agree' if agree else 'DISAGREE'}, relative tolerance {tol:g}); "
+              f"max |diff| over all {len(ours['losses'])} steps {drift:.2e}")
+        if not agree:
+            status = 1
+    if device == "cuda":
+        o, t = results["ours"], results.get("torch", {})
+        print(f"peak memory: ours {_gib(o.get('peak_in_use_bytes'))} in use "
+              f"(pool {_gib(o.get('pool_total_bytes'))}); torch "
+              f"{_gib(t.get('max_allocated_bytes'))} allocated "
+              f"({_gib(t.get('max_reserved_bytes'))} reserved)")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps({"info": info, **results}, indent=2) + "\n")
+        print(f"# wrote {args.json}")
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())
