@@ -57,7 +57,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="bf16: bf16 compute with f32 master weights")
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--min-lr", type=float, default=3e-4)
-    ap.add_argument("--warmup", type=int, default=10)
+    ap.add_argument("--warmup", type=int, default=None,
+                    help="linear warm-up steps (default: min(10, steps))")
     ap.add_argument("--weight-decay", type=float, default=0.1)
     ap.add_argument("--clip", type=float, default=1.0, help="max grad norm (0: off)")
     ap.add_argument("--steps", type=int, default=150)
@@ -114,6 +115,10 @@ def validate(ns: argparse.Namespace, world_size: int) -> None:
     if rem or per_rank % ns.micro_batches:
         raise ValueError(f"--batch-size {ns.batch_size} must split into dp={ns.dp} x "
                          f"--micro-batches {ns.micro_batches} equal parts")
+    if ns.warmup is None:
+        ns.warmup = min(10, ns.steps)
+    if not 0 <= ns.warmup <= ns.steps:
+        raise ValueError(f"--warmup {ns.warmup} must lie in [0, --steps {ns.steps}]")
     if not 0.0 <= ns.dropout < 1.0:
         raise ValueError(f"--dropout must lie in [0, 1), given {ns.dropout}")
     if ns.data is not None and not Path(ns.data).exists():
