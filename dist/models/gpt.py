@@ -27,8 +27,6 @@ holds (`ParallelGPT.shard_specs`), which drives tests, checkpoint consolidation 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -40,6 +38,7 @@ from autograd.nn import functional as F
 from autograd.nn.layers import GELU, Dropout
 from autograd.tensor import Tensor
 from dist.communicator import Communicator
+from dist.models.sharding import ShardSpec, consolidate
 from dist.pipeline.runner import PipelineParallel
 from dist.tensor_parallel.layers import (
     ColumnParallelLinear,
@@ -55,35 +54,6 @@ from dist.tensor_parallel.vocab import (
 from gpuplan.errors import InvalidProblem, describe
 
 _TIED_TAG = 7919  # pp-group tag of the tied-embedding gradient exchange
-
-
-@dataclass(frozen=True)
-class ShardSpec:
-    """A local parameter is ``np.take(dense[name], index, axis)``; ``index`` None = whole.
-
-    ``tensor_parallel``: the parameter is split over the TP group (its gradient norm is a
-    sum over TP ranks); replicated ones count once. ``duplicate``: a second copy of a dense
-    parameter held elsewhere too (the last stage's tied head), skipped when counting."""
-
-    name: str
-    axis: int = 0
-    index: tuple[int, ...] | None = None
-    tensor_parallel: bool = False
-    duplicate: bool = False
-
-    def take(self, dense: np.ndarray) -> np.ndarray:
-        return dense if self.index is None else np.take(dense, list(self.index), self.axis)
-
-    def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "axis": self.axis,
-                "index": None if self.index is None else list(self.index),
-                "tensor_parallel": self.tensor_parallel, "duplicate": self.duplicate}
-
-    @classmethod
-    def from_json(cls, d: dict[str, Any]) -> ShardSpec:
-        index = d.get("index")
-        return cls(d["name"], int(d.get("axis", 0)), None if index is None else tuple(index),
-                   bool(d.get("tensor_parallel")), bool(d.get("duplicate")))
 
 
 def _spec(p: Parameter, spec: ShardSpec) -> Parameter:
@@ -463,49 +433,6 @@ class ParallelGPT(Module):
         if parts is None:
             return None
         return consolidate(self.config, [x for part in parts for x in part])
-
-
-def consolidate(config: GPTConfig,
-                shards: Iterable[tuple[np.ndarray, dict[str, Any]]]) -> dict[str, np.ndarray]:
-    """Assemble the dense `nn.GPT` state dict from (array, ShardSpec JSON) pairs covering
-    every parameter; raises ValueError naming what is missing."""
-    shapes = _dense_shapes(config)
-    out: dict[str, np.ndarray] = {}
-    filled: dict[str, np.ndarray] = {}
-    for array, spec_json in shards:
-        spec = ShardSpec.from_json(spec_json)
-        if spec.name not in shapes:
-            raise ValueError(f"consolidate: unknown parameter {spec.name!r}")
-        if spec.name not in out:
-            out[spec.name] = np.zeros(shapes[spec.name], array.dtype)
-            filled[spec.name] = np.zeros(shapes[spec.name], bool)
-        index = [slice(None)] * array.ndim
-        if spec.index is not None:
-            index[spec.axis] = list(spec.index)
-        out[spec.name][tuple(index)] = array
-        filled[spec.name][tuple(index)] = True
-    missing = [n for n in shapes if n not in filled or not filled[n].all()]
-    if missing:
-        raise ValueError(f"consolidate: incomplete shards for {missing[:5]}"
-                         f"{' ...' if len(missing) > 5 else ''}")
-    return {n: out[n] for n in shapes}
-
-
-def _dense_shapes(config: GPTConfig) -> dict[str, tuple[int, ...]]:
-    """Parameter shapes of nn.GPT(config), without drawing its weights."""
-    import dataclasses
-
-    tiny = GPT(dataclasses.replace(config, n_layer=1))
-    shapes: dict[str, tuple[int, ...]] = {}
-    block = [(n[len("blocks.0."):], tuple(p.shape)) for n, p in tiny.named_parameters()
-             if n.startswith("blocks.0.")]
-    for name, p in tiny.named_parameters():
-        if name == "blocks.0." + block[0][0]:
-            for i in range(config.n_layer):
-                shapes.update((f"blocks.{i}.{leaf}", shape) for leaf, shape in block)
-        elif not name.startswith("blocks.0."):
-            shapes[name] = tuple(p.shape)
-    return shapes
 
 
 def _unbuilt() -> Module:  # pragma: no cover - never called: other ranks' stages
