@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -186,22 +187,30 @@ class Plan:
     def can_implement(self, args: Any) -> None:
         """Raise the right GpuPlanError if `args` does not fit this plan; return None if it does."""
         on_device = not self._stream.is_host
-        for f in dataclasses.fields(args):
-            a = getattr(args, f.name)
-            if a is None or not hasattr(a, "shape"):
+        for name in _field_names(type(args)):
+            a = getattr(args, name)
+            if a is None:
+                continue
+            if isinstance(a, np.ndarray):  # the host fast path: no CuPy question to ask
+                if on_device:
+                    self._raise_wrong_side(name, a, on_device)
+                continue
+            if not hasattr(a, "shape"):
                 continue
             if backend.is_device_array(a) != on_device:
-                where = "device (CuPy)" if on_device else "host (NumPy)"
-                given = "device (CuPy)" if backend.is_device_array(a) else "host (NumPy)"
-                raise InvalidProblem(
-                    describe(self.op, f.name, f"a {where} array to match the plan's stream", given)
-                )
+                self._raise_wrong_side(name, a, on_device)
             if on_device and a.device.id != self._stream.device_id:
                 raise InvalidProblem(
-                    describe(self.op, f.name, f"an array on device {self._stream.device_id}",
+                    describe(self.op, name, f"an array on device {self._stream.device_id}",
                              f"one on device {a.device.id}")
                 )
         self._check_args(args)
+
+    def _raise_wrong_side(self, name: str, a: Any, on_device: bool) -> None:
+        where = "device (CuPy)" if on_device else "host (NumPy)"
+        given = "device (CuPy)" if backend.is_device_array(a) else "host (NumPy)"
+        raise InvalidProblem(
+            describe(self.op, name, f"a {where} array to match the plan's stream", given))
 
     def _check_args(self, args: Any) -> None:
         raise NotImplementedError
@@ -264,29 +273,58 @@ def check_operand(
     contiguous: bool = True,
     alignment: int | None = None,
 ) -> None:
-    """Check one operand: present, dtype, size (BufferTooSmall), exact shape, layout, alignment."""
+    """Check one operand: present, dtype, size (BufferTooSmall), exact shape, layout, alignment.
+
+    Runs before every plan launch, so the common case (a NumPy or CuPy array of the right
+    dtype and shape) takes no NumPy calls beyond attribute reads.
+    """
     if a is None or not hasattr(a, "shape") or not hasattr(a, "dtype"):
         raise InvalidProblem(describe(op, name, "an array", type(a).__name__))
-    shape = tuple(int(s) for s in shape)
+    shape = _as_shape(shape)
     allowed = dtype if isinstance(dtype, (list, tuple)) else (dtype,)
-    if as_dtype(a.dtype) not in [as_dtype(x) for x in allowed]:
+    adt = a.dtype
+    if not any(adt is x for x in allowed) and as_dtype(adt) not in [as_dtype(x) for x in allowed]:
         names = " or ".join(short_name(x) for x in allowed)
-        raise Unsupported(describe(op, name, f"dtype {names}", short_name(a.dtype)))
-    need = int(np.prod(shape, dtype=np.int64))
-    if a.size < need:
-        raise BufferTooSmall(
-            describe(op, name, f"at least {need} elements (shape {shape})",
-                     f"{a.size} elements (shape {tuple(a.shape)})")
-        )
-    if tuple(a.shape) != shape:
-        raise InvalidProblem(describe(op, name, f"shape {shape}", f"shape {tuple(a.shape)}"))
+        raise Unsupported(describe(op, name, f"dtype {names}", short_name(adt)))
+    a_shape = tuple(a.shape)
+    if a_shape != shape:
+        need = math.prod(shape)
+        if a.size < need:
+            raise BufferTooSmall(
+                describe(op, name, f"at least {need} elements (shape {shape})",
+                         f"{a.size} elements (shape {a_shape})")
+            )
+        raise InvalidProblem(describe(op, name, f"shape {shape}", f"shape {a_shape}"))
     if contiguous and not a.flags.c_contiguous:
         raise InvalidProblem(describe(op, name, "a C-contiguous array", "a strided view"))
-    align = alignment or a.dtype.itemsize
-    ptr = a.data.ptr if backend.is_device_array(a) else a.ctypes.data
+    align = alignment or adt.itemsize
+    if isinstance(a, np.ndarray):
+        # flags.aligned: data and strides are multiples of the dtype's alignment.
+        if adt.alignment % align == 0 and a.flags.aligned:
+            return
+        ptr = a.ctypes.data
+    else:
+        ptr = a.data.ptr
     if a.size and ptr % align:
         raise MisalignedOperand(describe(op, name, f"an address aligned to {align} bytes",
                                          f"{ptr:#x}"))
+
+
+def _as_shape(shape: Sequence[int]) -> tuple[int, ...]:
+    if type(shape) is tuple and all(type(s) is int for s in shape):
+        return shape
+    return tuple(int(s) for s in shape)
+
+
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
+
+
+def _field_names(cls: type) -> tuple[str, ...]:
+    """Field names of a dataclass type (dataclasses.fields() rebuilds a tuple per call)."""
+    names = _FIELD_NAMES.get(cls)
+    if names is None:
+        names = _FIELD_NAMES[cls] = tuple(f.name for f in dataclasses.fields(cls))
+    return names
 
 
 def check_index_dtype(op: str, name: str, a: Any) -> np.dtype:

@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from gpuplan import backend
+from gpuplan import backend, host
 from gpuplan.errors import InvalidProblem, describe
 
 
@@ -24,6 +24,7 @@ class Stream:
     @classmethod
     def host(cls) -> Stream:
         if cls._HOST is None:
+            host.configure()
             cls._HOST = cls(None, None)
         return cls._HOST
 

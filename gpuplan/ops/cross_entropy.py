@@ -177,13 +177,15 @@ class CrossEntropyPlan(_CrossEntropyBase):
     def _run_numpy(self, stream: Stream, ws: Workspace, args: CrossEntropyArgs) -> None:
         d = self.desc
         acc = accumulator(d.dtype)
-        x = args.logits.astype(acc)
-        t = args.target.astype(np.int64)
+        x = args.logits.astype(acc, copy=False)
+        t = args.target.astype(np.int64, copy=False)
         ignored = t == d.ignore_index
         with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
             m = x.max(axis=1) if d.n else np.zeros(0, acc)
             m_safe = np.where(np.isfinite(m), m, 0).astype(acc)
-            lse = (m_safe + np.log(np.exp(x - m_safe[:, None]).sum(axis=1))).astype(acc)
+            shifted = x - m_safe[:, None]
+            np.exp(shifted, out=shifted)
+            lse = (m_safe + np.log(shifted.sum(axis=1))).astype(acc)
             xt = x[np.arange(d.n), np.where(ignored, 0, t)]
             e = acc.type(d.label_smoothing)
             loss = (acc.type(1) - e) * (lse - xt)
@@ -259,7 +261,7 @@ class CrossEntropyBackwardPlan(_CrossEntropyBase):
     def _run_numpy(self, stream: Stream, ws: Workspace, args: CrossEntropyBackwardArgs) -> None:
         d = self.desc
         acc = accumulator(d.dtype)
-        t = args.target.astype(np.int64)
+        t = args.target.astype(np.int64, copy=False)
         ignored = t == d.ignore_index
         g = args.dloss.astype(acc)
         if d.reduction == "none":
@@ -268,13 +270,17 @@ class CrossEntropyBackwardPlan(_CrossEntropyBase):
             # With no non-ignored row every gradient row is zeroed below: avoid 0 / 0.
             g = g / acc.type(max(1, np.count_nonzero(~ignored)))
         e = acc.type(d.label_smoothing)
-        grad = np.exp(args.logits.astype(acc) - args.lse.astype(acc)[:, None]) - e / acc.type(
-            d.vocab)
+        # grad = g * (softmax(logits) - (1 - e) * onehot(target) - e / vocab), 0 on ignored rows
+        grad = args.logits.astype(acc, copy=False) - args.lse.astype(acc, copy=False)[:, None]
+        np.exp(grad, out=grad)
+        if d.label_smoothing != 0.0:
+            grad -= e / acc.type(d.vocab)
         rows = np.nonzero(~ignored)[0]
         grad[rows, t[rows]] -= acc.type(1) - e
-        grad = (g * grad).astype(acc)
-        grad[ignored] = 0
-        args.dlogits[...] = grad.astype(d.dtype)
+        grad *= g
+        if rows.size < d.n:
+            grad[ignored] = 0
+        args.dlogits[...] = grad
 
     def _run_rowwise(self, stream: Stream, ws: Workspace, args: CrossEntropyBackwardArgs) -> None:
         d = self.desc

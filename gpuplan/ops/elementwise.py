@@ -9,12 +9,12 @@ binary_backward:  da = sum over broadcast dims of dc * dc/da (likewise db), redu
                   operand's shape in a fixed order (deterministic, no atomics).
 bias_add:         y[r, j] = x[r, j] + bias[j] for x [rows, n].
 cast:             y = x.astype(out_dtype) between f32, f64, f16, bf16, int32, int64.
-Math runs in f32 for f16/bf16 and in the dtype itself for f32/f64.
+Math runs in f32 for f16/bf16 and in the dtype itself for f32/f64 (the host GELU forms
+Phi(x) = (1 + erf(x / sqrt 2)) / 2 in float64, erf from gpuplan.host_math).
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +25,7 @@ from gpuplan.dtypes import FLOAT_DTYPES, accumulator, as_dtype, cuda_name, int32
 from gpuplan.dtypes import short_name as sn
 from gpuplan.errors import InvalidProblem, Unsupported, describe
 from gpuplan.execute import execute
+from gpuplan.host_math import erf, erf_float32
 from gpuplan.nvrtc import CudaModule, cdiv, launch
 from gpuplan.ops.reduction import launch_reduce, reduce_layout
 from gpuplan.plan import (
@@ -102,18 +103,22 @@ def _map_candidates(op: str, dtype: Any, on_device: bool, variant: str = "map") 
 # -- NumPy implementation (inputs already in the accumulator dtype) ------------------------
 
 
-_ERF_UFUNC = np.frompyfunc(math.erf, 1, 1)
-
-
-def erf(x: np.ndarray) -> np.ndarray:
-    """Elementwise erf in float64 (NumPy has none): the C library's erf through math.erf,
-    accurate to an ulp and several times faster than any series evaluated in NumPy."""
-    x = np.asarray(x, dtype=np.float64)
-    return _ERF_UFUNC(x).astype(np.float64) if x.size else x.copy()
-
-
 _SQRT_2_OVER_PI = 0.79788456080286535588
 _INV_SQRT_2PI = 0.39894228040143267794
+_SQRT_2 = np.float64(np.sqrt(2.0))
+_INV_SQRT_2 = 0.70710678118654752440
+
+
+def _normal_cdf(x: np.ndarray) -> np.ndarray:
+    """Phi(x) = (1 + erf(x / sqrt(2))) / 2 of an f32 or f64 array, as a fresh float64 array:
+    erf to float64 accuracy for f64, to float32 accuracy otherwise (see gpuplan.host_math)."""
+    if x.dtype == np.float64:
+        cdf = erf(x / _SQRT_2)
+    else:
+        cdf = erf_float32(x, scale=_INV_SQRT_2)
+    cdf += 1.0
+    cdf *= 0.5
+    return cdf
 
 
 def _host_unary(op: str, x: np.ndarray, alpha: float | None) -> np.ndarray:
@@ -122,7 +127,9 @@ def _host_unary(op: str, x: np.ndarray, alpha: float | None) -> np.ndarray:
         if op == "relu":
             return np.where(x > 0, x, t(0))
         if op == "gelu":
-            return t(0.5) * x * (t(1) + erf(x / np.sqrt(2.0)).astype(x.dtype))
+            y = _normal_cdf(x)
+            y *= x
+            return y
         if op == "gelu_tanh":
             return t(0.5) * x * (t(1) + np.tanh(t(_SQRT_2_OVER_PI) * (x + t(0.044715) * x**3)))
         if op == "silu":
@@ -143,8 +150,15 @@ def _host_unary_backward(op: str, x: np.ndarray, dy: np.ndarray,
         if op == "relu":
             return np.where(x > 0, dy, t(0))
         if op == "gelu":
-            cdf = t(0.5) * (t(1) + erf(x / np.sqrt(2.0)).astype(x.dtype))
-            return dy * (cdf + x * t(_INV_SQRT_2PI) * np.exp(t(-0.5) * x * x))
+            pdf = x * x
+            pdf *= t(-0.5)
+            np.exp(pdf, out=pdf)
+            pdf *= x
+            pdf *= t(_INV_SQRT_2PI)
+            grad = _normal_cdf(x)
+            grad += pdf
+            grad *= dy
+            return grad
         if op == "gelu_tanh":
             k, c = t(_SQRT_2_OVER_PI), t(0.044715)
             th = np.tanh(k * (x + c * x**3))
@@ -162,10 +176,13 @@ def _host_unary_backward(op: str, x: np.ndarray, dy: np.ndarray,
         return t(alpha) * dy
 
 
-def _host_binary(op: str, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+_BINARY_UFUNCS = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide}
+
+
+def _host_binary(op: str, a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None
+                 ) -> np.ndarray:
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        return {"add": np.add, "sub": np.subtract, "mul": np.multiply,
-                "div": np.divide}[op](a, b)
+        return _BINARY_UFUNCS[op](a, b, out=out)
 
 
 def _host_binary_grad(op: str, which: int, a: Any, b: Any, dc: np.ndarray) -> np.ndarray:
@@ -232,7 +249,7 @@ class UnaryPlan(Plan):
 
     def _run_numpy(self, stream: Stream, ws: Workspace, args: UnaryArgs) -> None:
         d = self.desc
-        args.y[...] = _host_unary(d.op, args.x.astype(accumulator(d.dtype)), d.alpha)
+        args.y[...] = _host_unary(d.op, args.x.astype(accumulator(d.dtype), copy=False), d.alpha)
 
     def _run_map(self, stream: Stream, ws: Workspace, args: UnaryArgs) -> None:
         d = self.desc
@@ -288,8 +305,8 @@ class UnaryBackwardPlan(Plan):
     def _run_numpy(self, stream: Stream, ws: Workspace, args: UnaryBackwardArgs) -> None:
         d = self.desc
         acc = accumulator(d.dtype)
-        args.dx[...] = _host_unary_backward(d.op, args.x.astype(acc), args.dy.astype(acc),
-                                           d.alpha)
+        args.dx[...] = _host_unary_backward(d.op, args.x.astype(acc, copy=False),
+                                           args.dy.astype(acc, copy=False), d.alpha)
 
     def _run_map(self, stream: Stream, ws: Workspace, args: UnaryBackwardArgs) -> None:
         d = self.desc
@@ -408,7 +425,11 @@ class BinaryPlan(Plan):
 
     def _run_numpy(self, stream: Stream, ws: Workspace, args: BinaryArgs) -> None:
         acc = accumulator(self.desc.dtype)
-        args.c[...] = _host_binary(self.desc.op, args.a.astype(acc), args.b.astype(acc))
+        a, b = args.a.astype(acc, copy=False), args.b.astype(acc, copy=False)
+        if acc == args.c.dtype:
+            _host_binary(self.desc.op, a, b, out=args.c)
+        else:
+            args.c[...] = _host_binary(self.desc.op, a, b)
 
     def _run_contiguous(self, stream: Stream, ws: Workspace, args: BinaryArgs) -> None:
         d = self.desc
@@ -513,15 +534,18 @@ class BinaryBackwardPlan(Plan):
     def _run_numpy(self, stream: Stream, ws: Workspace, args: BinaryBackwardArgs) -> None:
         d = self.desc
         acc = accumulator(d.dtype)
-        a = None if args.a is None else args.a.astype(acc)
-        b = None if args.b is None else args.b.astype(acc)
+        a = None if args.a is None else args.a.astype(acc, copy=False)
+        b = None if args.b is None else args.b.astype(acc, copy=False)
+        dc = args.dc.astype(acc, copy=False)
         out = d.out_shape()
         for which, target, dst in ((0, d.a_shape, args.da), (1, d.b_shape, args.db)):
             if dst is None:
                 continue
-            g = np.broadcast_to(_host_binary_grad(d.op, which, a, b, args.dc.astype(acc)), out)
+            g = np.broadcast_to(_host_binary_grad(d.op, which, a, b, dc), out)
             axes = tuple(sorted(_reduced_axes(out, target)))
-            dst[...] = np.sum(g, axis=axes, dtype=acc).reshape(tuple(target)).astype(d.dtype)
+            if axes:
+                g = np.sum(g, axis=axes, dtype=acc)
+            dst[...] = g.reshape(tuple(target))
 
     def _run_reduce(self, stream: Stream, ws: Workspace, args: BinaryBackwardArgs) -> None:
         d = self.desc
@@ -598,7 +622,11 @@ class BiasAddPlan(Plan):
 
     def _run_numpy(self, stream: Stream, ws: Workspace, args: BiasAddArgs) -> None:
         acc = accumulator(self.desc.dtype)
-        args.y[...] = args.x.astype(acc) + args.bias.astype(acc)
+        x, bias = args.x.astype(acc, copy=False), args.bias.astype(acc, copy=False)
+        if acc == args.y.dtype:
+            np.add(x, bias, out=args.y)
+        else:
+            args.y[...] = x + bias
 
     def _run_map(self, stream: Stream, ws: Workspace, args: BiasAddArgs) -> None:
         d = self.desc

@@ -196,19 +196,31 @@ class GemmPlan(Plan):
     def _run_numpy(self, stream: Stream, ws: Workspace, args: GemmArgs) -> None:
         d = self.desc
         acc = accumulator(d.dtype)
-        a = args.a.astype(acc)
-        b = args.b.astype(acc)
-        # Batched np.matmul falls back to a slow non-BLAS loop on swapped-axes views: copy.
+        a = args.a.astype(acc, copy=False)
+        b = args.b.astype(acc, copy=False)
+        # Transposed operands go to BLAS as swapped-axes views (a transpose flag), except a
+        # batched B: per-entry sgemm with a transposed B measured slower than copying it.
         if d.trans_a:
-            a = np.ascontiguousarray(np.swapaxes(a, -1, -2))
+            a = np.swapaxes(a, -1, -2)
         if d.trans_b:
-            b = np.ascontiguousarray(np.swapaxes(b, -1, -2))
-        v = acc.type(d.alpha) * np.matmul(a, b)
+            b = np.swapaxes(b, -1, -2)
+            b = np.ascontiguousarray(b) if b.ndim > 2 else b
+        if d.beta == 0 and acc == args.c.dtype:
+            # f32/f64: BLAS writes C directly; the same roundings as below, no temporaries.
+            c = np.matmul(a, b, out=args.c)
+            if d.alpha != 1:
+                c *= acc.type(d.alpha)
+            if d.has_bias:
+                c += args.bias
+            return
+        v = np.matmul(a, b)
+        if d.alpha != 1:
+            v *= acc.type(d.alpha)
         if d.beta != 0:
             v += acc.type(d.beta) * args.c.astype(acc)
         if d.has_bias:
-            v += args.bias.astype(acc)
-        args.c[...] = v.astype(d.dtype)
+            v += args.bias.astype(acc, copy=False)
+        args.c[...] = v
 
     # -- cuBLAS -------------------------------------------------------------------------
     def _run_cublas(self, stream: Stream, ws: Workspace, args: GemmArgs) -> None:

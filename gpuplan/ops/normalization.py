@@ -93,15 +93,27 @@ def _device_candidate(dtype: Any, dim: int, workspace: int = 0) -> Candidate:
                      short_name(accumulator(d)), workspace)
 
 
-def _stats(x: np.ndarray, rms: bool, eps: float) -> tuple[np.ndarray, np.ndarray]:
-    """Host statistics in the accumulator dtype: (mean, rstd) of each row of x [R, D]."""
-    a = x.astype(accumulator(x.dtype))
-    dim = a.shape[1]
-    inv = a.dtype.type(1.0 / dim if dim else 0.0)
-    mean = np.zeros(a.shape[0], a.dtype) if rms else a.sum(axis=1) * inv
-    c = a - mean[:, None]
-    rstd = a.dtype.type(1) / np.sqrt((c * c).sum(axis=1) * inv + a.dtype.type(eps))
-    return mean, rstd
+def _stats(x: np.ndarray, rms: bool, eps: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Host statistics in the accumulator dtype of each row of x [R, D]: (mean, rstd, the
+    centred rows x - mean as a fresh array); mean is zeros for RMSNorm."""
+    acc = accumulator(x.dtype)
+    dim = x.shape[1]
+    inv = acc.type(1.0 / dim if dim else 0.0)
+    if rms:
+        mean = np.zeros(x.shape[0], acc)
+        c = x.astype(acc)  # x - 0, exactly
+    else:
+        a = x.astype(acc, copy=False)
+        mean = a.sum(axis=1)
+        mean *= inv
+        c = a - mean[:, None]
+    sq = np.square(c)
+    rstd = sq.sum(axis=1)
+    rstd *= inv
+    rstd += acc.type(eps)
+    np.sqrt(rstd, out=rstd)
+    np.divide(acc.type(1), rstd, out=rstd)
+    return mean, rstd, c
 
 
 # -- forward ------------------------------------------------------------------------------
@@ -187,14 +199,14 @@ class _NormForwardPlan(Plan):
         return self.desc.rows == 0
 
     def _run_numpy(self, stream: Stream, ws: Workspace, args: Any) -> None:
-        mean, rstd = _stats(args.x, self.rms, self.desc.eps)
+        mean, rstd, y = _stats(args.x, self.rms, self.desc.eps)
         acc = mean.dtype
-        y = (args.x.astype(acc) - mean[:, None]) * rstd[:, None]
+        y *= rstd[:, None]
         if args.weight is not None:
-            y *= args.weight.astype(acc)
+            y *= args.weight.astype(acc, copy=False)
         if getattr(args, "bias", None) is not None:
-            y += args.bias.astype(acc)
-        args.y[...] = y.astype(args.y.dtype)
+            y += args.bias.astype(acc, copy=False)
+        args.y[...] = y
         if not self.rms:
             args.mean[...] = mean
         args.rstd[...] = rstd
@@ -317,18 +329,35 @@ class _NormBackwardPlan(Plan):
     def _run_numpy(self, stream: Stream, ws: Workspace, args: Any) -> None:
         d = self.desc
         acc = accumulator(d.dtype)
-        dy = args.dy.astype(acc)
-        mean = np.zeros(d.rows, acc) if self.rms else args.mean.astype(acc)
-        xhat = (args.x.astype(acc) - mean[:, None]) * args.rstd.astype(acc)[:, None]
-        g = dy * args.weight.astype(acc) if args.weight is not None else dy
+        # dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), g = dy * weight (mean(g) = 0
+        # for RMSNorm); dweight = sum over rows of dy * xhat; dbias = sum over rows of dy.
+        dy = args.dy.astype(acc, copy=False)
+        rstd = args.rstd.astype(acc, copy=False)[:, None]
+        x = args.x.astype(acc, copy=False)
+        xhat = x * rstd if self.rms else (x - args.mean.astype(acc, copy=False)[:, None])
+        if not self.rms:
+            xhat *= rstd
+        g = dy * args.weight.astype(acc, copy=False) if args.weight is not None else dy
         inv = acc.type(1.0 / d.dim)
-        proj = (g * xhat).sum(axis=1, keepdims=True) * inv
-        centred = g if self.rms else g - g.sum(axis=1, keepdims=True) * inv
-        args.dx[...] = (args.rstd.astype(acc)[:, None] * (centred - xhat * proj)).astype(d.dtype)
+        t = g * xhat
+        proj = t.sum(axis=1, keepdims=True)
+        proj *= inv
         if args.dweight is not None:
-            args.dweight[...] = (dy * xhat).sum(axis=0).astype(d.dtype)
+            if g is not dy:
+                np.multiply(dy, xhat, out=t)
+            args.dweight[...] = t.sum(axis=0)
+        if self.rms:
+            centred = g.copy() if g is dy else g
+        else:
+            mean_g = g.sum(axis=1, keepdims=True)
+            mean_g *= inv
+            centred = g - mean_g
+        xhat *= proj
+        centred -= xhat
+        centred *= rstd
+        args.dx[...] = centred
         if self._has_bias():
-            args.dbias[...] = dy.sum(axis=0).astype(d.dtype)
+            args.dbias[...] = dy.sum(axis=0)
 
     def _run_device(self, stream: Stream, ws: Workspace, args: Any) -> None:
         d = self.desc

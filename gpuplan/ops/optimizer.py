@@ -191,10 +191,23 @@ def _adamw_scalars(op: str, args: Any, dtype: np.dtype) -> tuple:
 
 def _adamw_numpy(p: Any, g: Any, m: Any, v: Any, lowp: Any, s: tuple) -> None:
     decay, b1, omb1, b2, omb2, step_size, inv_sqrt_bc2, eps = s
-    gp_ = g.astype(p.dtype)
-    m[...] = b1 * m + omb1 * gp_
-    v[...] = b2 * v + omb2 * (gp_ * gp_)
-    p[...] = p * decay - step_size * (m / (np.sqrt(v) * inv_sqrt_bc2 + eps))
+    # In place, rounding exactly like the expressions in the comments (no temporaries
+    # beyond two scratch arrays).
+    g = g.astype(p.dtype, copy=False)
+    t = np.multiply(g, omb1)
+    m *= b1
+    m += t                        # m = b1 * m + (1 - b1) * g
+    np.multiply(g, g, out=t)
+    t *= omb2
+    v *= b2
+    v += t                        # v = b2 * v + (1 - b2) * g * g
+    den = np.sqrt(v)
+    den *= inv_sqrt_bc2
+    den += eps
+    np.divide(m, den, out=t)
+    t *= step_size
+    p *= decay
+    p -= t                        # p = p * decay - step_size * (m / (sqrt(v) / sqrt(bc2) + eps))
     if lowp is not None:
         lowp[...] = p.astype(lowp.dtype)
 

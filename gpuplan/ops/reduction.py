@@ -319,7 +319,7 @@ class ReducePlan(Plan):
     def _run_numpy(self, stream: Stream, ws: Workspace, args: ReduceArgs) -> None:
         d = self.desc
         acc = accumulator(d.dtype)
-        xa = args.x.astype(acc)
+        xa = args.x.astype(acc, copy=False)
         axes = d.reduced_axes()
         if d.op == "max":
             r = np.max(xa, axis=axes, keepdims=d.keepdims)
@@ -427,7 +427,7 @@ class GlobalNormPlan(Plan):
         acc = self.desc.out_dtype()
         total = acc.type(0)
         for a in args.arrays:
-            v = np.ravel(a).astype(acc)
+            v = np.ravel(a).astype(acc, copy=False)
             total = total + np.dot(v, v)
         args.out[...] = np.sqrt(total)
 

@@ -132,23 +132,42 @@ class SoftmaxPlan(Plan):
         i = np.arange(d.rows, dtype=np.int64) % d.q_len
         return np.clip(i + (d.dim - d.q_len) + 1, 0, d.dim)
 
+    def _host_mask(self) -> np.ndarray | None:
+        """[q_len, dim] bool, True where causally masked (the same for every q_len rows;
+        built once per plan), or None."""
+        d = self.desc
+        mask = getattr(self, "_mask", None)
+        if mask is None and d.causal:
+            valid = self._valid_counts()[:d.q_len]
+            mask = self._mask = np.arange(d.dim)[None, :] >= valid[:, None]
+        return mask
+
     def _run_numpy(self, stream: Stream, ws: Workspace, args: SoftmaxArgs) -> None:
         d = self.desc
         acc = accumulator(d.dtype)
-        z = args.x.astype(acc) * acc.type(d.scale)
-        valid = self._valid_counts()
-        masked = None if valid is None else np.arange(d.dim)[None, :] >= valid[:, None]
-        if masked is not None:
-            z = np.where(masked, -np.inf, z).astype(acc)
+        # A private copy (scaled on the way), updated in place below.
+        z = args.x.astype(acc) if d.scale == 1 else np.multiply(args.x, acc.type(d.scale),
+                                                                 dtype=acc)
+        masked = self._host_mask()
+        if masked is not None:  # z3 views z as [rows / q_len, q_len, dim]
+            z3 = z.reshape(-1, d.q_len, d.dim)
+            np.copyto(z3, -np.inf, where=masked)
         with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
             m = z.max(axis=1, keepdims=True)
-            m = np.where(np.isneginf(m), 0, m).astype(acc)  # fully masked rows
-            e = np.exp(z - m)
-            s = e.sum(axis=1, keepdims=True)
-            y = z - m - np.log(s) if self.log else e / s
-        if masked is not None:
-            y[masked] = -np.inf if self.log else 0
-        args.y[...] = y.astype(d.dtype)
+            m[np.isneginf(m)] = 0  # fully masked rows
+            z -= m
+            if self.log:
+                s = np.exp(z).sum(axis=1, keepdims=True)
+                z -= np.log(s)
+            else:
+                np.exp(z, out=z)
+                s = z.sum(axis=1, keepdims=True)
+                z /= s
+        # With every row max finite and every sum > 0, masked entries already hold exactly
+        # exp(-inf) / s = 0 (log: -inf); only rows of NaN or all -inf need the mask again.
+        if masked is not None and not np.all(s > 0):
+            np.copyto(z3, -np.inf if self.log else 0, where=masked)
+        args.y[...] = z
 
     def _run_warp_row(self, stream: Stream, ws: Workspace, args: SoftmaxArgs) -> None:
         d = self.desc
@@ -215,12 +234,19 @@ class SoftmaxBackwardPlan(Plan):
     def _run_numpy(self, stream: Stream, ws: Workspace, args: SoftmaxBackwardArgs) -> None:
         d = self.desc
         acc = accumulator(d.dtype)
-        y, dy, sc = args.y.astype(acc), args.dy.astype(acc), acc.type(d.scale)
+        y, dy = args.y.astype(acc, copy=False), args.dy.astype(acc, copy=False)
         if self.log:
-            dx = sc * (dy - np.exp(y) * dy.sum(axis=1, keepdims=True))
+            dx = np.exp(y)
+            dx *= dy.sum(axis=1, keepdims=True)
+            np.subtract(dy, dx, out=dx)
         else:
-            dx = sc * y * (dy - (dy * y).sum(axis=1, keepdims=True))
-        args.dx[...] = dx.astype(d.dtype)
+            dx = dy * y
+            s = dx.sum(axis=1, keepdims=True)
+            np.subtract(dy, s, out=dx)
+            dx *= y
+        if d.scale != 1:
+            dx *= acc.type(d.scale)
+        args.dx[...] = dx
 
     def _run_warp_row(self, stream: Stream, ws: Workspace, args: SoftmaxBackwardArgs) -> None:
         d = self.desc

@@ -107,6 +107,7 @@ def test_tp2_pp2_run_matches_one_process_and_resumes_exactly(tmp_path):
     # Resume, with dropout so that the RNG state must come back too.
     drop = [*TINY, *steps, "--dropout", "0.1", "--out"]
     ref = run(4, *drop, str(tmp_path / "drop"))
+    assert ref.returncode == 0, ref.stderr
     part = run(4, *drop, str(tmp_path / "resumed"), "--stop-after", "3")
     assert part.returncode == 0 and "stopped after step 3" in part.stdout, part.stderr
     rest = run(4, *drop, str(tmp_path / "resumed"), "--resume")

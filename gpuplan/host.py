@@ -1,0 +1,142 @@
+"""Process settings of the NumPy host backend: the allocator and the BLAS thread pool.
+
+`configure()` runs once, when the host stream is first used (`Stream.host()`):
+
+- allocator: glibc serves large blocks (from 128 KiB, a threshold that only adapts as
+  mmapped blocks are freed) with fresh mmap pages and trims the heap top after frees, so a
+  training step that allocates and frees the same few-MB temporaries in every op pays a
+  page fault per 4 KiB page, again and again (a quarter of a small-GPT CPU step on a VM).
+  `tune_allocator()` raises both thresholds so that memory stays warm.
+- BLAS threads: the host GEMM is NumPy's BLAS (OpenBLAS in NumPy's wheels), whose threads
+  spin while they wait for work. Several MPI ranks on one machine, each with a pool as large
+  as the machine, oversubscribe the cores and the spinning threads starve the ranks: on two
+  cores, four ranks ran a small-GPT step 18x slower than with one thread each.
+  `limit_blas_threads()` gives each local rank cores // local ranks threads (at least one)
+  when an MPI launcher says how many ranks share the node (MPICH/Hydra's MPI_LOCALNRANKS,
+  Open MPI's OMPI_COMM_WORLD_LOCAL_SIZE).
+
+Environment: GPUPLAN_HOST_MALLOC=default leaves the allocator alone; GPUPLAN_HOST_THREADS=N
+sets the BLAS pool to N threads; an explicit OPENBLAS_NUM_THREADS or OMP_NUM_THREADS is
+respected (no automatic limit).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+
+#: glibc mallopt() parameters (malloc.h).
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+#: The largest mmap threshold glibc accepts on 64-bit (DEFAULT_MMAP_THRESHOLD_MAX).
+_MMAP_THRESHOLD = 32 << 20
+_TRIM_THRESHOLD = 512 << 20
+#: Thread-pool entry points of OpenBLAS builds (plain, 64-bit interface, NumPy's wheels).
+_SET_THREADS = ("openblas_set_num_threads", "openblas_set_num_threads64_",
+                "scipy_openblas_set_num_threads64_", "scipy_openblas_set_num_threads")
+_GET_THREADS = ("openblas_get_num_threads", "openblas_get_num_threads64_",
+                "scipy_openblas_get_num_threads64_", "scipy_openblas_get_num_threads")
+#: Launcher variables giving the number of ranks on this node.
+_LOCAL_SIZE_VARS = ("MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE")
+
+
+def configure() -> None:
+    """Apply the host settings (idempotent; see the module docstring)."""
+    tune_allocator()
+    limit_blas_threads()
+
+
+@functools.lru_cache(maxsize=1)
+def tune_allocator() -> bool:
+    """Raise glibc's mmap and trim thresholds so freed NumPy buffers are reused from the heap.
+    Returns whether they were changed (False with GPUPLAN_HOST_MALLOC=default or off glibc)."""
+    if os.environ.get("GPUPLAN_HOST_MALLOC", "").lower() == "default":
+        return False
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError, TypeError):  # no mallopt (macOS, Windows): nothing to do
+        return False
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    return bool(mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD)
+                and mallopt(_M_TRIM_THRESHOLD, _TRIM_THRESHOLD))
+
+
+@functools.lru_cache(maxsize=1)
+def limit_blas_threads() -> int | None:
+    """Apply the BLAS thread policy once; returns the thread count set, or None if untouched."""
+    env = os.environ
+    if env.get("GPUPLAN_HOST_THREADS"):
+        try:
+            want = int(env["GPUPLAN_HOST_THREADS"])
+        except ValueError:
+            raise ValueError("GPUPLAN_HOST_THREADS: expected a thread count, given "
+                             f"{env['GPUPLAN_HOST_THREADS']!r}") from None
+    elif env.get("OPENBLAS_NUM_THREADS") or env.get("OMP_NUM_THREADS"):
+        return None
+    else:
+        local = max((int(env.get(v) or 0) for v in _LOCAL_SIZE_VARS), default=0)
+        if local <= 1:
+            return None
+        want = max(1, _usable_cores() // local)
+        current = blas_threads()
+        if current is not None and current <= want:
+            return None
+    return want if set_blas_threads(want) else None
+
+
+def _usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def set_blas_threads(n: int) -> bool:
+    """Size the thread pool of every OpenBLAS loaded in this process; False if there is none
+    (another BLAS, or not Linux)."""
+    if n < 1:
+        raise ValueError(f"set_blas_threads: expected n >= 1, given {n}")
+    done = False
+    for fn in _entry_points(_SET_THREADS):
+        fn.argtypes, fn.restype = [ctypes.c_int], None
+        fn(int(n))
+        done = True
+    return done
+
+
+def blas_threads() -> int | None:
+    """Threads of the (first) OpenBLAS loaded in this process, or None if there is none."""
+    for fn in _entry_points(_GET_THREADS):
+        fn.argtypes, fn.restype = [], ctypes.c_int
+        return int(fn())
+    return None
+
+
+def _entry_points(names: tuple[str, ...]) -> list:
+    """The first of `names` each loaded OpenBLAS library exports."""
+    found = []
+    for lib in _openblas_libraries():
+        for name in names:
+            fn = getattr(lib, name, None)
+            if fn is not None:
+                found.append(fn)
+                break
+    return found
+
+
+@functools.lru_cache(maxsize=1)
+def _openblas_libraries() -> tuple:
+    """OpenBLAS shared libraries mapped into this process (NumPy loads its own privately, so
+    it is found by path in /proc/self/maps, then opened again: the same handle)."""
+    try:
+        with open("/proc/self/maps") as f:
+            paths = {line.split()[-1] for line in f if "openblas" in line.lower()}
+    except OSError:
+        return ()
+    libs = []
+    for path in sorted(p for p in paths if p.startswith("/") and ".so" in p):
+        try:
+            libs.append(ctypes.CDLL(path))
+        except OSError:
+            continue
+    return tuple(libs)
