@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -191,11 +192,12 @@ class Trainer:
     def resume(self) -> None:
         import dist
 
-        meta = dist.load_checkpoint(self.ckpt, self.model, comm=self.world, optimizer=self.opt)
-        saved = meta["layout"]
+        info = self.ckpt / "run.json"
+        saved = json.loads(info.read_text())["layout"] if info.exists() else None
         if saved != [self.ns.dp, self.ns.pp, self.ns.tp]:
-            raise ValueError(f"--resume: checkpoint layout dp,pp,tp={saved}, this run "
-                             f"{[self.ns.dp, self.ns.pp, self.ns.tp]}")
+            raise ValueError(f"the checkpoint's layout dp,pp,tp={saved} differs from this "
+                             f"run's {[self.ns.dp, self.ns.pp, self.ns.tp]}")
+        meta = dist.load_checkpoint(self.ckpt, self.model, comm=self.world, optimizer=self.opt)
         self.sched.load_state_dict(meta["scheduler"])
         self.start, self.history = int(meta["step"]), list(meta["history"])
 
@@ -208,6 +210,11 @@ class Trainer:
                                        "history": self.history, "args": vars(self.ns),
                                        "layout": [self.ns.dp, self.ns.pp, self.ns.tp],
                                        "config": _config_json(self.cfg), "specs": specs})
+        if self.world.rank == 0:  # read first by --resume; written after every shard exists
+            tmp = self.ckpt / "run.json.tmp"
+            tmp.write_text(json.dumps({"step": step, "layout": [self.ns.dp, self.ns.pp,
+                                                                 self.ns.tp]}))
+            os.replace(tmp, self.ckpt / "run.json")
 
     def evaluate(self) -> float:
         losses = [self.model.evaluate(*global_batch(self.corpus.val, self.ns,
@@ -219,7 +226,17 @@ class Trainer:
     def run(self) -> int:
         ns, rank = self.ns, self.world.rank
         if ns.resume:
-            self.resume()
+            error = None
+            try:
+                self.resume()
+            except (ValueError, KeyError, OSError) as exc:
+                error = str(exc).strip("'\"").splitlines()[0]
+            errors = [e for e in self.world.all_gather_object(error) if e]
+            if errors:  # on any rank: every rank stops, rank 0 says why
+                if rank == 0:
+                    print(f"train.py: error: --resume: {errors[0]}", file=sys.stderr,
+                          flush=True)
+                return 2
         bar = ns.progress == "bar" or (ns.progress == "auto" and rank == 0
                                        and progress_mod.stdout_is_terminal())
         prog = progress_mod.Progress(ns.steps, self.start, bar and rank == 0)

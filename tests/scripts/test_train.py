@@ -118,6 +118,11 @@ def test_tp2_pp2_run_matches_one_process_and_resumes_exactly(tmp_path):
         [(h["step"], h["train_loss"], h["val_loss"]) for h in h_ref]  # bitwise
     assert h_ref[-1]["train_loss"] != h_full[-1]["train_loss"]  # dropout acted
 
+    other = run(4, *drop, str(tmp_path / "resumed"), "--resume", "--dp", "2", "--pp", "1")
+    errors = [line for line in other.stderr.splitlines() if "error" in line]
+    assert other.returncode != 0 and len(errors) == 1, other.stderr
+    assert "layout" in errors[0]
+
     gen = subprocess.run([sys.executable, str(ROOT / "scripts" / "generate.py"),
                           "--checkpoint", str(tmp_path / "full" / "checkpoint"),
                           "--tokens", "8", "--seed", "1"], capture_output=True, text=True,
