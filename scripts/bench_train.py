@@ -24,7 +24,7 @@ Model FLOPs per token (PaLM, appendix B, as in nanoGPT's MFU estimate):
   6 N + 12 L T C, N = parameters without the position embedding (the tied token embedding
   is counted once: it is the LM head's GEMM), L layers, T sequence length, C width.
   The attention term counts the full T x T scores although causal attention needs half.
-MFU = model FLOPs/s / peak dense FLOP/s of the device (PEAK_TFLOPS; bf16 for bf16, plain
+MFU = model FLOPs/s / peak dense FLOP/s of the device (progress.PEAK_TFLOPS; bf16 for bf16, plain
 f32, not TF32, for f32 since neither side uses TF32). On the host no MFU is given.
 
 Peak memory on GPU: ours = the largest number of bytes in use in CuPy's memory pool during
@@ -39,8 +39,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import os
-import platform
 import subprocess
 import sys
 import time
@@ -53,6 +51,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from progress import device_name, flops_per_token, peak_tflops  # noqa: E402
+
 import gpuplan as gp  # noqa: E402
 from autograd import nn, optim  # noqa: E402
 
@@ -63,16 +63,6 @@ MODELS: dict[str, dict[str, int]] = {
 }
 DEFAULT_BATCH = {"gpt2": 8, "small": 8, "tiny": 4}
 
-# Dense peak TFLOP/s (no sparsity) by device-name fragment, most specific first:
-# (bf16 tensor core, f32 without tensor cores). NVIDIA data sheets.
-PEAK_TFLOPS: list[tuple[str, float, float]] = [
-    ("H100 PCIe", 756.0, 51.2),
-    ("H100 NVL", 835.0, 60.0),
-    ("H100", 989.4, 66.9),   # SXM5
-    ("H200 NVL", 835.0, 60.0),
-    ("H200", 989.4, 66.9),   # SXM, same compute as H100 SXM
-    ("A100", 312.0, 19.5),
-]
 LR, BETAS, WEIGHT_DECAY, MAX_NORM = 3e-4, (0.9, 0.95), 0.1, 1.0
 
 
@@ -88,36 +78,6 @@ def git_commit() -> str:
         return head + ("+dirty" if dirty.strip() else "")
     except (OSError, subprocess.SubprocessError):
         return "unknown"
-
-
-def device_name(device: str) -> str:
-    if device == "cuda":
-        cp = gp.backend.cupy_module()
-        props = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)
-        name = props["name"]
-        return name.decode() if isinstance(name, bytes) else str(name)
-    model = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    model = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    return f"{model}, {os.cpu_count()} logical cores"
-
-
-def peak_tflops(name: str, dtype: str) -> float | None:
-    for fragment, bf16, f32 in PEAK_TFLOPS:
-        if fragment in name:
-            return bf16 if dtype == "bf16" else f32
-    return None
-
-
-def flops_per_token(cfg: nn.GPTConfig, n_params: int, seq: int) -> float:
-    n = n_params - cfg.block_size * cfg.n_embd  # without the position embedding
-    return 6.0 * n + 12.0 * cfg.n_layer * seq * cfg.n_embd
 
 
 # -- timing ---------------------------------------------------------------------------------

@@ -3,17 +3,22 @@
 from __future__ import annotations
 
 import os
+import platform
 import sys
 import time
 from pathlib import Path
 
-# Dense peak FLOP/s per GPU (no sparsity), by the compute dtype the step runs in. f32 GEMMs
-# here go through cuBLAS in pedantic (non-TF32) mode, so f32 uses the plain FP32 peak.
-PEAK_FLOPS = {
-    "H200": {"bf16": 989e12, "f32": 67e12},
-    "H100": {"bf16": 989e12, "f32": 67e12},  # SXM; PCIe parts are lower (756 / 51 TF)
-    "A100": {"bf16": 312e12, "f32": 19.5e12},
-}
+# Dense peak TFLOP/s (no sparsity) by device-name fragment, most specific first:
+# (bf16 tensor core, f32 without tensor cores; f32 GEMMs here run cuBLAS in pedantic,
+# non-TF32 mode). NVIDIA data sheets.
+PEAK_TFLOPS: list[tuple[str, float, float]] = [
+    ("H100 PCIe", 756.0, 51.2),
+    ("H100 NVL", 835.0, 60.0),
+    ("H100", 989.4, 66.9),   # SXM5
+    ("H200 NVL", 835.0, 60.0),
+    ("H200", 989.4, 66.9),   # SXM, same compute as H100 SXM
+    ("A100", 312.0, 19.5),
+]
 _LAUNCHERS = ("mpiexec", "mpirun", "mpiexec.hydra", "hydra_pmi_proxy", "orterun", "prterun",
               "prted", "srun")
 
@@ -43,27 +48,39 @@ def stdout_is_terminal() -> bool:
     return False
 
 
-def flops_per_token(n_params: int, n_layer: int, block_size: int, n_embd: int) -> float:
-    """Training FLOPs per token: 6 N for the weights (forward 2N, backward 4N) plus
-    12 L T C for attention scores and values (PaLM appendix B's estimate)."""
-    return 6.0 * n_params + 12.0 * n_layer * block_size * n_embd
+def flops_per_token(cfg, n_params: int, seq: int) -> float:
+    """Training FLOPs per token (PaLM appendix B): 6 N for the weights (forward 2N, backward
+    4N; N without the position embedding) plus 12 L T C for attention scores and values."""
+    n = n_params - cfg.block_size * cfg.n_embd
+    return 6.0 * n + 12.0 * cfg.n_layer * seq * cfg.n_embd
 
 
-def peak_flops(device_name: str, dtype: str) -> float | None:
-    for key, table in PEAK_FLOPS.items():
-        if key in device_name:
-            return table.get(dtype)
+def peak_tflops(name: str, dtype: str) -> float | None:
+    """Dense peak TFLOP/s of the device called `name` for "bf16" or "f32"; None if unknown."""
+    for fragment, bf16, f32 in PEAK_TFLOPS:
+        if fragment in name:
+            return bf16 if dtype == "bf16" else f32
     return None
 
 
 def device_name(device: str) -> str:
-    if device != "cuda":
-        return "cpu"
-    import cupy
+    """The GPU's name for "cuda"; the CPU model and core count otherwise."""
+    if device == "cuda":
+        import cupy
 
-    props = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)
-    name = props["name"]
-    return name.decode() if isinstance(name, bytes) else str(name)
+        props = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)
+        name = props["name"]
+        return name.decode() if isinstance(name, bytes) else str(name)
+    model = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    model = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return f"{model}, {os.cpu_count()} logical cores"
 
 
 def memory_mib(device: str) -> float:

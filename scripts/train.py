@@ -161,6 +161,7 @@ class Trainer:
         import gpuplan as gp
         from autograd import nn, optim
         from dist.models import ParallelGPT
+        from dist.models.sharding import dense_shapes
 
         self.ns, self.world, self.corpus = ns, world, corpus
         self.mesh = dist.ProcessMesh(dp=ns.dp, pp=ns.pp, tp=ns.tp, world=world)
@@ -181,12 +182,11 @@ class Trainer:
         self.ckpt = self.out / "checkpoint"
         self.history: list[dict] = []
         self.start = 0
-        self.n_params = _dense_param_count(self.cfg)
-        self.flops_token = progress_mod.flops_per_token(self.n_params, ns.n_layer,
-                                                        ns.block_size, ns.n_embd)
+        self.n_params = sum(int(np.prod(shape)) for shape in dense_shapes(self.cfg).values())
+        self.flops_token = progress_mod.flops_per_token(self.cfg, self.n_params, ns.block_size)
         name = progress_mod.device_name(self.device)
-        peak = progress_mod.peak_flops(name, ns.dtype) if self.device == "cuda" else None
-        self.peak = None if peak is None else peak * world.size
+        peak = progress_mod.peak_tflops(name, ns.dtype) if self.device == "cuda" else None
+        self.peak = None if peak is None else peak * 1e12 * world.size
         self.device_label = name
 
     def resume(self) -> None:
@@ -329,14 +329,6 @@ def _config_json(cfg) -> dict:
     d = dataclasses.asdict(cfg)
     d["dtype"] = np.dtype(d["dtype"]).name
     return d
-
-
-def _dense_param_count(cfg) -> int:
-    C, L, V, T = cfg.n_embd, cfg.n_layer, cfg.vocab_size, cfg.block_size
-    per_block = 2 * 2 * C + (3 * C * C + 3 * C) + (C * C + C) + (4 * C * C + 4 * C) \
-        + (4 * C * C + C)
-    head = 0 if cfg.tie_weights else C * V
-    return V * C + T * C + L * per_block + 2 * C + head
 
 
 if __name__ == "__main__":

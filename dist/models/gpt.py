@@ -39,7 +39,7 @@ from autograd.nn.layers import GELU, Dropout
 from autograd.tensor import Tensor
 from dist.communicator import Communicator
 from dist.models.sharding import ShardSpec, consolidate
-from dist.pipeline.runner import PipelineParallel
+from dist.pipeline.runner import PipelineParallel, _data
 from dist.tensor_parallel.layers import (
     ColumnParallelLinear,
     RowParallelLinear,
@@ -438,9 +438,6 @@ class ParallelGPT(Module):
 def _unbuilt() -> Module:  # pragma: no cover - never called: other ranks' stages
     raise AssertionError("a stage owned by another pipeline rank was built")
 
-
-def _data(x: Any) -> Any:
-    return x.data if isinstance(x, Tensor) else x
 
 
 __all__ = ["GPTEmbedding", "GPTHead", "GPTStage", "ParallelBlock", "ParallelGPT",

@@ -45,7 +45,7 @@ def consolidate(config: GPTConfig,
                 shards: Iterable[tuple[np.ndarray, dict[str, Any]]]) -> dict[str, np.ndarray]:
     """Assemble the dense `nn.GPT` state dict from (array, ShardSpec JSON) pairs covering
     every parameter; raises ValueError naming what is missing."""
-    shapes = _dense_shapes(config)
+    shapes = dense_shapes(config)
     out: dict[str, np.ndarray] = {}
     filled: dict[str, np.ndarray] = {}
     for array, spec_json in shards:
@@ -67,7 +67,7 @@ def consolidate(config: GPTConfig,
     return {n: out[n] for n in shapes}
 
 
-def _dense_shapes(config: GPTConfig) -> dict[str, tuple[int, ...]]:
+def dense_shapes(config: GPTConfig) -> dict[str, tuple[int, ...]]:
     """Parameter shapes of nn.GPT(config), without drawing its weights."""
     tiny = GPT(dataclasses.replace(config, n_layer=1))
     shapes: dict[str, tuple[int, ...]] = {}
