@@ -246,7 +246,7 @@ class Trainer:
                   f"wide, {ns.n_head} heads, context {ns.block_size} | data: {c.source} "
                   f"({len(c.train):,} train / {len(c.val):,} val bytes) | mesh: dp={ns.dp} "
                   f"pp={ns.pp} tp={ns.tp}, {ns.micro_batches} micro-batches ({ns.schedule}) | "
-                  f"{self.device_label} {ns.dtype}"
+                  f"device: {self.device_label}, {ns.dtype}"
                   + (f" | resumed at step {self.start}" if ns.resume else ""), flush=True)
         stop = ns.steps if ns.stop_after is None else min(ns.steps, ns.stop_after)
         tokens = ns.batch_size * ns.block_size
