@@ -24,5 +24,9 @@ bench-train:
 lint:
 	$(PYTHON) -m ruff check .
 
+# All steps, or some: `make gpu-check STEP=compile`, `make gpu-check STEP="install compile"`
+# (`python3 scripts/gpu_check.py --list` names them); GPU_CHECK_ARGS e.g. "--out $$OUT".
+STEP ?=
+GPU_CHECK_ARGS ?=
 gpu-check:
-	$(GPU_PYTHON) scripts/gpu_check.py
+	$(GPU_PYTHON) scripts/gpu_check.py $(foreach s,$(STEP),--step $(s)) $(GPU_CHECK_ARGS)
