@@ -1,23 +1,50 @@
-"""Where arrays live: lazy CuPy import, device detection and host/device array helpers.
+"""Where arrays live: host (NumPy), a CUDA device (CuPy), or the emulated device.
 
-This module is the only place in the project that decides between NumPy and CuPy.
-Importing it never touches CUDA; the first question about a device does, once.
+This module is the only place in the project that decides between NumPy, CuPy and the
+emulated device. Importing it never touches CUDA, and CuPy is imported only when a CUDA
+device is asked for and a CUDA driver is installed (importing it costs ~165 MiB per rank).
+
+Device names: "cpu", "cuda", "emulated". With ``GPUPLAN_DEVICE=emulated`` the emulated device
+is *the* device: ``device="cuda"`` resolves to it and `device_available()` is true.
 """
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import os
+import sys
 from typing import Any
 
 import numpy as np
 
 from gpuplan.dtypes import as_dtype
+from gpuplan.emulator import array as _emu
+
+DEVICES = ("cpu", "cuda", "emulated")
+
+
+def emulated_default() -> bool:
+    """True when GPUPLAN_DEVICE=emulated makes the emulated device the default device."""
+    return os.environ.get("GPUPLAN_DEVICE", "").lower() == "emulated"
+
+
+@functools.lru_cache(maxsize=1)
+def _cuda_driver_present() -> bool:
+    """Whether libcuda can be loaded: without it there is no GPU, and no reason to import
+    CuPy."""
+    for name in ("libcuda.so.1", "libcuda.so", "nvcuda.dll", "libcuda.dylib"):
+        try:
+            ctypes.CDLL(name)
+            return True
+        except OSError:
+            continue
+    return False
 
 
 @functools.lru_cache(maxsize=1)
 def cupy_module() -> Any | None:
-    """The cupy module, or None when CuPy is not installed."""
+    """The cupy module, or None when CuPy is not installed (imported on first call)."""
     if os.environ.get("GPUPLAN_DISABLE_CUDA") == "1":
         return None
     try:
@@ -28,8 +55,10 @@ def cupy_module() -> Any | None:
 
 
 @functools.lru_cache(maxsize=1)
-def device_available() -> bool:
-    """True when CuPy is importable and a CUDA device answers (driver present)."""
+def cuda_available() -> bool:
+    """True when a CUDA driver is present, CuPy imports and a CUDA device answers."""
+    if os.environ.get("GPUPLAN_DISABLE_CUDA") == "1" or not _cuda_driver_present():
+        return False
     cp = cupy_module()
     if cp is None:
         return False
@@ -39,36 +68,86 @@ def device_available() -> bool:
         return False
 
 
+def device_available() -> bool:
+    """True when there is a device to run on: a CUDA GPU, or the emulated device when
+    GPUPLAN_DEVICE=emulated."""
+    return emulated_default() or cuda_available()
+
+
+def resolve_device(device: str) -> str:
+    """The device a name means here: "cuda" is the emulated device under
+    GPUPLAN_DEVICE=emulated; "cpu" and "emulated" mean themselves."""
+    if device == "cuda" and emulated_default():
+        return "emulated"
+    if device not in DEVICES:
+        raise ValueError(f"device: expected one of {DEVICES}, given {device!r}")
+    return device
+
+
+def default_device() -> str:
+    """"emulated" under GPUPLAN_DEVICE=emulated, else "cuda" with a GPU, else "cpu"."""
+    if emulated_default():
+        return "emulated"
+    return "cuda" if cuda_available() else "cpu"
+
+
+def _cupy_if_imported() -> Any | None:
+    return sys.modules.get("cupy")
+
+
 def is_device_array(a: object) -> bool:
-    """True for a CuPy ndarray (checked without importing CuPy for host arrays)."""
-    if isinstance(a, np.ndarray) or a is None:
+    """True for a CuPy ndarray or an emulated-device array (never imports CuPy)."""
+    if type(a) is np.ndarray or a is None:
         return False
-    cp = cupy_module()
+    if isinstance(a, _emu.EmulatedArray):
+        return True
+    cp = _cupy_if_imported()
     return cp is not None and isinstance(a, cp.ndarray)
 
 
 def is_host_array(a: object) -> bool:
-    return isinstance(a, np.ndarray)
+    return isinstance(a, np.ndarray) and not isinstance(a, _emu.EmulatedArray)
+
+
+def is_emulated_array(a: object) -> bool:
+    return isinstance(a, _emu.EmulatedArray)
 
 
 def array_namespace(a: object) -> Any:
-    """numpy for host arrays, cupy for device arrays."""
+    """numpy for host arrays, cupy for CUDA arrays, the emulated namespace for emulated ones."""
+    if type(a) is np.ndarray:
+        return np
+    if isinstance(a, _emu.EmulatedArray):
+        return _emu.namespace
     return cupy_module() if is_device_array(a) else np
 
 
 def device_of(a: object) -> str:
-    """'cuda' or 'cpu' for an array."""
+    """'cpu', 'cuda' or 'emulated' for an array."""
+    if type(a) is np.ndarray:
+        return "cpu"
+    if isinstance(a, _emu.EmulatedArray):
+        return "emulated"
     return "cuda" if is_device_array(a) else "cpu"
 
 
+def data_ptr(a: Any) -> int:
+    """Address of the first element of a host, emulated or CUDA array."""
+    if isinstance(a, np.ndarray):
+        return a.ctypes.data
+    return a.data.ptr
+
+
 def _namespace_for(device: str) -> Any:
+    device = resolve_device(device)
     if device == "cpu":
         return np
-    if device == "cuda":
-        if not device_available():
-            raise RuntimeError("device='cuda' requested but no usable CUDA device is present")
-        return cupy_module()
-    raise ValueError(f"device: expected 'cpu' or 'cuda', given {device!r}")
+    if device == "emulated":
+        return _emu.namespace
+    if not cuda_available():
+        raise RuntimeError("device='cuda' requested but no usable CUDA device is present "
+                           "(GPUPLAN_DEVICE=emulated runs the kernels on the emulated device)")
+    return cupy_module()
 
 
 def empty(shape: Any, dtype: Any, device: str = "cpu") -> Any:
@@ -85,11 +164,12 @@ def full(shape: Any, value: float, dtype: Any, device: str = "cpu") -> Any:
 
 def asarray(a: Any, dtype: Any = None, device: str | None = None) -> Any:
     """Convert to an array on `device` (default: where `a` already lives, host for lists)."""
-    if device is None:
-        device = device_of(a)
+    device = device_of(a) if device is None else resolve_device(device)
     dt = None if dtype is None else as_dtype(dtype)
     if device == "cpu":
         return np.asarray(to_host(a), dtype=dt)
+    if device == "cuda" and isinstance(a, _emu.EmulatedArray):
+        a = a.get()
     return _namespace_for(device).asarray(a, dtype=dt)
 
 
@@ -101,7 +181,8 @@ def to_host(a: Any) -> np.ndarray:
 
 
 def to_device(a: Any, device: str) -> Any:
-    """Move `a` to 'cpu' or 'cuda' (no copy when it is already there)."""
+    """Move `a` to 'cpu', 'cuda' or 'emulated' (no copy when it is already there)."""
+    device = resolve_device(device)
     if device == device_of(a):
         return a
     return asarray(a, device=device)
@@ -120,6 +201,18 @@ def stack(arrays: list[Any], axis: int = 0) -> Any:
 
 
 def synchronize(a: Any = None) -> None:
-    """Wait for the current CUDA stream (no-op on host)."""
-    if device_available() and (a is None or is_device_array(a)):
+    """Wait for the current CUDA stream (no-op on host and on the emulated device, whose
+    launches complete before they return)."""
+    if a is None:
+        if _cupy_if_imported() is not None and cuda_available():
+            cupy_module().cuda.get_current_stream().synchronize()
+    elif device_of(a) == "cuda":
         cupy_module().cuda.get_current_stream().synchronize()
+
+
+def copy_into(dst: Any, src: Any, stream: Any = None) -> None:
+    """dst[...] = src for two arrays on the same device (stream-ordered on a GPU)."""
+    if device_of(dst) == "cuda":
+        dst.data.copy_from_device_async(src.data, src.nbytes, stream)
+    else:
+        np.copyto(dst, src)

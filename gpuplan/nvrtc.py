@@ -3,19 +3,29 @@
 Each op family declares one `CudaModule` at import time (no compilation then): the `.cu`
 file beside its Python module and the full list of template instances it launches
 (`name_expressions`). The first `function()` call on a device compiles the module with
-`cupy.RawModule` (CuPy caches the binary on disk as well). `scripts/check_kernels.py`
-walks `registry()` to compile every instance for sm_80 and sm_90 without a GPU.
+`cupy.RawModule` (CuPy caches the binary on disk as well), or, for the emulated device, with
+the host compiler (`gpuplan.emulator`). `scripts/check_kernels.py` walks `registry()` to
+compile every instance for sm_80 and sm_90 without a GPU, and with ``--execute`` to run
+every instance on the emulated device.
+
+CuPy's disk cache key ignores headers found through ``-I``, so the options carry a hash of
+every header the module includes (``-DGPUPLAN_HEADERS=<sha>``): editing a `.cuh` recompiles.
 """
 
 from __future__ import annotations
 
+import hashlib
+import re
 import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from gpuplan import backend
+from gpuplan.emulator.array import DEVICE_ID as EMULATED_DEVICE_ID
+from gpuplan.emulator.device import EmulatedModule
 
+_INCLUDE_RE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
 #: Options we add to CuPy's own (CuPy adds --std=c++17, its include paths and -arch).
 COMPILE_OPTIONS: tuple[str, ...] = ("--std=c++17", "-DGPUPLAN_NVRTC=1")
 
@@ -31,13 +41,39 @@ class CudaModule:
         self.path = Path(anchor).with_name(filename)
         self.name_expressions = tuple(dict.fromkeys(name_expressions))
         # The op directory is on the include path for gpuplan_common.cuh.
-        self.options = COMPILE_OPTIONS + (f"-I{self.path.parent}",) + tuple(options)
+        self._base_options = COMPILE_OPTIONS + (f"-I{self.path.parent}",) + tuple(options)
+        self._options: tuple[str, ...] | None = None
         self._modules: dict[int, Any] = {}
         self._functions: dict[tuple[int, str], Any] = {}
         _REGISTRY.append(self)
 
     def source(self) -> str:
         return self.path.read_text()
+
+    @property
+    def options(self) -> tuple[str, ...]:
+        """Compile options, ending with -DGPUPLAN_HEADERS=<hash of the included headers>."""
+        if self._options is None:
+            self._options = self._base_options + (f"-DGPUPLAN_HEADERS={self.headers_hash()}",)
+        return self._options
+
+    def headers(self) -> list[Path]:
+        """Every header included with quotes, found beside the .cu file (recursively)."""
+        seen: dict[Path, None] = {}
+        todo = [self.path]
+        while todo:
+            for inc in _INCLUDE_RE.findall(todo.pop().read_text()):
+                p = self.path.parent / inc
+                if p.is_file() and p not in seen:
+                    seen[p] = None
+                    todo.append(p)
+        return list(seen)
+
+    def headers_hash(self) -> str:
+        h = hashlib.sha256()
+        for p in sorted(self.headers()):
+            h.update(p.name.encode() + b"\0" + p.read_bytes())
+        return h.hexdigest()[:16]
 
     def function(self, name_expression: str, device_id: int) -> Any:
         """The compiled kernel `name_expression` on device `device_id` (compiled on first use)."""
@@ -50,6 +86,12 @@ class CudaModule:
                            f"declared name_expressions")
         with _LOCK:
             mod = self._modules.get(device_id)
+            if device_id == EMULATED_DEVICE_ID:
+                if mod is None:
+                    mod = self._modules[device_id] = EmulatedModule(
+                        self.path, self.name_expressions, self.options)
+                fn = self._functions[key] = mod.get_function(name_expression)
+                return fn
             if mod is None:
                 cp = backend.cupy_module()
                 with cp.cuda.Device(device_id):
@@ -71,11 +113,17 @@ def registry() -> list[CudaModule]:
 
 
 def launch(stream: Any, kernel: Any, grid: int | tuple, block: int | tuple, args: tuple,
-           shared_mem: int = 0) -> None:
-    """Launch `kernel` on a gpuplan Stream."""
+           shared_mem: int = 0, reachable: Sequence[Any] = ()) -> None:
+    """Launch `kernel` on a gpuplan Stream, with the stream's device current.
+
+    `reachable`: arrays the kernel reaches through pointer tables rather than arguments (the
+    emulated device's bounds checks allow them; a GPU needs nothing)."""
     grid = grid if isinstance(grid, tuple) else (int(grid),)
     block = block if isinstance(block, tuple) else (int(block),)
-    with stream.cuda_stream:
+    if stream.is_emulated:
+        kernel(grid, block, args, shared_mem=shared_mem, reachable=reachable)
+        return
+    with backend.cupy_module().cuda.Device(stream.device_id), stream.cuda_stream:
         kernel(grid, block, args, shared_mem=shared_mem)
 
 

@@ -81,7 +81,7 @@ class KernelSku:
 
     def __str__(self) -> str:
         idx = f",{self.index_dtype}" if self.index_dtype else ""
-        where = self.arch if self.arch == "host" else f"sm_{self.arch}"
+        where = self.arch if self.arch in ("host", "emulated") else f"sm_{self.arch}"
         return f"{self.op}.{self.variant}[{self.dtype}{idx}]@{self.backend.value}/{where}"
 
 
@@ -96,6 +96,7 @@ class Candidate:
     math_precision: str
     accumulator: str
     workspace_bytes: int = 0
+    min_compute_capability: int = 0  # e.g. 80 for mma.sync / cp.async kernels
 
 
 def host_candidate(dtype: Any, variant: str = "numpy") -> Candidate:
@@ -130,11 +131,11 @@ class Plan:
             raise Unsupported(describe(cls.op, "desc", "a supported problem", desc))
         reasons = []
         for cand in cands:
-            why = _rejects(cand, pref)
+            why = _unavailable(cand, stream) or _rejects(cand, pref)
             if why is None:
                 return cls(stream, desc, cand)
             reasons.append(f"{cand.variant}/{cand.backend.value}: {why}")
-        where = "device" if on_device else "host"
+        where = {"cpu": "host", "cuda": "device"}.get(stream.kind, stream.kind + " device")
         raise Unsupported(
             f"{cls.op}: argument 'pref': expected a preference some {where} SKU meets, "
             f"given {pref} (" + "; ".join(reasons) + ")"
@@ -186,31 +187,30 @@ class Plan:
     # -- execution --------------------------------------------------------------------
     def can_implement(self, args: Any) -> None:
         """Raise the right GpuPlanError if `args` does not fit this plan; return None if it does."""
-        on_device = not self._stream.is_host
+        kind = self._stream.kind
         for name in _field_names(type(args)):
             a = getattr(args, name)
             if a is None:
                 continue
-            if isinstance(a, np.ndarray):  # the host fast path: no CuPy question to ask
-                if on_device:
-                    self._raise_wrong_side(name, a, on_device)
+            if type(a) is np.ndarray:  # the host fast path: no CuPy question to ask
+                if kind != "cpu":
+                    self._raise_wrong_side(name, a)
                 continue
             if not hasattr(a, "shape"):
                 continue
-            if backend.is_device_array(a) != on_device:
-                self._raise_wrong_side(name, a, on_device)
-            if on_device and a.device.id != self._stream.device_id:
+            if backend.device_of(a) != kind:
+                self._raise_wrong_side(name, a)
+            if kind == "cuda" and a.device.id != self._stream.device_id:
                 raise InvalidProblem(
                     describe(self.op, name, f"an array on device {self._stream.device_id}",
                              f"one on device {a.device.id}")
                 )
         self._check_args(args)
 
-    def _raise_wrong_side(self, name: str, a: Any, on_device: bool) -> None:
-        where = "device (CuPy)" if on_device else "host (NumPy)"
-        given = "device (CuPy)" if backend.is_device_array(a) else "host (NumPy)"
+    def _raise_wrong_side(self, name: str, a: Any) -> None:
         raise InvalidProblem(
-            describe(self.op, name, f"a {where} array to match the plan's stream", given))
+            describe(self.op, name, f"a {_SIDE[self._stream.kind]} array to match the plan's "
+                                    f"stream", _SIDE[backend.device_of(a)]))
 
     def _check_args(self, args: Any) -> None:
         raise NotImplementedError
@@ -238,6 +238,20 @@ class Plan:
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.sku()}>"
+
+
+_SIDE = {"cpu": "host (NumPy)", "cuda": "device (CuPy)", "emulated": "emulated-device"}
+
+
+def _unavailable(cand: Candidate, stream: Stream) -> str | None:
+    """Why the stream's device cannot run `cand` (None when it can)."""
+    if stream.is_emulated and cand.backend is BackendKind.CUBLAS:
+        return "cuBLAS does not run on the emulated device"
+    if cand.min_compute_capability and stream.kind != "cpu" and \
+            stream.compute_capability < cand.min_compute_capability:
+        return (f"needs sm_{cand.min_compute_capability}, the device is "
+                f"sm_{stream.compute_capability}")
+    return None
 
 
 def _rejects(cand: Candidate, pref: PlanPreference) -> str | None:
@@ -345,7 +359,7 @@ def check_writable_distinct(op: str, outputs: dict[str, Any], inputs: dict[str, 
 
 
 def _may_share(a: Any, b: Any) -> bool:
-    if backend.is_device_array(a):
+    if backend.device_of(a) == "cuda":
         a0, a1 = a.data.ptr, a.data.ptr + a.nbytes
         b0, b1 = b.data.ptr, b.data.ptr + b.nbytes
         return a0 < b1 and b0 < a1

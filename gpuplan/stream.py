@@ -1,4 +1,4 @@
-"""Streams (host or CUDA) and workspaces, the execution context every plan runs in."""
+"""Streams (host, CUDA or emulated) and workspaces, the execution context every plan runs in."""
 
 from __future__ import annotations
 
@@ -7,43 +7,92 @@ from typing import Any
 import numpy as np
 
 from gpuplan import backend, host
+from gpuplan.emulator import array as emulated_array
+from gpuplan.emulator.array import DEVICE_ID as EMULATED_DEVICE_ID
 from gpuplan.errors import InvalidProblem, describe
 
 
-class Stream:
-    """A CUDA stream of one device, or the host "stream" (NumPy, runs synchronously)."""
+class _EmulatedStream:
+    """The emulated device's only stream: launches complete before they return."""
 
-    __slots__ = ("_cuda", "_device_id")
+    ptr = 0
+
+    def __enter__(self) -> _EmulatedStream:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def synchronize(self) -> None:
+        return None
+
+
+class Stream:
+    """A CUDA stream of one device, the emulated device's stream, or the host "stream"
+    (NumPy, runs synchronously)."""
+
+    __slots__ = ("_cuda", "_device_id", "_kind")
 
     _HOST: Stream | None = None
+    _EMULATED: Stream | None = None
 
-    def __init__(self, cuda_stream: Any | None = None, device_id: int | None = None) -> None:
+    def __init__(self, cuda_stream: Any | None = None, device_id: int | None = None,
+                 kind: str | None = None) -> None:
         self._cuda = cuda_stream
         self._device_id = device_id
+        self._kind = kind or ("cpu" if cuda_stream is None else "cuda")
 
     @classmethod
     def host(cls) -> Stream:
         if cls._HOST is None:
             host.configure()
-            cls._HOST = cls(None, None)
+            cls._HOST = cls(None, None, "cpu")
         return cls._HOST
 
     @classmethod
+    def emulated(cls) -> Stream:
+        """The stream of the emulated device (kernels run on the host, see gpuplan.emulator)."""
+        if cls._EMULATED is None:
+            cls._EMULATED = cls(_EmulatedStream(), EMULATED_DEVICE_ID, "emulated")
+        return cls._EMULATED
+
+    @classmethod
     def current(cls) -> Stream:
-        """The current CUDA stream of the current device, or the host stream without one."""
-        if not backend.device_available():
+        """The current stream of the default device: the emulated device under
+        GPUPLAN_DEVICE=emulated, else the current CUDA stream, else the host stream."""
+        if backend.emulated_default():
+            return cls.emulated()
+        if not backend.cuda_available():
             return cls.host()
         cp = backend.cupy_module()
         return cls(cp.cuda.get_current_stream(), cp.cuda.Device().id)
 
     @classmethod
     def for_array(cls, a: Any) -> Stream:
-        """The stream a plan on `a` should use: host for NumPy arrays, current CUDA otherwise."""
-        return cls.current() if backend.is_device_array(a) else cls.host()
+        """The stream a plan on `a` should use: host for NumPy arrays, the emulated stream for
+        emulated arrays, the current CUDA stream for CuPy arrays."""
+        if type(a) is np.ndarray:
+            return cls.host()
+        where = backend.device_of(a)
+        if where == "emulated":
+            return cls.emulated()
+        if where == "cuda":
+            cp = backend.cupy_module()
+            return cls(cp.cuda.get_current_stream(), cp.cuda.Device().id)
+        return cls.host()
+
+    @property
+    def kind(self) -> str:
+        """'cpu', 'cuda' or 'emulated': where the arrays of plans on this stream live."""
+        return self._kind
 
     @property
     def is_host(self) -> bool:
-        return self._cuda is None
+        return self._kind == "cpu"
+
+    @property
+    def is_emulated(self) -> bool:
+        return self._kind == "emulated"
 
     @property
     def cuda_stream(self) -> Any:
@@ -55,17 +104,26 @@ class Stream:
 
     @property
     def arch(self) -> str:
-        """'host', or the compute capability such as '90'."""
-        if self.is_host:
-            return "host"
+        """'host', 'emulated', or the compute capability such as '90'."""
+        if self._kind != "cuda":
+            return "host" if self.is_host else "emulated"
         return compute_capability(self._device_id)
+
+    @property
+    def compute_capability(self) -> int:
+        """The device's compute capability as an int (80 for the emulated sm_80 part, 0 on
+        the host)."""
+        if self._kind == "cuda":
+            return int(compute_capability(self._device_id))
+        return EMULATED_COMPUTE_CAPABILITY if self.is_emulated else 0
 
     def synchronize(self) -> None:
         if self._cuda is not None:
             self._cuda.synchronize()
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, Stream) and other._cuda is self._cuda
+        return isinstance(other, Stream) and other._cuda is self._cuda and \
+            other._kind == self._kind
 
     def __hash__(self) -> int:
         return id(self._cuda)
@@ -73,8 +131,13 @@ class Stream:
     def __repr__(self) -> str:
         if self.is_host:
             return "Stream.host()"
+        if self.is_emulated:
+            return "Stream.emulated()"
         return f"Stream(cuda device {self._device_id}, ptr={self._cuda.ptr:#x})"
 
+
+#: The emulated device executes the PTX of an sm_80 part (mma.sync, ldmatrix, cp.async).
+EMULATED_COMPUTE_CAPABILITY = 80
 
 _CC_CACHE: dict[int, str] = {}
 
@@ -82,6 +145,8 @@ _CC_CACHE: dict[int, str] = {}
 def compute_capability(device_id: int | None) -> str:
     if device_id is None:
         return "host"
+    if device_id == EMULATED_DEVICE_ID:
+        return str(EMULATED_COMPUTE_CAPABILITY)
     cc = _CC_CACHE.get(device_id)
     if cc is None:
         cp = backend.cupy_module()
@@ -111,6 +176,8 @@ class Workspace:
             return cls.none()
         if stream.is_host:
             return cls(np.empty(nbytes, dtype=np.uint8), nbytes)
+        if stream.is_emulated:
+            return cls(emulated_array.empty(nbytes, np.uint8), nbytes)
         cp = backend.cupy_module()
         with cp.cuda.Device(stream.device_id):
             return cls(cp.empty(nbytes, dtype=cp.uint8), nbytes)

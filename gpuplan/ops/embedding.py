@@ -213,10 +213,11 @@ class EmbeddingBackwardPlan(Plan):
 
     def _run_segment(self, stream: Stream, ws: Workspace, args: EmbeddingBackwardArgs) -> None:
         d = self.desc
-        cp = backend.cupy_module()
+        xp = backend.array_namespace(args.indices)
         with stream.cuda_stream:
-            # CuPy's argsort is a stable (thrust) sort: equal indices keep ascending n.
-            order = cp.argsort(args.indices).astype(cp.int64, copy=False)
+            # A stable sort (CuPy's default; NumPy's "stable"): equal indices keep ascending n.
+            kind = "stable" if backend.is_emulated_array(args.indices) else None
+            order = xp.argsort(args.indices, kind=kind).astype(np.int64, copy=False)
             sorted_idx = args.indices[order]
         fn = _MODULE.function(
             f"embedding_backward_segment<{cuda_name(d.dtype)}, {_index_ctype(args.indices)}>",

@@ -116,11 +116,6 @@ def _cublas() -> Any | None:
     return cublas
 
 
-def _device_cc() -> int:
-    cp = backend.cupy_module()
-    return int(cp.cuda.Device().compute_capability)
-
-
 class GemmPlan(Plan):
     """Batched GEMM with alpha/beta and a bias epilogue.
 
@@ -171,8 +166,9 @@ class GemmPlan(Plan):
             cands.append(Candidate("cublas", BackendKind.CUBLAS, True, False, mp, acc))
         half = d in HALF_DTYPES
         tile_n = _TC_TILE if half else _FMA_TILES[cuda_name(d)][1]
-        if cdiv(desc.n, tile_n) <= _GRID_YZ_MAX and (not half or _device_cc() >= 80):
-            cands.append(Candidate("tiled", BackendKind.NVRTC, True, not half, mp, acc))
+        if cdiv(desc.n, tile_n) <= _GRID_YZ_MAX:
+            cands.append(Candidate("tiled", BackendKind.NVRTC, True, not half, mp, acc,
+                                   min_compute_capability=80 if half else 0))
         return cands
 
     def _check_args(self, args: GemmArgs) -> None:
@@ -289,7 +285,7 @@ class GemmPlan(Plan):
             contiguous_a = d.m if d.trans_a else d.k
             contiguous_b = d.k if d.trans_b else d.n
             vec = (contiguous_a % 8 == 0 and contiguous_b % 8 == 0
-                   and args.a.data.ptr % 16 == 0 and args.b.data.ptr % 16 == 0)
+                   and backend.data_ptr(args.a) % 16 == 0 and backend.data_ptr(args.b) % 16 == 0)
             fn = _MODULE.function(_tc_name(t, d.trans_a, d.trans_b, vec), stream.device_id)
             _allow_dynamic_smem(fn, _TC_SMEM_BYTES)
             bm = bn = _TC_TILE

@@ -381,9 +381,12 @@ class AdamWMultiTensorPlan(Plan):
         table.set(host, stream=stream.cuda_stream)
         fn = _MODULE.function(_kernel_name("adamw_multi_tensor_kernel", self.desc),
                               stream.device_id)
+        reachable = [a for k in range(t) for a in (args.params[k], args.grads[k],
+                                                   args.exp_avgs[k], args.exp_avg_sqs[k],
+                                                   self._lowp(args, k)) if a is not None]
         launch(stream, fn, nchunks, _THREADS,
                (table[: 6 * t], table[6 * t:], np.int64(MULTI_TENSOR_CHUNK)) + self._scalars
-               + (np.int32(self.desc.lowp_dtype is not None),))
+               + (np.int32(self.desc.lowp_dtype is not None),), reachable=reachable)
 
 
 # -- SGD ----------------------------------------------------------------------------------------

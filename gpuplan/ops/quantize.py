@@ -236,7 +236,7 @@ class QuantizePerTokenBackwardPlan(Plan):
 
     def _run_copy(self, stream: Stream, ws: Workspace,
                   args: QuantizePerTokenBackwardArgs) -> None:
-        args.d_x.data.copy_from_device_async(args.d_q.data, args.d_q.nbytes, stream.cuda_stream)
+        backend.copy_into(args.d_x, args.d_q, stream.cuda_stream)
 
     def _run_convert(self, stream: Stream, ws: Workspace,
                      args: QuantizePerTokenBackwardArgs) -> None:

@@ -448,7 +448,7 @@ class GlobalNormPlan(Plan):
         partials = ws.view(acc, max(n_chunks, 1), self._table_bytes(d))
         fn = _MODULE.function(f"global_l2_norm<{cuda_name(acc)}>", stream.device_id)
         launch(stream, fn, max(1, min(n_chunks, 1024)), 256,
-               (dev_table, np.int32(n), partials, args.out))
+               (dev_table, np.int32(n), partials, args.out), reachable=args.arrays)
 
 
 # -- functional API ------------------------------------------------------------------------

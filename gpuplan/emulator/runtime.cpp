@@ -1,0 +1,885 @@
+// Emulator runtime: runs one kernel launch on the host, every CUDA thread a fiber.
+//
+// - Blocks run one after another in a permuted order; the threads of a block are fibers on
+//   the launching OS thread. A fiber runs until it blocks (barrier, warp collective) or
+//   exits; the order in which runnable fibers run is re-permuted at every barrier release
+//   (seeded per launch), so a missing barrier or a race shows up as a wrong result.
+// - __syncthreads completes when every thread of the block has arrived or exited.
+// - Warp collectives (shuffles, votes, ldmatrix, mma.sync) execute when every existing
+//   lane of the warp has arrived at the same kind of collective with the full mask; a
+//   partial mask, a mismatch or a lane that never arrives aborts the launch with a message.
+// - cp.async copies are queued per thread and land in shared memory only at the
+//   cp.async.wait_group that covers their group.
+// - Shared memory (static and dynamic) is filled with garbage at every block start.
+// - Kernel modules are compiled with -fsanitize=address in "callback" mode and no ASan
+//   runtime: every load and store of the kernel calls __asan_load<N>/__asan_store<N>
+//   defined here, which abort the launch unless the bytes lie inside the arrays passed to
+//   the kernel, the thread's own stack, the block's shared memory or the module's data.
+//
+// Faults never kill the process: the launch stops and emu_launch returns the message.
+#include <dlfcn.h>
+#include <link.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "emu_abi.h"
+
+#define EMU_EXPORT extern "C" __attribute__((visibility("default")))
+
+namespace {
+
+constexpr int kMaxThreads = 1024;
+constexpr size_t kStackBytes = 256 * 1024;
+constexpr size_t kStaticSharedBytes = 48 * 1024;
+constexpr size_t kDynSharedWindow = 64 * 1024;  // shared window offset of dynamic memory
+constexpr int kMaxSites = 4096;
+
+enum State { RUNNABLE, AT_BARRIER, AT_WARP, EXITED, FAULTED };
+
+struct AsyncCopy {
+    unsigned char* dst;
+    const unsigned char* src;
+    int cp_size, src_size;
+    long group;  // -1: not committed yet
+};
+
+struct Thread {
+    __emu_dim3 tid;  // first: cuda_emu.h reads threadIdx here
+    int linear, lane, warp;
+    State state;
+    void* sp;
+    unsigned char* stack_lo;
+    unsigned char* stack_hi;
+    int barrier_result;
+    long next_group;
+    std::vector<AsyncCopy> pending;
+};
+
+struct Warp {
+    int nlanes;
+    unsigned lane_mask;
+    int arrived;
+    int kind, a, width;
+    unsigned mask;
+    size_t bytes;
+    int first_lane;
+    uint32_t in[32][12];
+    uint32_t out[32][8];
+};
+
+struct Region {
+    uintptr_t lo, hi;
+    int arg;  // argument index, -1 for module data and runtime state
+};
+
+struct Launch {
+    const __emu_entry* entry = nullptr;
+    void** args = nullptr;
+    bool active = false;
+    bool faulted = false;
+    std::string error;
+    unsigned nthreads = 0;
+    std::vector<Thread> threads;
+    std::vector<Warp> warps;
+    std::vector<int> runq;
+    size_t runq_head = 0;
+    unsigned exited = 0, at_barrier = 0;
+    int bar_count = 0, bar_and = 1, bar_or = 0;
+    void* sched_sp = nullptr;
+    uint64_t rng = 0;
+    std::vector<Region> regions;  // argument arrays
+    std::vector<Region> statics;  // module and runtime data
+    unsigned char* static_smem = nullptr;
+    size_t static_used = 0;
+    long site_offset[kMaxSites];
+    unsigned char* dyn_smem = nullptr;
+    size_t dyn_bytes = 0;
+};
+
+Launch g;
+unsigned char* g_stacks = nullptr;  // kMaxThreads stacks with a guard page under each
+unsigned char g_static_smem[kStaticSharedBytes] __attribute__((aligned(128)));
+std::vector<unsigned char> g_dyn_buffer;
+
+uint64_t splitmix(uint64_t& s) {
+    uint64_t z = (s += 0x9e3779b97f4a7c15ULL);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+
+void fill_garbage(unsigned char* p, size_t n) {
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        uint64_t v = splitmix(g.rng);
+        memcpy(p + i, &v, 8);
+    }
+    for (; i < n; ++i) p[i] = static_cast<unsigned char>(splitmix(g.rng));
+}
+
+template <typename T> void shuffle(T* v, size_t n) {
+    for (size_t i = n; i > 1; --i) std::swap(v[i - 1], v[splitmix(g.rng) % i]);
+}
+
+Thread* current() { return static_cast<Thread*>(__emu_cur); }
+
+// -- context switching ---------------------------------------------------------------------
+#if defined(__x86_64__)
+// emu_switch(save, to): push the callee-saved registers and the SSE/x87 control words on the
+// current stack, store the stack pointer in *save, continue on stack `to`.
+extern "C" void emu_switch(void** save, void* to);
+asm(R"(
+    .text
+    .p2align 4
+    .type emu_switch, @function
+emu_switch:
+    pushq %rbp
+    pushq %rbx
+    pushq %r12
+    pushq %r13
+    pushq %r14
+    pushq %r15
+    subq $8, %rsp
+    stmxcsr (%rsp)
+    fnstcw 4(%rsp)
+    movq %rsp, (%rdi)
+    movq %rsi, %rsp
+    ldmxcsr (%rsp)
+    fldcw 4(%rsp)
+    addq $8, %rsp
+    popq %r15
+    popq %r14
+    popq %r13
+    popq %r12
+    popq %rbx
+    popq %rbp
+    ret
+    .size emu_switch, .-emu_switch
+)");
+
+void fiber_main();
+
+void* initial_stack(Thread& t) {
+    uint64_t* sp = reinterpret_cast<uint64_t*>(reinterpret_cast<uintptr_t>(t.stack_hi) & ~15ULL);
+    *--sp = 0;                                            // fiber_main's return address
+    *--sp = reinterpret_cast<uint64_t>(&fiber_main);      // where emu_switch returns to
+    for (int i = 0; i < 6; ++i) *--sp = 0;                // rbp rbx r12 r13 r14 r15
+    uint32_t ctl[2];
+    asm volatile("stmxcsr %0" : "=m"(ctl[0]));
+    asm volatile("fnstcw %0" : "=m"(ctl[1]));
+    uint64_t word;
+    memcpy(&word, ctl, 8);
+    *--sp = word;
+    return sp;
+}
+#else
+#error "the emulator's fiber switch is written for x86-64"
+#endif
+
+void to_scheduler(Thread* t) { emu_switch(&t->sp, g.sched_sp); }
+
+std::string where(const Thread* t) {
+    char buf[256];
+    snprintf(buf, sizeof buf, "kernel %s, block (%u,%u,%u)", g.entry ? g.entry->name : "?",
+             __emu_block_idx.x, __emu_block_idx.y, __emu_block_idx.z);
+    std::string s = buf;
+    if (t) {
+        snprintf(buf, sizeof buf, ", thread (%u,%u,%u) (warp %d lane %d)", t->tid.x, t->tid.y,
+                 t->tid.z, t->warp, t->lane);
+        s += buf;
+    }
+    return s;
+}
+
+// Record a fault; inside a fiber, abandon it (the launch stops). Never returns to a kernel.
+[[noreturn]] void fault_in_fiber(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
+void fault_in_fiber(const char* fmt, ...) {
+    char msg[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    Thread* t = current();
+    if (!g.faulted) {
+        g.faulted = true;
+        g.error = where(t) + ": " + msg;
+    }
+    if (t == nullptr) abort();  // only called from fibers
+    t->state = FAULTED;
+    to_scheduler(t);
+    __builtin_unreachable();
+}
+
+void fault_here(const std::string& msg) {
+    if (!g.faulted) {
+        g.faulted = true;
+        g.error = where(nullptr) + ": " + msg;
+    }
+}
+
+void fiber_main() {
+    Thread* t = current();
+    g.entry->invoke(g.args);
+    t->pending.clear();  // copies never waited for are dropped with the thread
+    t->state = EXITED;
+    ++g.exited;
+    to_scheduler(t);
+    __builtin_unreachable();
+}
+
+// -- memory checks -------------------------------------------------------------------------
+bool inside(const std::vector<Region>& rs, uintptr_t a, size_t n) {
+    for (const Region& r : rs)
+        if (a >= r.lo && a + n <= r.hi) return true;
+    return false;
+}
+
+bool in_shared(uintptr_t a, size_t n) {
+    uintptr_t s = reinterpret_cast<uintptr_t>(g.static_smem);
+    if (a >= s && a + n <= s + g.static_used) return true;
+    uintptr_t d = reinterpret_cast<uintptr_t>(g.dyn_smem);
+    return g.dyn_bytes && a >= d && a + n <= d + g.dyn_bytes;
+}
+
+std::string nearest_argument(uintptr_t a, size_t n) {
+    const Region* best = nullptr;
+    uintptr_t best_d = ~uintptr_t(0);
+    for (const Region& r : g.regions) {
+        uintptr_t d = a < r.lo ? r.lo - a : (a + n > r.hi ? a + n - r.hi : 0);
+        if (d < best_d) best_d = d, best = &r;
+    }
+    if (!best) return "the kernel was given no arrays";
+    char buf[200];
+    if (a < best->lo) {
+        snprintf(buf, sizeof buf, "%lu bytes before argument %d (an array of %lu bytes)",
+                 static_cast<unsigned long>(best->lo - a), best->arg,
+                 static_cast<unsigned long>(best->hi - best->lo));
+    } else {
+        snprintf(buf, sizeof buf,
+                 "%lu bytes past the end of argument %d (an array of %lu bytes)",
+                 static_cast<unsigned long>(a + n - best->hi), best->arg,
+                 static_cast<unsigned long>(best->hi - best->lo));
+    }
+    return buf;
+}
+
+inline void check_access(uintptr_t a, size_t n, bool store) {
+    if (!g.active) return;
+    Thread* t = current();
+    if (t && a >= reinterpret_cast<uintptr_t>(t->stack_lo) &&
+        a + n <= reinterpret_cast<uintptr_t>(t->stack_hi))
+        return;
+    if (inside(g.regions, a, n) || in_shared(a, n) || inside(g.statics, a, n)) return;
+    if (t == nullptr) return;
+    std::string near = nearest_argument(a, n);
+    fault_in_fiber("out-of-bounds %s of %zu bytes at %#lx: outside every array passed to the "
+                   "kernel, the thread's stack and shared memory (nearest: %s)",
+                   store ? "store" : "load", n, static_cast<unsigned long>(a), near.c_str());
+}
+
+// -- block scheduling ----------------------------------------------------------------------
+void make_runnable(Thread& t) {
+    t.state = RUNNABLE;
+    g.runq.push_back(t.linear);
+}
+
+void release_barrier() {
+    std::vector<int> waiting;
+    for (Thread& t : g.threads)
+        if (t.state == AT_BARRIER) waiting.push_back(t.linear);
+    shuffle(waiting.data(), waiting.size());
+    int result = 0;
+    // the kind of the first waiter decides (every thread of a correct kernel uses the same)
+    for (int i : waiting) {
+        Thread& t = g.threads[i];
+        switch (t.barrier_result) {
+            case EMU_BAR_COUNT: result = g.bar_count; break;
+            case EMU_BAR_AND: result = g.bar_and; break;
+            case EMU_BAR_OR: result = g.bar_or; break;
+            default: result = 0;
+        }
+        t.barrier_result = result;
+        make_runnable(t);
+    }
+    g.at_barrier = 0;
+    g.bar_count = 0, g.bar_and = 1, g.bar_or = 0;
+}
+
+const char* warp_op_name(int kind) {
+    switch (kind) {
+        case EMU_WARP_SHFL_IDX: return "__shfl_sync";
+        case EMU_WARP_SHFL_UP: return "__shfl_up_sync";
+        case EMU_WARP_SHFL_DOWN: return "__shfl_down_sync";
+        case EMU_WARP_SHFL_XOR: return "__shfl_xor_sync";
+        case EMU_WARP_BALLOT: return "__ballot_sync";
+        case EMU_WARP_SYNC: return "__syncwarp";
+        case EMU_WARP_LDMATRIX: return "ldmatrix.sync";
+        case EMU_WARP_MMA: return "mma.sync";
+    }
+    return "warp collective";
+}
+
+std::string lane_list(const Warp& w, int warp, State s) {
+    std::string out;
+    for (int l = 0; l < w.nlanes; ++l) {
+        const Thread& t = g.threads[warp * 32 + l];
+        if (t.state == s) out += (out.empty() ? "" : ",") + std::to_string(l);
+    }
+    return out.empty() ? "none" : out;
+}
+
+// Nothing can run: either the block is done, or a barrier can open, or it is stuck.
+bool resolve_stall() {
+    if (g.exited == g.nthreads) return false;
+    if (g.at_barrier > 0 && g.at_barrier + g.exited == g.nthreads) {
+        release_barrier();
+        return true;
+    }
+    for (size_t wi = 0; wi < g.warps.size(); ++wi) {
+        const Warp& w = g.warps[wi];
+        if (w.arrived == 0) continue;
+        fault_here(std::string(warp_op_name(w.kind)) + " in warp " + std::to_string(wi) +
+                   " cannot complete: lanes " + lane_list(w, static_cast<int>(wi), AT_WARP) +
+                   " arrived, lanes exited: " + lane_list(w, static_cast<int>(wi), EXITED) +
+                   ", lanes waiting at __syncthreads: " +
+                   lane_list(w, static_cast<int>(wi), AT_BARRIER) +
+                   " (every lane of the warp must execute it)");
+        return false;
+    }
+    fault_here("deadlock: " + std::to_string(g.at_barrier) + " threads wait at __syncthreads, " +
+               std::to_string(g.exited) + " exited, of " + std::to_string(g.nthreads));
+    return false;
+}
+
+void run_block() {
+    const unsigned bx = __emu_block_dim.x, by = __emu_block_dim.y;
+    g.exited = g.at_barrier = 0;
+    g.bar_count = 0, g.bar_and = 1, g.bar_or = 0;
+    g.runq.clear();
+    g.runq_head = 0;
+    for (unsigned i = 0; i < g.nthreads; ++i) {
+        Thread& t = g.threads[i];
+        t.tid = {i % bx, (i / bx) % by, i / (bx * by)};
+        t.linear = static_cast<int>(i);
+        t.lane = static_cast<int>(i % 32);
+        t.warp = static_cast<int>(i / 32);
+        t.stack_hi = g_stacks + (i + 1) * (kStackBytes + 4096);
+        t.stack_lo = t.stack_hi - kStackBytes;
+        t.sp = initial_stack(t);
+        t.barrier_result = 0;
+        t.next_group = 0;
+        t.pending.clear();
+        t.state = RUNNABLE;
+        g.runq.push_back(static_cast<int>(i));
+    }
+    for (Warp& w : g.warps) w.arrived = 0;
+    shuffle(g.runq.data(), g.runq.size());
+    fill_garbage(g.static_smem, g.static_used);
+    if (g.dyn_bytes) fill_garbage(g.dyn_smem, g.dyn_bytes);
+    for (;;) {
+        while (g.runq_head < g.runq.size()) {
+            Thread& t = g.threads[g.runq[g.runq_head++]];
+            if (t.state != RUNNABLE) continue;
+            __emu_cur = &t;
+            emu_switch(&g.sched_sp, t.sp);
+            __emu_cur = nullptr;
+            if (g.faulted) return;
+        }
+        g.runq.clear();
+        g.runq_head = 0;
+        if (!resolve_stall()) return;
+    }
+}
+
+// A shared-memory byte address of the emulated shared window (see __emu_cvta_shared).
+unsigned char* shared_ptr(uint32_t addr, size_t n, const char* what) {
+    if (addr + n <= g.static_used) return g.static_smem + addr;
+    if (addr >= kDynSharedWindow && addr - kDynSharedWindow + n <= g.dyn_bytes)
+        return g.dyn_smem + (addr - kDynSharedWindow);
+    fault_in_fiber("%s: shared address %#x (%zu bytes) is outside the block's shared memory "
+                   "(static %zu bytes at 0, dynamic %zu bytes at %#zx)",
+                   what, addr, n, g.static_used, g.dyn_bytes, kDynSharedWindow);
+}
+
+// -- warp collectives ----------------------------------------------------------------------
+void execute_warp(Warp& w);
+
+}  // namespace
+
+__attribute__((visibility("default"))) void* __emu_cur = nullptr;
+__attribute__((visibility("default"))) __emu_dim3 __emu_block_idx, __emu_block_dim, __emu_grid_dim;
+
+EMU_EXPORT int __emu_barrier(int kind, int pred) {
+    Thread* t = current();
+    if (!t) return 0;
+    t->state = AT_BARRIER;
+    t->barrier_result = kind;
+    g.bar_count += pred;
+    g.bar_and &= pred;
+    g.bar_or |= pred;
+    ++g.at_barrier;
+    to_scheduler(t);
+    return t->barrier_result;
+}
+
+EMU_EXPORT void __emu_trap(void) {
+    fault_in_fiber("the kernel executed __trap()");
+}
+
+EMU_EXPORT unsigned __emu_lane_mask(void) {
+    Thread* t = current();
+    return t ? g.warps[t->warp].lane_mask : 0u;
+}
+
+namespace {
+
+// One lane arrives at a warp collective with `in_bytes` of operands; it leaves with
+// `out_bytes` of results once every lane of the warp has arrived and the op has executed.
+void warp_collective(int kind, unsigned mask, const void* in, size_t in_bytes, void* out,
+                     size_t out_bytes, int a, int width) {
+    Thread* t = current();
+    const size_t bytes = in_bytes;
+    Warp& w = g.warps[t->warp];
+    if (mask != w.lane_mask) {
+        fault_in_fiber("%s with mask %#x: the emulator requires the full mask of the warp's "
+                       "existing lanes (%#x); partial masks are not supported",
+                       warp_op_name(kind), mask, w.lane_mask);
+    }
+    if (w.arrived == 0) {
+        w.kind = kind, w.a = a, w.width = width, w.bytes = bytes, w.mask = mask;
+        w.first_lane = t->lane;
+    } else if (w.kind != kind || w.bytes != bytes || w.a != a || w.width != width) {
+        fault_in_fiber("lane %d executes %s while lane %d of the same warp waits in %s "
+                       "(operands differ or the lanes diverged)",
+                       t->lane, warp_op_name(kind), w.first_lane, warp_op_name(w.kind));
+    }
+    if (kind == EMU_WARP_SHFL_IDX || kind == EMU_WARP_SHFL_UP || kind == EMU_WARP_SHFL_DOWN ||
+        kind == EMU_WARP_SHFL_XOR) {
+        if (width < 1 || width > 32 || (width & (width - 1))) {
+            fault_in_fiber("%s: width %d is not a power of two in [1, 32]", warp_op_name(kind),
+                           width);
+        }
+    }
+    memcpy(w.in[t->lane], in, bytes);
+    t->state = AT_WARP;
+    if (++w.arrived == w.nlanes) {
+        execute_warp(w);
+        w.arrived = 0;
+        std::vector<int> lanes;
+        for (int l = 0; l < w.nlanes; ++l)
+            if (l != t->lane) lanes.push_back(t->warp * 32 + l);
+        shuffle(lanes.data(), lanes.size());
+        for (int i : lanes) make_runnable(g.threads[i]);
+        t->state = RUNNABLE;
+    } else {
+        to_scheduler(t);
+    }
+    memcpy(out, w.out[t->lane], out_bytes);
+}
+
+}  // namespace
+
+EMU_EXPORT void __emu_warp_op(int kind, unsigned mask, const void* in, void* out, size_t bytes,
+                              int a, int width) {
+    warp_collective(kind, mask, in, bytes, out, bytes, a, width);
+}
+
+namespace {
+
+uint16_t half_of(uint32_t reg, int hi) { return static_cast<uint16_t>(hi ? reg >> 16 : reg); }
+
+double decode_16(uint16_t bits, int type) {
+    uint32_t f;
+    if (type == EMU_MMA_BF16) {
+        f = static_cast<uint32_t>(bits) << 16;
+    } else {  // IEEE binary16 -> binary32, exactly
+        const uint32_t sign = (bits & 0x8000u) << 16, exp = (bits >> 10) & 0x1f,
+                       man = bits & 0x3ffu;
+        if (exp == 0x1f) {
+            f = sign | 0x7f800000u | (man << 13);
+        } else if (exp == 0) {
+            if (man == 0) {
+                f = sign;
+            } else {
+                float v = static_cast<float>(man) * (1.0f / 16777216.0f);  // man * 2^-24
+                memcpy(&f, &v, 4);
+                f |= sign;
+            }
+        } else {
+            f = sign | ((exp + 112) << 23) | (man << 13);
+        }
+    }
+    float v;
+    memcpy(&v, &f, 4);
+    return v;
+}
+
+void execute_mma(Warp& w) {
+    // Operands per lane: a0..a3, b0..b1 (two 16-bit elements each, low half first), c0..c3.
+    const int type = w.a;
+    double A[16][16], B[16][8], C[16][8];
+    for (int lane = 0; lane < 32; ++lane) {
+        const int g4 = lane >> 2, tig = lane & 3;
+        const uint32_t* in = w.in[lane];
+        for (int i = 0; i < 8; ++i) {  // A element i lives in register i / 2
+            const int row = g4 + ((i & 2) ? 8 : 0);
+            const int col = tig * 2 + (i & 1) + (i >= 4 ? 8 : 0);
+            A[row][col] = decode_16(half_of(in[i / 2], i & 1), type);
+        }
+        for (int i = 0; i < 4; ++i) {  // B element i lives in register 4 + i / 2
+            const int k = tig * 2 + (i & 1) + (i >= 2 ? 8 : 0);
+            B[k][g4] = decode_16(half_of(in[4 + i / 2], i & 1), type);
+        }
+        for (int i = 0; i < 4; ++i) {
+            float c;
+            memcpy(&c, &in[6 + i], 4);
+            C[g4 + (i >= 2 ? 8 : 0)][tig * 2 + (i & 1)] = c;
+        }
+    }
+    for (int lane = 0; lane < 32; ++lane) {
+        const int g4 = lane >> 2, tig = lane & 3;
+        for (int i = 0; i < 4; ++i) {
+            const int row = g4 + (i >= 2 ? 8 : 0), col = tig * 2 + (i & 1);
+            double s = 0.0;  // products of 16-bit floats are exact in double
+            for (int k = 0; k < 16; ++k) s += A[row][k] * B[k][col];
+            const float d = static_cast<float>(s + C[row][col]);
+            memcpy(&w.out[lane][i], &d, 4);
+        }
+    }
+}
+
+void execute_ldmatrix(Warp& w) {
+    const int num = w.a >> 1, trans = w.a & 1;
+    uint16_t rows[4][8][8];
+    for (int j = 0; j < num; ++j) {
+        for (int r = 0; r < 8; ++r) {
+            const int lane = 8 * j + r;
+            const uint32_t addr = w.in[lane][0];
+            if (addr % 16) {
+                fault_in_fiber("ldmatrix: the row address %#x given by lane %d (row %d of "
+                               "matrix %d) is not 16-byte aligned", addr, lane, r, j);
+            }
+            memcpy(rows[j][r], shared_ptr(addr, 16, "ldmatrix"), 16);
+        }
+    }
+    for (int lane = 0; lane < 32; ++lane) {
+        const int r = lane >> 2, c = 2 * (lane & 3);
+        for (int j = 0; j < num; ++j) {
+            const uint16_t lo = trans ? rows[j][c][r] : rows[j][r][c];
+            const uint16_t hi = trans ? rows[j][c + 1][r] : rows[j][r][c + 1];
+            w.out[lane][j] = static_cast<uint32_t>(lo) | (static_cast<uint32_t>(hi) << 16);
+        }
+    }
+}
+
+void execute_warp(Warp& w) {
+    const int n = w.nlanes;
+    switch (w.kind) {
+        case EMU_WARP_SHFL_IDX:
+        case EMU_WARP_SHFL_UP:
+        case EMU_WARP_SHFL_DOWN:
+        case EMU_WARP_SHFL_XOR:
+            for (int l = 0; l < n; ++l) {
+                const int seg = l & ~(w.width - 1), end = seg + w.width;
+                int src = l;
+                if (w.kind == EMU_WARP_SHFL_IDX) src = seg + (w.a & (w.width - 1));
+                if (w.kind == EMU_WARP_SHFL_UP) src = l - w.a >= seg ? l - w.a : l;
+                if (w.kind == EMU_WARP_SHFL_DOWN) src = l + w.a < end ? l + w.a : l;
+                if (w.kind == EMU_WARP_SHFL_XOR) src = ((l ^ w.a) & ~(w.width - 1)) == seg
+                                                           ? (l ^ w.a) : l;
+                if (src >= n) src = l;  // lanes past the block's last thread do not exist
+                memcpy(w.out[l], w.in[src], w.bytes);
+            }
+            break;
+        case EMU_WARP_BALLOT: {
+            uint32_t bits = 0;
+            for (int l = 0; l < n; ++l)
+                if (w.in[l][0]) bits |= 1u << l;
+            for (int l = 0; l < n; ++l) w.out[l][0] = bits;
+            break;
+        }
+        case EMU_WARP_SYNC:
+            for (int l = 0; l < n; ++l) w.out[l][0] = 0;
+            break;
+        case EMU_WARP_LDMATRIX:
+            execute_ldmatrix(w);
+            break;
+        case EMU_WARP_MMA:
+            execute_mma(w);
+            break;
+    }
+}
+
+}  // namespace
+
+// -- emulated PTX: warp-wide ----------------------------------------------------------------
+EMU_EXPORT void __emu_ptx_ldmatrix(uint32_t* out, int num, int trans, uint32_t addr) {
+    Thread* t = current();
+    if (g.warps[t->warp].nlanes != 32)
+        fault_in_fiber("ldmatrix.sync.aligned needs a full warp of 32 threads");
+    if (num != 1 && num != 2 && num != 4) fault_in_fiber("ldmatrix: .x%d is not .x1/.x2/.x4", num);
+    uint32_t r[4];
+    warp_collective(EMU_WARP_LDMATRIX, 0xffffffffu, &addr, sizeof addr, r, sizeof(uint32_t) * num,
+                    num * 2 + (trans ? 1 : 0), 32);
+    for (int j = 0; j < num; ++j) out[j] = r[j];
+}
+
+EMU_EXPORT void __emu_ptx_mma_m16n8k16(float* d, const uint32_t* a, const uint32_t* b,
+                                       const float* c, int ab_type) {
+    Thread* t = current();
+    if (g.warps[t->warp].nlanes != 32)
+        fault_in_fiber("mma.sync.aligned needs a full warp of 32 threads");
+    uint32_t in[10];
+    memcpy(in, a, 16);
+    memcpy(in + 4, b, 8);
+    memcpy(in + 6, c, 16);
+    warp_collective(EMU_WARP_MMA, 0xffffffffu, in, 40, d, 16, ab_type, 32);
+}
+
+// -- emulated PTX: cp.async -----------------------------------------------------------------
+EMU_EXPORT void __emu_ptx_cp_async(uint32_t dst, uint64_t src, int cp_size, int src_size,
+                                   int level) {
+    (void)level;
+    Thread* t = current();
+    if (cp_size != 4 && cp_size != 8 && cp_size != 16)
+        fault_in_fiber("cp.async: cp-size %d is not 4, 8 or 16", cp_size);
+    if (src_size < 0 || src_size > cp_size)
+        fault_in_fiber("cp.async: src-size %d is outside [0, %d]", src_size, cp_size);
+    if (dst % cp_size || src % cp_size)
+        fault_in_fiber("cp.async: addresses must be aligned to %d bytes (shared %#x, global "
+                       "%#lx)", cp_size, dst, static_cast<unsigned long>(src));
+    unsigned char* d = shared_ptr(dst, cp_size, "cp.async destination");
+    if (src_size > 0) check_access(src, src_size, false);
+    t->pending.push_back({d, reinterpret_cast<const unsigned char*>(src), cp_size, src_size,
+                          -1});
+}
+
+EMU_EXPORT void __emu_ptx_cp_async_commit_group(void) {
+    Thread* t = current();
+    for (AsyncCopy& c : t->pending)
+        if (c.group < 0) c.group = t->next_group;
+    ++t->next_group;  // an empty group counts too
+}
+
+EMU_EXPORT void __emu_ptx_cp_async_wait_group(int n) {
+    Thread* t = current();
+    const long limit = t->next_group - n;  // groups [0, limit) must be complete
+    std::vector<AsyncCopy> keep;
+    for (AsyncCopy& c : t->pending) {
+        if (c.group >= 0 && c.group < limit) {
+            if (c.src_size) memcpy(c.dst, c.src, c.src_size);
+            memset(c.dst + c.src_size, 0, c.cp_size - c.src_size);
+        } else {
+            keep.push_back(c);
+        }
+    }
+    t->pending.swap(keep);
+}
+
+EMU_EXPORT void __emu_ptx_cp_async_wait_all(void) {
+    __emu_ptx_cp_async_commit_group();
+    __emu_ptx_cp_async_wait_group(0);
+}
+
+// -- shared memory ---------------------------------------------------------------------------
+EMU_EXPORT void* __emu_shared_static(size_t size, size_t align, int site) {
+    if (site < 0 || site >= kMaxSites) fault_in_fiber("too many __shared__ declarations");
+    long off = g.site_offset[site];
+    if (off < 0) {
+        if (align < 16) align = 16;
+        size_t start = (g.static_used + align - 1) & ~(align - 1);
+        if (start + size > kStaticSharedBytes)
+            fault_in_fiber("static shared memory of the launch exceeds %zu bytes",
+                           kStaticSharedBytes);
+        fill_garbage(g_static_smem + g.static_used, start + size - g.static_used);
+        g.static_used = start + size;
+        g.site_offset[site] = off = static_cast<long>(start);
+    }
+    return g.static_smem + off;
+}
+
+EMU_EXPORT void* __emu_shared_dynamic(void) { return g.dyn_smem; }
+
+EMU_EXPORT size_t __emu_cvta_shared(const void* p) {
+    uintptr_t a = reinterpret_cast<uintptr_t>(p);
+    uintptr_t s = reinterpret_cast<uintptr_t>(g.static_smem);
+    uintptr_t d = reinterpret_cast<uintptr_t>(g.dyn_smem);
+    if (a >= s && a <= s + g.static_used) return a - s;
+    if (g.dyn_smem && a >= d && a <= d + g.dyn_bytes) return kDynSharedWindow + (a - d);
+    fault_in_fiber("__cvta_generic_to_shared(%p): not a shared-memory address", p);
+}
+
+EMU_EXPORT unsigned __emu_is_shared(const void* p) {
+    uintptr_t a = reinterpret_cast<uintptr_t>(p);
+    return in_shared(a, 1) ? 1u : 0u;
+}
+
+// -- the bounds checks GCC's -fsanitize=address calls (callback mode, no ASan runtime) ------
+#define EMU_ASAN_SIZE(n)                                                                     \
+    EMU_EXPORT void __asan_load##n(uintptr_t a) { check_access(a, n, false); }               \
+    EMU_EXPORT void __asan_store##n(uintptr_t a) { check_access(a, n, true); }               \
+    EMU_EXPORT void __asan_load##n##_noabort(uintptr_t a) { check_access(a, n, false); }     \
+    EMU_EXPORT void __asan_store##n##_noabort(uintptr_t a) { check_access(a, n, true); }
+EMU_ASAN_SIZE(1)
+EMU_ASAN_SIZE(2)
+EMU_ASAN_SIZE(4)
+EMU_ASAN_SIZE(8)
+EMU_ASAN_SIZE(16)
+EMU_EXPORT void __asan_loadN(uintptr_t a, size_t n) { check_access(a, n, false); }
+EMU_EXPORT void __asan_storeN(uintptr_t a, size_t n) { check_access(a, n, true); }
+EMU_EXPORT void __asan_loadN_noabort(uintptr_t a, size_t n) { check_access(a, n, false); }
+EMU_EXPORT void __asan_storeN_noabort(uintptr_t a, size_t n) { check_access(a, n, true); }
+EMU_EXPORT void* __asan_memcpy(void* d, const void* s, size_t n) {
+    check_access(reinterpret_cast<uintptr_t>(s), n, false);
+    check_access(reinterpret_cast<uintptr_t>(d), n, true);
+    return memcpy(d, s, n);
+}
+EMU_EXPORT void* __asan_memmove(void* d, const void* s, size_t n) {
+    check_access(reinterpret_cast<uintptr_t>(s), n, false);
+    check_access(reinterpret_cast<uintptr_t>(d), n, true);
+    return memmove(d, s, n);
+}
+EMU_EXPORT void* __asan_memset(void* d, int c, size_t n) {
+    check_access(reinterpret_cast<uintptr_t>(d), n, true);
+    return memset(d, c, n);
+}
+EMU_EXPORT void __asan_init(void) {}
+EMU_EXPORT void __asan_version_mismatch_check_v8(void) {}
+EMU_EXPORT void __asan_handle_no_return(void) {}
+EMU_EXPORT void __asan_before_dynamic_init(const char*) {}
+EMU_EXPORT void __asan_after_dynamic_init(void) {}
+EMU_EXPORT void __asan_register_globals(void*, size_t) {}
+EMU_EXPORT void __asan_unregister_globals(void*, size_t) {}
+
+// -- launch ----------------------------------------------------------------------------------
+namespace {
+
+int add_object_segments(struct dl_phdr_info* info, size_t, void* data) {
+    const uintptr_t probe = reinterpret_cast<uintptr_t>(data);
+    bool mine = false;
+    for (int i = 0; i < info->dlpi_phnum; ++i) {
+        const ElfW(Phdr)& ph = info->dlpi_phdr[i];
+        if (ph.p_type != PT_LOAD) continue;
+        uintptr_t lo = info->dlpi_addr + ph.p_vaddr;
+        if (probe >= lo && probe < lo + ph.p_memsz) mine = true;
+    }
+    if (!mine) return 0;
+    for (int i = 0; i < info->dlpi_phnum; ++i) {
+        const ElfW(Phdr)& ph = info->dlpi_phdr[i];
+        if (ph.p_type != PT_LOAD) continue;
+        uintptr_t lo = info->dlpi_addr + ph.p_vaddr;
+        g.statics.push_back({lo, lo + ph.p_memsz, -1});
+    }
+    return 1;
+}
+
+bool ensure_stacks() {
+    if (g_stacks) return true;
+    const size_t per = kStackBytes + 4096;
+    void* p = mmap(nullptr, per * kMaxThreads + 4096, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED) return false;
+    g_stacks = static_cast<unsigned char*>(p);
+    for (int i = 0; i < kMaxThreads; ++i)  // a guard page under every stack
+        mprotect(g_stacks + i * per, 4096, PROT_NONE);
+    return true;
+}
+
+}  // namespace
+
+// Runs `entry` over grid x block. args: CUDA-style pointers to each parameter's value.
+// regions: 2*nregions words (base, bytes) of the arrays the kernel may touch, in argument
+// order (argument numbers are regions' indices + 0). Returns 0, or 1 with a message in err.
+EMU_EXPORT int emu_launch(const __emu_entry* entry, const unsigned* grid,
+                          const unsigned* block, size_t dyn_bytes, void** args,
+                          const uint64_t* regions, const int* region_args, int nregions,
+                          uint64_t seed, char* err, size_t errlen) {
+    g.entry = entry;
+    g.faulted = false;
+    g.error.clear();
+    g.args = args;
+    g.rng = seed;
+    __emu_cur = nullptr;
+    __emu_grid_dim = {grid[0], grid[1], grid[2]};
+    __emu_block_dim = {block[0], block[1], block[2]};
+    __emu_block_idx = {0, 0, 0};
+    const unsigned long long nthreads =
+        static_cast<unsigned long long>(block[0]) * block[1] * block[2];
+    std::string bad;
+    if (block[0] == 0 || block[1] == 0 || block[2] == 0 || nthreads > kMaxThreads ||
+        block[2] > 64)
+        bad = "block (" + std::to_string(block[0]) + "," + std::to_string(block[1]) + "," +
+              std::to_string(block[2]) + ") is not a valid block: each extent >= 1, z <= 64, "
+              "at most 1024 threads";
+    else if (grid[0] == 0 || grid[1] == 0 || grid[2] == 0 || grid[1] > 65535 ||
+             grid[2] > 65535 || grid[0] > 2147483647u)
+        bad = "grid (" + std::to_string(grid[0]) + "," + std::to_string(grid[1]) + "," +
+              std::to_string(grid[2]) + ") is not a valid grid";
+    else if (!ensure_stacks())
+        bad = "cannot map fiber stacks";
+    if (!bad.empty()) {
+        snprintf(err, errlen, "kernel %s: invalid launch: %s", entry->name, bad.c_str());
+        return 1;
+    }
+    g.nthreads = static_cast<unsigned>(nthreads);
+    if (g.threads.size() < kMaxThreads) g.threads.resize(kMaxThreads);
+    g.warps.assign((g.nthreads + 31) / 32, Warp{});
+    for (size_t w = 0; w < g.warps.size(); ++w) {
+        const unsigned n = std::min<unsigned>(32, g.nthreads - 32 * w);
+        g.warps[w].nlanes = static_cast<int>(n);
+        g.warps[w].lane_mask = n == 32 ? 0xffffffffu : ((1u << n) - 1u);
+    }
+    g.regions.clear();
+    for (int i = 0; i < nregions; ++i)
+        g.regions.push_back({regions[2 * i], regions[2 * i] + regions[2 * i + 1], region_args[i]});
+    g.statics.clear();
+    dl_iterate_phdr(add_object_segments, reinterpret_cast<void*>(entry->invoke));
+    dl_iterate_phdr(add_object_segments, reinterpret_cast<void*>(&g));
+    g.statics.push_back({reinterpret_cast<uintptr_t>(g.threads.data()),
+                         reinterpret_cast<uintptr_t>(g.threads.data() + g.threads.size()), -1});
+    g.static_smem = g_static_smem;
+    g.static_used = 0;
+    std::fill(g.site_offset, g.site_offset + kMaxSites, -1L);
+    if (g_dyn_buffer.size() < dyn_bytes) g_dyn_buffer.resize(dyn_bytes);
+    g.dyn_bytes = dyn_bytes;
+    g.dyn_smem = dyn_bytes ? g_dyn_buffer.data() : nullptr;
+
+    // Blocks in a permuted order: i -> (a * i + c) mod total with a coprime to total.
+    const unsigned long long total =
+        static_cast<unsigned long long>(grid[0]) * grid[1] * grid[2];
+    unsigned long long mul = 1, add = 0;
+    if (total > 1) {
+        add = splitmix(g.rng) % total;
+        for (int tries = 0; tries < 64; ++tries) {
+            unsigned long long cand = splitmix(g.rng) % total;
+            unsigned long long x = cand, y = total;
+            while (y) { unsigned long long r = x % y; x = y; y = r; }
+            if (cand > 0 && x == 1) { mul = cand; break; }
+        }
+    }
+    g.active = true;
+    for (unsigned long long i = 0; i < total && !g.faulted; ++i) {
+        const unsigned long long b =
+            static_cast<unsigned long long>((static_cast<unsigned __int128>(mul) * i + add) %
+                                            total);
+        __emu_block_idx = {static_cast<unsigned>(b % grid[0]),
+                           static_cast<unsigned>((b / grid[0]) % grid[1]),
+                           static_cast<unsigned>(b / (static_cast<unsigned long long>(grid[0]) *
+                                                      grid[1]))};
+        run_block();
+    }
+    g.active = false;
+    __emu_cur = nullptr;
+    if (g.faulted) {
+        snprintf(err, errlen, "%s", g.error.c_str());
+        return 1;
+    }
+    return 0;
+}
