@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 from typing import Any
 
 import numpy as np
@@ -9,9 +10,37 @@ import numpy as np
 from gpuplan import backend
 from gpuplan.dtypes import bfloat16, float16, float32, float64
 
+#: The NCCL wheel that goes with each CuPy wheel (same CUDA major version).
+NCCL_WHEELS = {"cupy-cuda12x": "nvidia-nccl-cu12", "cupy-cuda13x": "nvidia-nccl-cu13"}
+
+
+def cupy_distributions() -> list[str]:
+    """Names of the installed distributions that provide the `cupy` package, normalized
+    (e.g. ["cupy-cuda13x"]); empty without CuPy."""
+    try:
+        names = importlib.metadata.packages_distributions().get("cupy", [])
+    except Exception:  # noqa: BLE001 - broken metadata must not hide the real error
+        return []
+    return sorted({n.lower().replace("_", "-") for n in names})
+
+
+def nccl_install_hint(cupy_dists: list[str] | None = None) -> str:
+    """What to install for NCCL here: the NCCL wheel matching the installed CuPy wheel."""
+    dists = cupy_distributions() if cupy_dists is None else cupy_dists
+    wheels = [NCCL_WHEELS[d] for d in dists if d in NCCL_WHEELS]
+    if len(wheels) == 1:
+        return f"pip install {wheels[0]} (it matches the installed {dists[0]})"
+    generic = ("nvidia-nccl-cu12 with cupy-cuda12x, nvidia-nccl-cu13 with cupy-cuda13x, "
+               "or a system NCCL library")
+    if not dists:
+        return (f"install CuPy for this machine's CUDA (the cuda12 or cuda13 extra), then its "
+                f"NCCL: {generic}")
+    return f"install the NCCL library matching the installed {', '.join(dists)}: {generic}"
+
 
 def nccl_module() -> Any | None:
-    """cupy.cuda.nccl when CuPy, a device and the NCCL library (nvidia-nccl-cu12) are present."""
+    """cupy.cuda.nccl when CuPy, a device and the NCCL library (nvidia-nccl-cu12 or -cu13,
+    matching the CuPy wheel) are present."""
     if not backend.device_available():
         return None
     try:
@@ -25,6 +54,15 @@ def nccl_available() -> bool:
     return nccl_module() is not None
 
 
+def _missing() -> str:
+    """What of CuPy / device / NCCL is missing here, in words."""
+    if backend.cupy_module() is None:
+        return "no importable CuPy"
+    if not backend.device_available():
+        return "no usable CUDA device"
+    return "CuPy without a loadable NCCL library"
+
+
 class NcclTransport:
     """Stream-ordered NCCL collectives over C-contiguous CuPy arrays of one communicator."""
 
@@ -32,8 +70,8 @@ class NcclTransport:
         nccl = nccl_module()
         if nccl is None:
             raise RuntimeError(
-                "backend='nccl': expected CuPy with a CUDA device and the NCCL library "
-                "(pip install nvidia-nccl-cu12), given none available")
+                "backend='nccl': expected CuPy with a CUDA device and the NCCL library, given "
+                f"{_missing()}; {nccl_install_hint()}")
         self._nccl = nccl
         uid = nccl.get_unique_id() if mpi_comm.Get_rank() == 0 else None
         uid = mpi_comm.bcast(uid, root=0)
