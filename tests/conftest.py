@@ -1,4 +1,8 @@
-"""Test configuration: the `device` fixture, gpu skipping, and mpi-only collection."""
+"""Test configuration: the `device` fixture, gpu skipping, and mpi-only collection.
+
+With GPUPLAN_DEVICE=emulated the `gpu`-marked tests run on the emulated device: the device
+fixture's accelerator parameter is "emulated", and "cuda" in a test resolves to it.
+"""
 
 from __future__ import annotations
 
@@ -20,10 +24,19 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.skip(reason="mpi test: run under mpiexec -n 2/4"))
 
 
-DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
+#: The accelerator tests run on: "emulated" under GPUPLAN_DEVICE=emulated, else "cuda".
+ACCELERATOR = gp.backend.resolve_device("cuda")
+DEVICES = ["cpu", pytest.param(ACCELERATOR, marks=pytest.mark.gpu)]
 
 
 @pytest.fixture(params=DEVICES)
 def device(request):
-    """Run a test on the host (NumPy) and, when a GPU is present, on the device (CuPy)."""
+    """Run a test on the host (NumPy) and, when a device is present, on it (CuPy on a GPU,
+    or the emulated device)."""
     return request.param
+
+
+@pytest.fixture
+def accelerator():
+    """The device name `gpu`-marked tests run on ("cuda", or "emulated")."""
+    return ACCELERATOR

@@ -199,7 +199,7 @@ def build_runtime() -> Path:
     cache_dir().mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=cache_dir()) as tmp:
         out = Path(tmp) / "runtime.so"
-        _run([cxx(), "-std=c++17", "-O2", "-g", "-fPIC", "-shared", "-I", str(HERE),
+        _run([cxx(), "-std=c++17", "-O3", "-g", "-fPIC", "-shared", "-I", str(HERE),
               str(HERE / "runtime.cpp"), "-o", str(out)], "building the emulator runtime")
         _publish(out, dest)
     return dest

@@ -472,11 +472,11 @@ void warp_collective(int kind, unsigned mask, const void* in, size_t in_bytes, v
     if (++w.arrived == w.nlanes) {
         execute_warp(w);
         w.arrived = 0;
-        std::vector<int> lanes;
+        int lanes[32], n = 0;
         for (int l = 0; l < w.nlanes; ++l)
-            if (l != t->lane) lanes.push_back(t->warp * 32 + l);
-        shuffle(lanes.data(), lanes.size());
-        for (int i : lanes) make_runnable(g.threads[i]);
+            if (l != t->lane) lanes[n++] = t->warp * 32 + l;
+        shuffle(lanes, static_cast<size_t>(n));
+        for (int i = 0; i < n; ++i) make_runnable(g.threads[lanes[i]]);
         t->state = RUNNABLE;
     } else {
         to_scheduler(t);
@@ -493,62 +493,59 @@ EMU_EXPORT void __emu_warp_op(int kind, unsigned mask, const void* in, void* out
 
 namespace {
 
-uint16_t half_of(uint32_t reg, int hi) { return static_cast<uint16_t>(hi ? reg >> 16 : reg); }
-
-double decode_16(uint16_t bits, int type) {
+float f16_to_float(uint16_t bits) {  // IEEE binary16 -> binary32, exactly
+    const uint32_t sign = (bits & 0x8000u) << 16, exp = (bits >> 10) & 0x1f, man = bits & 0x3ffu;
     uint32_t f;
-    if (type == EMU_MMA_BF16) {
-        f = static_cast<uint32_t>(bits) << 16;
-    } else {  // IEEE binary16 -> binary32, exactly
-        const uint32_t sign = (bits & 0x8000u) << 16, exp = (bits >> 10) & 0x1f,
-                       man = bits & 0x3ffu;
-        if (exp == 0x1f) {
-            f = sign | 0x7f800000u | (man << 13);
-        } else if (exp == 0) {
-            if (man == 0) {
-                f = sign;
-            } else {
-                float v = static_cast<float>(man) * (1.0f / 16777216.0f);  // man * 2^-24
-                memcpy(&f, &v, 4);
-                f |= sign;
-            }
-        } else {
-            f = sign | ((exp + 112) << 23) | (man << 13);
-        }
+    if (exp == 0x1f) {
+        f = sign | 0x7f800000u | (man << 13);
+    } else if (exp == 0) {
+        const float v = static_cast<float>(man) * (1.0f / 16777216.0f);  // man * 2^-24
+        memcpy(&f, &v, 4);
+        f |= sign;
+    } else {
+        f = sign | ((exp + 112) << 23) | (man << 13);
     }
     float v;
     memcpy(&v, &f, 4);
     return v;
 }
 
+float decode_16(uint32_t reg, int hi, int type) {
+    const uint16_t bits = static_cast<uint16_t>(hi ? reg >> 16 : reg);
+    if (type == EMU_MMA_BF16) {
+        const uint32_t f = static_cast<uint32_t>(bits) << 16;
+        float v;
+        memcpy(&v, &f, 4);
+        return v;
+    }
+    return f16_to_float(bits);
+}
+
+// D = A * B + C for one m16n8k16 tile, operands gathered from the lanes' fragments by the
+// PTX ISA's layout tables (groupID = lane >> 2, threadID_in_group = lane % 4).
 void execute_mma(Warp& w) {
-    // Operands per lane: a0..a3, b0..b1 (two 16-bit elements each, low half first), c0..c3.
     const int type = w.a;
-    double A[16][16], B[16][8], C[16][8];
+    float A[16][16], Bt[8][16], C[16][8];
     for (int lane = 0; lane < 32; ++lane) {
         const int g4 = lane >> 2, tig = lane & 3;
         const uint32_t* in = w.in[lane];
-        for (int i = 0; i < 8; ++i) {  // A element i lives in register i / 2
+        for (int i = 0; i < 8; ++i) {  // A element i: register i / 2, low half first
             const int row = g4 + ((i & 2) ? 8 : 0);
             const int col = tig * 2 + (i & 1) + (i >= 4 ? 8 : 0);
-            A[row][col] = decode_16(half_of(in[i / 2], i & 1), type);
+            A[row][col] = decode_16(in[i / 2], i & 1, type);
         }
-        for (int i = 0; i < 4; ++i) {  // B element i lives in register 4 + i / 2
+        for (int i = 0; i < 4; ++i) {  // B element i: register 4 + i / 2
             const int k = tig * 2 + (i & 1) + (i >= 2 ? 8 : 0);
-            B[k][g4] = decode_16(half_of(in[4 + i / 2], i & 1), type);
+            Bt[g4][k] = decode_16(in[4 + i / 2], i & 1, type);
         }
-        for (int i = 0; i < 4; ++i) {
-            float c;
-            memcpy(&c, &in[6 + i], 4);
-            C[g4 + (i >= 2 ? 8 : 0)][tig * 2 + (i & 1)] = c;
-        }
+        for (int i = 0; i < 4; ++i) memcpy(&C[g4 + (i >= 2 ? 8 : 0)][tig * 2 + (i & 1)], &in[6 + i], 4);
     }
     for (int lane = 0; lane < 32; ++lane) {
         const int g4 = lane >> 2, tig = lane & 3;
         for (int i = 0; i < 4; ++i) {
             const int row = g4 + (i >= 2 ? 8 : 0), col = tig * 2 + (i & 1);
-            double s = 0.0;  // products of 16-bit floats are exact in double
-            for (int k = 0; k < 16; ++k) s += A[row][k] * B[k][col];
+            double s = 0.0;  // products of 16-bit floats are exact in double, so is the sum
+            for (int k = 0; k < 16; ++k) s += static_cast<double>(A[row][k]) * Bt[col][k];
             const float d = static_cast<float>(s + C[row][col]);
             memcpy(&w.out[lane][i], &d, 4);
         }
@@ -839,11 +836,16 @@ EMU_EXPORT int emu_launch(const __emu_entry* entry, const unsigned* grid,
     g.regions.clear();
     for (int i = 0; i < nregions; ++i)
         g.regions.push_back({regions[2 * i], regions[2 * i] + regions[2 * i + 1], region_args[i]});
-    g.statics.clear();
-    dl_iterate_phdr(add_object_segments, reinterpret_cast<void*>(entry->invoke));
-    dl_iterate_phdr(add_object_segments, reinterpret_cast<void*>(&g));
-    g.statics.push_back({reinterpret_cast<uintptr_t>(g.threads.data()),
-                         reinterpret_cast<uintptr_t>(g.threads.data() + g.threads.size()), -1});
+    static const void* statics_for = nullptr;  // the data segments of the module and runtime
+    if (statics_for != reinterpret_cast<const void*>(entry->invoke)) {
+        g.statics.clear();
+        dl_iterate_phdr(add_object_segments, reinterpret_cast<void*>(entry->invoke));
+        dl_iterate_phdr(add_object_segments, reinterpret_cast<void*>(&g));
+        g.statics.push_back({reinterpret_cast<uintptr_t>(g.threads.data()),
+                             reinterpret_cast<uintptr_t>(g.threads.data() + g.threads.size()),
+                             -1});
+        statics_for = reinterpret_cast<const void*>(entry->invoke);
+    }
     g.static_smem = g_static_smem;
     g.static_used = 0;
     std::fill(g.site_offset, g.site_offset + kMaxSites, -1L);

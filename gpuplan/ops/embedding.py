@@ -228,8 +228,23 @@ class EmbeddingBackwardPlan(Plan):
 
 
 def _sequential_segment_sum(x: np.ndarray, starts: np.ndarray) -> np.ndarray:
-    """Sum rows of x per segment strictly left to right (np.add.reduceat is not pairwise)."""
-    return np.add.reduceat(x, starts, axis=0)
+    """Sum rows of x per segment strictly left to right from zero, as the segment kernel
+    does (np.add.reduceat is not sequential over axis 0: its bits differ from the kernel's).
+
+    Vectorized across segments: step j adds row j of every segment longer than j.
+    """
+    lengths = np.diff(starts, append=x.shape[0])
+    by_length = np.argsort(-lengths, kind="stable")
+    first, lens = starts[by_length], lengths[by_length]
+    acc = np.zeros((starts.size,) + x.shape[1:], dtype=x.dtype)
+    live = starts.size
+    for j in range(int(lens[0]) if lens.size else 0):
+        while live and lens[live - 1] <= j:
+            live -= 1
+        acc[:live] += x[first[:live] + j]
+    sums = np.empty_like(acc)
+    sums[by_length] = acc
+    return sums
 
 
 

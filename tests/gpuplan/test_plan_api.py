@@ -263,19 +263,20 @@ def test_execute_caches_the_selected_plan():
 
 
 @pytest.mark.gpu
-def test_mixed_host_and_device_arrays_are_rejected():
+def test_mixed_host_and_device_arrays_are_rejected(accelerator):
     dev = gp.Stream.current()
-    assert not dev.is_host and dev.arch.isdigit()
+    assert not dev.is_host and (dev.arch.isdigit() or dev.arch == "emulated")
+    side = "emulated-device" if dev.is_emulated else "device (CuPy)"
     det = gp.PlanPreference(deterministic=True)
     host_plan = DoublePlan.select(gp.Stream.host(), DoubleDescriptor(4), det)
     dev_plan = DoublePlan.select(dev, DoubleDescriptor(4), det)
     assert dev_plan.sku().backend is gp.BackendKind.NVRTC
     hx, hy = np.ones(4, np.float32), np.full(4, 5, np.float32)
-    dx, dy = gp.to_device(hx, "cuda"), gp.to_device(hy, "cuda")
+    dx, dy = gp.to_device(hx, accelerator), gp.to_device(hy, accelerator)
     assert_rejected(lambda: host_plan.run(gp.Stream.host(), None, DoubleArgs(dx, hy)),
-                    gp.InvalidProblem, [hy], "'x'", "host (NumPy)", "device (CuPy)")
+                    gp.InvalidProblem, [hy], "'x'", "host (NumPy)", side)
     assert_rejected(lambda: dev_plan.run(dev, None, DoubleArgs(dx, hy)),
-                    gp.InvalidProblem, [hy, dy], "'y'", "device (CuPy) array")
+                    gp.InvalidProblem, [hy, dy], "'y'", f"{side} array")
     assert_rejected(lambda: host_plan.run(dev, None, DoubleArgs(hx, hy)),
                     gp.InvalidProblem, [hy], "'stream'")
     assert_rejected(lambda: dev_plan.run(gp.Stream.host(), None, DoubleArgs(dx, dy)),

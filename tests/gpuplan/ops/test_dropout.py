@@ -216,18 +216,16 @@ def test_sku():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_device_misaligned_views_and_counter_wrap(dtype):
-    import cupy as cp
-
+def test_device_misaligned_views_and_counter_wrap(dtype, accelerator):
     n, seed, offset = 4099, 3, 2**64 - 100  # counters wrap past 2**64 inside the launch
     x = random((n + 1,), dtype, seed=9)
-    xd = cp.asarray(x)[1:]  # one element off the vector alignment: scalar path
+    xd = gp.asarray(x, device=accelerator)[1:]  # one element off the vector alignment: scalar path
     y = gp.functional.dropout(xd, 0.25, seed, offset)
     host = gp.functional.dropout(x[1:], 0.25, seed, offset)
     np.testing.assert_array_equal(gp.to_host(y).view(np.uint8), host.view(np.uint8))
-    m = cp.zeros(n + 1, dtype=cp.bool_)[1:]
+    m = gp.zeros(n + 1, np.bool_, device=accelerator)[1:]
     run_plan(gp.DropoutMaskPlan, gp.DropoutMaskDescriptor(n, 0.25),
-             gp.DropoutMaskArgs(m, seed, offset), "cuda")
+             gp.DropoutMaskArgs(m, seed, offset), accelerator)
     np.testing.assert_array_equal(gp.to_host(m), dmod.keep_mask_host(n, 0.25, seed, offset))
     assert gp.DropoutPlan.select(gp.Stream.current(),
                                  gp.DropoutDescriptor(n, 0.25, dtype)).sku().variant == "philox"

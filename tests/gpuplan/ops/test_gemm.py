@@ -25,8 +25,13 @@ TRANS_IDS = ["nn", "nt", "tn", "tt"]
 
 
 def backends(device: str) -> list[gp.BackendKind | None]:
-    """Every SKU to check: the host SKU on cpu, both device SKUs on cuda."""
-    return [None] if device == "cpu" else [gp.BackendKind.CUBLAS, gp.BackendKind.NVRTC]
+    """Every SKU to check: the host SKU on cpu, both device SKUs on cuda, ours (no cuBLAS
+    there) on the emulated device."""
+    if device == "cpu":
+        return [None]
+    if gp.backend.resolve_device(device) == "emulated":
+        return [gp.BackendKind.NVRTC]
+    return [gp.BackendKind.CUBLAS, gp.BackendKind.NVRTC]
 
 
 def operands(desc: gp.GemmDescriptor, seed: int = 0):
@@ -272,9 +277,14 @@ def test_device_sku_selection_and_guarantees():
     for dtype in (np.float32, np.float64, np.float16, gp.bfloat16):
         desc = gp.GemmDescriptor(64, 64, 64, dtype=dtype)
         default = gp.GemmPlan.select(s, desc)
-        assert default.sku().variant == "cublas"
+        if s.is_emulated:  # no cuBLAS there: our kernels are the default
+            assert default.sku().variant == "tiled"
+            with pytest.raises(gp.Unsupported, match="cuBLAS does not run on the emulated"):
+                gp.GemmPlan.select(s, desc, gp.PlanPreference(backend=gp.BackendKind.CUBLAS))
+        else:
+            assert default.sku().variant == "cublas"
+            assert not default.precision_guarantee().bit_stable
         assert default.precision_guarantee().deterministic
-        assert not default.precision_guarantee().bit_stable
         tiled = gp.GemmPlan.select(s, desc, gp.PlanPreference(backend=gp.BackendKind.NVRTC))
         g = tiled.precision_guarantee()
         assert tiled.sku().variant == "tiled" and g.deterministic
@@ -302,22 +312,27 @@ def test_tiled_unaligned_operands_use_scalar_loads(dtype, trans_a, trans_b):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_tiled_is_deterministic_and_close_to_cublas(dtype):
-    desc = gp.GemmDescriptor(300, 520, 1000, batch=2, broadcast_b=True, dtype=dtype)
-    a, b, c0, _ = (on("cuda", x) for x in operands(desc, seed=9))
+def test_tiled_is_deterministic_and_close_to_cublas(dtype, accelerator):
+    emulated = accelerator == "emulated"
+    # the emulated device runs every thread on the CPU: a smaller problem, no cuBLAS
+    desc = gp.GemmDescriptor(*((130, 136, 72) if emulated else (300, 520, 1000)), batch=2,
+                             broadcast_b=True, dtype=dtype)
+    a, b, c0, _ = (on(accelerator, x) for x in operands(desc, seed=9))
     outs = {}
-    for name, be in (("t1", gp.BackendKind.NVRTC), ("t2", gp.BackendKind.NVRTC),
-                     ("cublas", gp.BackendKind.CUBLAS)):
+    runs = (("t1", gp.BackendKind.NVRTC), ("t2", gp.BackendKind.NVRTC))
+    for name, be in runs + (() if emulated else (("cublas", gp.BackendKind.CUBLAS),)):
         c = c0.copy()
-        run_plan(gp.GemmPlan, desc, gp.GemmArgs(a, b, c), "cuda", gp.PlanPreference(backend=be))
+        run_plan(gp.GemmPlan, desc, gp.GemmArgs(a, b, c), accelerator,
+                 gp.PlanPreference(backend=be))
         outs[name] = gp.to_host(c)
     np.testing.assert_array_equal(outs["t1"].view(np.uint8), outs["t2"].view(np.uint8))
     assert_gemm_close(outs["t1"], reference(desc, gp.to_host(a), gp.to_host(b), None, None),
                       desc)
-    assert_gemm_close(outs["cublas"], f64(outs["t1"]), desc)
+    if not emulated:
+        assert_gemm_close(outs["cublas"], f64(outs["t1"]), desc)
 
 
 @pytest.mark.gpu
 def test_batch_beyond_grid_z_limit():
     desc = gp.GemmDescriptor(3, 5, 4, batch=70000, has_bias=True, dtype=np.float16)
-    check_all_skus("cuda", desc, seed=13)
+    check_all_skus(gp.backend.resolve_device("cuda"), desc, seed=13)

@@ -298,13 +298,11 @@ def test_device_skus_and_workspace():
 
 
 @pytest.mark.gpu
-def test_device_adamw_large_grid_stride():
-    import cupy as cp
-
+def test_device_adamw_large_grid_stride(accelerator):
     n = 16384 * 256 * 2 + 5  # more elements than one grid of the single-tensor kernel
-    p, m, v = (cp.asarray(a) for a in _state(n, np.float32))
+    p, m, v = (gp.asarray(a, device=accelerator) for a in _state(n, np.float32))
     hp, hm, hv = (gp.to_host(a).copy() for a in (p, m, v))
-    g = cp.asarray(random((n,), np.float32, seed=3))
+    g = gp.asarray(random((n,), np.float32, seed=3), device=accelerator)
     gp.functional.adamw_step(p, g, m, v, step=2, **HP)
     run_plan(gp.AdamWPlan, gp.AdamWDescriptor(n), gp.AdamWArgs(hp, gp.to_host(g), hm, hv, step=2,
                                                                **HP), "cpu")
