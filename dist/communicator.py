@@ -36,6 +36,8 @@ def resolve_backend(requested: str | None = None) -> str:
     if choice == "auto":
         if not backend.device_available():
             return "mpi-host"
+        if not backend.cuda_available():  # the emulated device: arrays are staged like a GPU's
+            return "mpi-host-staged"
         return "mpi-cuda-aware" if cuda_aware_mpi()[0] else "mpi-host-staged"
     if choice not in BACKENDS:
         raise Unsupported(describe("Communicator", "backend", f"'auto' or one of {BACKENDS}",

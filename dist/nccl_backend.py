@@ -41,7 +41,7 @@ def nccl_install_hint(cupy_dists: list[str] | None = None) -> str:
 def nccl_module() -> Any | None:
     """cupy.cuda.nccl when CuPy, a device and the NCCL library (nvidia-nccl-cu12 or -cu13,
     matching the CuPy wheel) are present."""
-    if not backend.device_available():
+    if not backend.cuda_available():
         return None
     try:
         from cupy.cuda import nccl
@@ -58,7 +58,7 @@ def _missing() -> str:
     """What of CuPy / device / NCCL is missing here, in words."""
     if backend.cupy_module() is None:
         return "no importable CuPy"
-    if not backend.device_available():
+    if not backend.cuda_available():
         return "no usable CUDA device"
     return "CuPy without a loadable NCCL library"
 

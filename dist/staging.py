@@ -53,22 +53,21 @@ class PinnedBufferCache:
 
 
 def _alloc_pinned(nbytes: int) -> np.ndarray:
-    cp = backend.cupy_module()
-    if cp is None or not backend.device_available():
+    if not backend.cuda_available():  # the emulated device's arrays are host memory already
         return np.empty(nbytes, dtype=np.uint8)
+    cp = backend.cupy_module()
     mem = cp.cuda.alloc_pinned_memory(nbytes)
     return np.frombuffer(mem, dtype=np.uint8, count=nbytes)
 
 
 def sync_current_stream() -> None:
     """Block until the current CUDA stream is idle: MPI must see finished device data."""
-    backend.cupy_module().cuda.get_current_stream().synchronize()
+    backend.synchronize()
 
 
 def device_bytes(a: Any) -> Any:
     """A flat uint8 view of a C-contiguous device array."""
-    cp = backend.cupy_module()
-    return a.reshape(-1).view(cp.uint8)
+    return a.reshape(-1).view(np.uint8)
 
 
 def stage_to_host(a: Any, cache: PinnedBufferCache, slot: str) -> np.ndarray:

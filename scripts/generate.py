@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--temperature", type=float, default=0.8, help="0: greedy")
     ap.add_argument("--top-k", type=int, default=40, help="0: no top-k cut")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    ap.add_argument("--device", choices=["auto", "cpu", "cuda", "emulated"], default="auto")
     ns = ap.parse_args(argv)
     import gpuplan as gp
 
@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"generate.py: error: {exc}", file=sys.stderr)
         return 2
-    device = ("cuda" if gp.device_available() else "cpu") if ns.device == "auto" else ns.device
+    device = gp.backend.default_device() if ns.device == "auto" else ns.device
     model.to(device=device)
     prompt = data_mod.encode(ns.prompt)[None].astype(np.int64)
     prompt = prompt[:, -model.config.block_size:]

@@ -64,7 +64,8 @@ def peak_tflops(name: str, dtype: str) -> float | None:
 
 
 def device_name(device: str) -> str:
-    """The GPU's name for "cuda"; the CPU model and core count otherwise."""
+    """The GPU's name for "cuda"; the CPU model and core count otherwise (prefixed by
+    "emulated sm_80 on" for the emulated device)."""
     if device == "cuda":
         import cupy
 
@@ -80,7 +81,8 @@ def device_name(device: str) -> str:
                     break
     except OSError:
         pass
-    return f"{model}, {os.cpu_count()} logical cores"
+    where = f"{model}, {os.cpu_count()} logical cores"
+    return f"emulated sm_80 on {where}" if device == "emulated" else where
 
 
 def memory_mib(device: str) -> float:

@@ -72,6 +72,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="save and stop after this step, as if interrupted")
     ap.add_argument("--sample-tokens", type=int, default=200)
     ap.add_argument("--progress", choices=["auto", "bar", "plain"], default="auto")
+    ap.add_argument("--device", choices=["auto", "cpu", "cuda", "emulated"], default="auto",
+                    help="auto: the GPU when there is one (or the emulated device under "
+                         "GPUPLAN_DEVICE=emulated), else cpu; emulated: every kernel runs on "
+                         "the CPU from its CUDA source (slow; for checking)")
     return ap.parse_args(argv)
 
 
@@ -106,6 +110,12 @@ def validate(ns: argparse.Namespace, world_size: int) -> None:
                              f"{getattr(ns, name)}")
     if ns.n_embd % ns.n_head:
         raise ValueError(f"--n-embd {ns.n_embd} is not divisible by --n-head {ns.n_head}")
+    if getattr(ns, "device", "auto") == "cuda":
+        import gpuplan as gp
+
+        if not gp.device_available():
+            raise ValueError("--device cuda: no usable CUDA device here (--device emulated runs "
+                             "the CUDA kernels on the CPU)")
     if ns.n_head % ns.tp:
         raise ValueError(f"--n-head {ns.n_head} is not divisible by --tp {ns.tp}")
     if ns.n_layer % ns.pp:
@@ -165,7 +175,8 @@ class Trainer:
 
         self.ns, self.world, self.corpus = ns, world, corpus
         self.mesh = dist.ProcessMesh(dp=ns.dp, pp=ns.pp, tp=ns.tp, world=world)
-        self.device = "cuda" if gp.device_available() else "cpu"
+        self.device = gp.backend.default_device() if ns.device == "auto" else \
+            gp.backend.resolve_device(ns.device)
         dist.model_parallel_seed(ns.seed, tp_rank=self.mesh.tp_rank, pp_rank=self.mesh.pp_rank)
         self.cfg = nn.GPTConfig(vocab_size=data_mod.VOCAB_SIZE, block_size=ns.block_size,
                                 n_layer=ns.n_layer, n_head=ns.n_head, n_embd=ns.n_embd,

@@ -126,7 +126,7 @@ class _Namespace:
     def asarray(self, a: Any, dtype: Any = None, order: Any = None) -> Any:
         return asarray(a, dtype)
 
-    def array(self, a: Any, dtype: Any = None, copy: bool = True) -> Any:
+    def array(self, a: Any, dtype: Any = None, copy: bool = True, order: str = "K") -> Any:
         return asarray(a, dtype, copy=copy)
 
     def ascontiguousarray(self, a: Any, dtype: Any = None) -> Any:
@@ -150,7 +150,7 @@ def _to_emulated(r: Any) -> Any:
     return r
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _wrap(fn: Any) -> Any:
     @functools.wraps(fn)
     def call(*args: Any, **kwargs: Any) -> Any:

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import numpy as np
-from scripts.benchmarks.common import Case
 
 import gpuplan as gp
+from scripts.benchmarks.common import Case
 
 ROWS, COLS = 8192, 8192
 P = 0.1

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import numpy as np
-from scripts.benchmarks.common import Case
 
 import gpuplan as gp
+from scripts.benchmarks.common import Case
 
 N_PARAMS = 124_439_808  # GPT-2 small
 # GPT-2 small's parameter tensors: embeddings, then 12 blocks, then the final LayerNorm.

@@ -233,18 +233,16 @@ def test_pinned_buffer_cache_reuses_by_slot_and_size_and_evicts():
 
 
 @pytest.mark.gpu
-def test_staged_device_path_round_trips_through_pinned_memory(world):
+def test_staged_device_path_round_trips_through_pinned_memory(world, accelerator):
     # On one GPU with a host-only MPI the device path is staging; with one rank the
     # collectives short-circuit, so exercise the staging helpers directly.
-    import cupy as cp
-
     from dist.staging import stage_to_device, stage_to_host
 
     cache = PinnedBufferCache()
-    x = cp.arange(1000, dtype=cp.float32)
+    x = gp.asarray(np.arange(1000, dtype=np.float32), device=accelerator)
     host = stage_to_host(x, cache, "send")
     np.testing.assert_array_equal(host.view(np.float32), np.arange(1000, dtype=np.float32))
     host.view(np.float32)[:] *= 2
-    y = cp.zeros(1000, dtype=cp.float32)
+    y = gp.zeros(1000, np.float32, device=accelerator)
     stage_to_device(host, y)
     np.testing.assert_array_equal(y.get(), 2 * np.arange(1000, dtype=np.float32))

@@ -66,6 +66,9 @@ def test_default_layout_rule(n, given, expected):
     (["--data", "/no/such/file.txt"], 1, "no such file or folder"),
     (["--batch-size", "6", "--pp", "2", "--micro-batches", "4"], 2, "equal parts"),
     (["--n-embd", "30"], 1, "not divisible by --n-head 4"),
+    pytest.param(["--device", "cuda"], 1, "--device cuda: no usable CUDA device",
+                 marks=pytest.mark.skipif(__import__("gpuplan").device_available(),
+                                          reason="a device is present")),
 ])
 def test_option_errors_are_one_line(args, world, message):
     ns = train.parse_args(args)
@@ -129,3 +132,20 @@ def test_tp2_pp2_run_matches_one_process_and_resumes_exactly(tmp_path):
                          timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert gen.returncode == 0, gen.stderr
     assert gen.stdout.startswith("def ") and "step 6" in gen.stderr
+
+
+def test_emulated_device_run_matches_the_host_run(tmp_path):
+    """The main job on the emulated device (every kernel from its CUDA source, device arrays
+    staged through host MPI) gives the host backend's losses, under tp=2."""
+    steps = ["--steps", "3", "--eval-interval", "3", "--sample-tokens", "4"]
+    host = run(2, *TINY, *steps, "--device", "cpu", "--out", str(tmp_path / "cpu"))
+    assert host.returncode == 0, host.stderr
+    emu = run(2, *TINY, *steps, "--device", "emulated", "--out", str(tmp_path / "emu"))
+    assert emu.returncode == 0, emu.stderr + emu.stdout
+    assert "emulated sm_80" in emu.stdout
+    h_cpu, h_emu = (json.loads((tmp_path / d / "metrics.json").read_text())["history"]
+                    for d in ("cpu", "emu"))
+    assert [h["step"] for h in h_emu] == [1, 3]
+    for a, b in zip(h_cpu, h_emu, strict=True):
+        assert b["train_loss"] == pytest.approx(a["train_loss"], rel=1e-4)
+        assert b["val_loss"] == pytest.approx(a["val_loss"], rel=1e-4)
