@@ -3,16 +3,24 @@ compiles to cubin for each target arch through NVRTC, with the options CuPy uses
 time, on a machine with no GPU and no driver. Prints registers, spills and shared memory
 per kernel; exits non-zero on any compile error or any spill.
 
+With --execute, every kernel instance instead runs on the emulated device (the same .cu
+source compiled by g++, see gpuplan/emulator) through its plan's launch code, against the
+family's float64 NumPy reference (the cases are in scripts/kernel_cases/). It ends with
+`executed N of M kernel instances, K failures` and exits non-zero unless N == M and K == 0.
+
     python scripts/check_kernels.py [--arch 80 90] [--module embedding]
+    python scripts/check_kernels.py --execute [--module embedding]
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import io
 import re
 import sys
 import time
+import traceback
 
 _FUNC_RE = re.compile(r"Compiling entry function '(\S+)' for '(sm_\d+)'")
 _SPILL_RE = re.compile(
@@ -68,12 +76,52 @@ def compile_module(mod, arch: str) -> tuple[list[dict], float]:
     return parse_ptxas(log.getvalue(), demangle), dt
 
 
+def execute(mods: list, families: list[str], quiet: bool) -> int:
+    """Run the kernel cases of `families` on the emulated device; count what really ran."""
+    from gpuplan.emulator import device
+
+    declared = {(m.path.name, n) for m in mods for n in m.name_expressions}
+    failures: list[str] = []
+    t_all = time.perf_counter()
+    for family in families:
+        cases = importlib.import_module(f"kernel_cases.{family}").CASES
+        t0 = time.perf_counter()
+        bad = 0
+        for case in cases:
+            try:
+                case.run()
+            except Exception as exc:  # noqa: BLE001 - report every failing case
+                bad += 1
+                msg = str(exc).strip().splitlines()
+                where = traceback.extract_tb(exc.__traceback__)[-1]
+                failures.append(f"{family} {case.name}: {type(exc).__name__}: "
+                                f"{msg[0] if msg else ''} ({where.filename}:{where.lineno})")
+                print(f"FAIL {family} {case.name}:\n{exc}", file=sys.stderr)
+        ran = {k for k in device.EXECUTED if k[0] == f"{family}.cu"}
+        print(f"{family}.cu: {len(cases)} cases, {bad} failed, "
+              f"{len(ran & declared)} instances executed, {time.perf_counter() - t0:.1f} s")
+    executed = device.EXECUTED & declared
+    missing = sorted(declared - executed)
+    if missing and not quiet:
+        print("not executed:")
+    for mod, name in missing[:50] if quiet else missing:
+        print(f"  {mod}: {name}")
+    print(f"emulated device: {len(mods)} modules in {time.perf_counter() - t_all:.0f} s")
+    for f in failures:
+        print(f"  {f}")
+    print(f"executed {len(executed)} of {len(declared)} kernel instances, "
+          f"{len(failures)} failures")
+    return 0 if not failures and not missing else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--arch", nargs="+", default=["80", "90"])
     ap.add_argument("--module", action="append", default=None,
                     help="only modules whose file stem contains this")
     ap.add_argument("--quiet", action="store_true", help="print only the summary and failures")
+    ap.add_argument("--execute", action="store_true",
+                    help="run every instance on the emulated device against its reference")
     ns = ap.parse_args(argv)
 
     import gpuplan  # noqa: F401 - imports every family, which declares its CudaModule
@@ -82,6 +130,8 @@ def main(argv: list[str] | None = None) -> int:
     mods = registry()
     if ns.module:
         mods = [m for m in mods if any(s in m.path.stem for s in ns.module)]
+    if ns.execute:
+        return execute(mods, [m.path.stem for m in mods], ns.quiet)
     failures: list[str] = []
     n_kernels = 0
     for mod in mods:

@@ -1,0 +1,53 @@
+"""Shared pieces of the kernel cases: the Case record, moves to the emulated device, and the
+float64-reference comparison (gpuplan.testing's per-dtype tolerances)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+import gpuplan as gp
+from gpuplan.dtypes import FLOAT_DTYPES, short_name
+from gpuplan.testing import assert_close, f64, random, run_plan, tol  # noqa: F401
+
+DEVICE = "emulated"
+DTYPES = FLOAT_DTYPES
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    run: Callable[[], None]
+
+
+def emu(a: np.ndarray | None) -> Any:
+    """A host array on the emulated device (None stays None)."""
+    return None if a is None else gp.to_device(a, DEVICE)
+
+
+def host(a: Any) -> np.ndarray:
+    return gp.to_host(a)
+
+
+def run_emulated(plan_cls: type, desc: Any, args: Any,
+                 pref: gp.PlanPreference | None = None) -> gp.Plan:
+    """Select on the emulated stream (NVRTC SKUs only) and run; returns the plan."""
+    pref = pref or gp.PlanPreference(backend=gp.BackendKind.NVRTC)
+    return run_plan(plan_cls, desc, args, DEVICE, pref)
+
+
+def run_reference(plan_cls: type, desc: Any, args: Any) -> None:
+    """The family's NumPy implementation (the caller passes float64 descriptor and arrays)."""
+    run_plan(plan_cls, desc, args, "cpu")
+
+
+def check(actual: Any, expected64: np.ndarray, dtype: Any, what: str, scale: float = 1.0) -> None:
+    assert_close(actual, np.asarray(expected64, dtype=np.float64), dtype, scale,
+                 err_msg=f"{what} [{short_name(dtype)}]")
+
+
+def dtype_id(dtype: Any) -> str:
+    return short_name(dtype)
