@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 import gpuplan as gp
-from gpuplan.dtypes import FLOAT_DTYPES, as_dtype, bfloat16, float16, float32, float64
+from gpuplan.dtypes import as_dtype, bfloat16, float16, float32, float64
 
 #: (rtol, atol) per dtype for results computed from that dtype's inputs and compared with a
 #: float64 reference computed from the same (already rounded) inputs.

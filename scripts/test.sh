@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The whole test suite on a fresh machine: set up .venv, unit tests, the mpi tests under
-# mpiexec -n 2 and -n 4, then the kernel compile check (sm_80, sm_90).
+# The whole test suite on a fresh machine: set up .venv, unit tests, the gpu-marked tests on
+# the emulated device, the mpi tests under mpiexec -n 2 and -n 4, the kernel compile check
+# (sm_80, sm_90), then every kernel instance executed on the emulated device.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -10,6 +11,9 @@ export PYTHONHASHSEED=0 OMP_NUM_THREADS=1
 echo "== unit tests =="
 python -m pytest -q -m "not mpi" "$@"
 
+echo "== gpu tests on the emulated device (GPUPLAN_DEVICE=emulated) =="
+GPUPLAN_DEVICE=emulated python -m pytest -q -m "gpu and not mpi" "$@"
+
 for n in 2 4; do
     echo "== mpi tests: mpiexec -n $n =="
     # Every rank runs the same mpi-marked tests; only rank 0 reports.
@@ -18,3 +22,6 @@ done
 
 echo "== kernel compile check =="
 python scripts/check_kernels.py --quiet
+
+echo "== every kernel instance on the emulated device =="
+python scripts/check_kernels.py --execute --quiet
