@@ -879,6 +879,7 @@ EMU_EXPORT int emu_launch(const __emu_entry* entry, const unsigned* grid,
     }
     g.active = false;
     __emu_cur = nullptr;
+    fflush(stdout);  // a kernel's printf shows up when its launch returns, as after a sync
     if (g.faulted) {
         snprintf(err, errlen, "%s", g.error.c_str());
         return 1;
