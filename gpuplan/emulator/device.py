@@ -205,7 +205,7 @@ class EmulatedKernel:
             rc = runtime().emu_launch(
                 self._entry, (ctypes.c_uint * 3)(*g3), (ctypes.c_uint * 3)(*b3),
                 int(shared_mem), ptrs, flat, which, len(regions), _seed(), err, len(err))
-        if rc == 1 and err.value.decode(errors="replace").count("invalid launch"):
+        if rc == 2:
             raise LaunchError(err.value.decode(errors="replace"))
         if rc != 0:
             raise KernelFault(err.value.decode(errors="replace"))

@@ -793,7 +793,9 @@ bool ensure_stacks() {
 
 // Runs `entry` over grid x block. args: CUDA-style pointers to each parameter's value.
 // regions: 2*nregions words (base, bytes) of the arrays the kernel may touch, in argument
-// order (argument numbers are regions' indices + 0). Returns 0, or 1 with a message in err.
+// order, and region_args their argument numbers (-1: reached through a pointer table).
+// Returns 0; 1 for a fault during the run, 2 for a launch the driver would refuse (message
+// in err).
 EMU_EXPORT int emu_launch(const __emu_entry* entry, const unsigned* grid,
                           const unsigned* block, size_t dyn_bytes, void** args,
                           const uint64_t* regions, const int* region_args, int nregions,
@@ -823,7 +825,7 @@ EMU_EXPORT int emu_launch(const __emu_entry* entry, const unsigned* grid,
         bad = "cannot map fiber stacks";
     if (!bad.empty()) {
         snprintf(err, errlen, "kernel %s: invalid launch: %s", entry->name, bad.c_str());
-        return 1;
+        return 2;
     }
     g.nthreads = static_cast<unsigned>(nthreads);
     if (g.threads.size() < kMaxThreads) g.threads.resize(kMaxThreads);
