@@ -1,0 +1,163 @@
+"""GEMM on the emulated device (the NVRTC ``tiled`` SKU: tensor-core kernels for f16/bf16,
+scalar-copy and cp.async (VEC) tile loads; FMA kernels for f32/f64) and the cuBLAS SKU's
+epilogue kernel gemm_scale_bias, against float64 NumPy math.
+
+Tolerance as tests/gpuplan/ops/test_gemm.py: |err| <= rtol * (|ref| + |beta * C0| + |bias|)
++ atol * sqrt(K) with the dtype's (rtol, atol): a sum of K products grows like sqrt(K), and
+an addend may be rounded once more before the final rounding.
+
+gemm_scale_bias is launched only by the cuBLAS SKU (C = beta * C + bias before a beta = 1
+cuBLAS call), which the emulated device does not have; its cases call that SKU's launch
+method, GemmPlan._scale_bias, on a plan selected for the emulated stream.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+import gpuplan as gp
+from gpuplan.dtypes import HALF_DTYPES, short_name
+from gpuplan.testing import tol
+from kernel_cases.common import DEVICE, DTYPES, Case, dtype_id, emu, f64, host, random, run_emulated
+
+FLAGS = [(False, False), (False, True), (True, False), (True, True)]
+BROADCASTS = ("none", "a", "b", "both")
+
+
+def _flags_id(ta: bool, tb: bool) -> str:
+    return ("t" if ta else "n") + ("t" if tb else "n")
+
+
+def _operands(desc: gp.GemmDescriptor, seed: int):
+    a = random(desc.a_shape(), desc.dtype, seed=seed)
+    b = random(desc.b_shape(), desc.dtype, seed=seed + 1)
+    c = random(desc.c_shape(), desc.dtype, seed=seed + 2)
+    bias = random((desc.n,), desc.dtype, seed=seed + 3) if desc.has_bias else None
+    return a, b, c, bias
+
+
+def _reference(desc: gp.GemmDescriptor, a, b, c0, bias) -> np.ndarray:
+    a64, b64 = f64(a), f64(b)
+    if desc.trans_a:
+        a64 = np.swapaxes(a64, -1, -2)
+    if desc.trans_b:
+        b64 = np.swapaxes(b64, -1, -2)
+    out = desc.alpha * np.matmul(a64, b64)
+    if desc.beta != 0:
+        out = out + desc.beta * f64(c0)
+    if bias is not None:
+        out = out + f64(bias)
+    return np.broadcast_to(out, desc.c_shape())
+
+
+def _check(actual, expected: np.ndarray, desc: gp.GemmDescriptor, c0, bias, what: str) -> None:
+    rtol, atol = tol(desc.dtype)
+    bound = rtol * np.abs(expected) + atol * max(1.0, math.sqrt(desc.k))
+    if desc.beta != 0:
+        bound = bound + rtol * np.abs(desc.beta * f64(c0))
+    if bias is not None:
+        bound = bound + rtol * np.abs(f64(bias))
+    got = f64(actual)
+    assert got.shape == expected.shape, (what, got.shape, expected.shape)
+    err = np.abs(got - expected)
+    bad = ~(err <= bound)  # NaN counts as bad
+    if bad.any():
+        worst = np.unravel_index(np.argmax(np.where(bad, np.nan_to_num(err - bound, nan=np.inf),
+                                                    -np.inf)), err.shape)
+        raise AssertionError(
+            f"{what} [{short_name(desc.dtype)}] {desc}: {int(bad.sum())} of {bad.size} outside "
+            f"the bound; at {worst}: got {got[worst]}, expected {expected[worst]}, "
+            f"bound {bound[worst]}")
+
+
+def tiled(desc: gp.GemmDescriptor, vec: bool | None, seed: int) -> None:
+    """Run the tiled SKU; vec (half types): whether the cp.async instance must be chosen."""
+    a, b, c0, bias = _operands(desc, seed)
+    if desc.beta == 0:
+        c0 = np.full(desc.c_shape(), np.nan, desc.dtype)  # beta == 0 never reads C
+    c = emu(c0.copy())
+    ad, bd = emu(a), emu(b)
+    if vec is not None:
+        # The instance the plan will pick (gemm.py _run_tiled): contiguous extents % 8 and
+        # 16-byte aligned bases (emulated allocations are 256-byte aligned).
+        ca = desc.m if desc.trans_a else desc.k
+        cb = desc.k if desc.trans_b else desc.n
+        picks = (ca % 8 == 0 and cb % 8 == 0 and ad.data.ptr % 16 == 0
+                 and bd.data.ptr % 16 == 0)
+        assert picks == vec, f"case meant for VEC={vec} would launch VEC={picks}"
+    plan = run_emulated(gp.GemmPlan, desc, gp.GemmArgs(ad, bd, c, emu(bias)))
+    assert plan.sku().variant == "tiled", plan.sku()
+    _check(c, _reference(desc, a, b, c0, bias), desc, c0, bias, "gemm tiled")
+
+
+def scale_bias(dtype, beta: float, has_bias: bool) -> None:
+    desc = gp.GemmDescriptor(7, 45, 3, batch=3, beta=beta, has_bias=has_bias, dtype=dtype)
+    a, b, c0, bias = _operands(desc, seed=21)
+    if beta == 0:
+        c0 = np.full(desc.c_shape(), np.nan, dtype)
+    c = emu(c0.copy())
+    stream = gp.Stream.emulated()
+    plan = gp.GemmPlan.select(stream, desc, gp.PlanPreference(backend=gp.BackendKind.NVRTC))
+    plan._scale_bias(stream, gp.GemmArgs(emu(a), emu(b), c, emu(bias)))
+    stream.synchronize()
+    expected = np.zeros(desc.c_shape()) if beta == 0 else beta * f64(c0)
+    if has_bias:
+        expected = expected + f64(bias)
+    d0 = gp.GemmDescriptor(7, 45, 0, batch=3, beta=beta, has_bias=has_bias, dtype=dtype)
+    _check(c, expected, d0, c0, bias, "gemm_scale_bias")
+    assert gp.backend.resolve_device(DEVICE) == "emulated" and host(c).shape == (3, 7, 45)
+
+
+def _tc_cases() -> list[Case]:
+    cases = []
+    for t in HALF_DTYPES:
+        for i, (ta, tb) in enumerate(FLAGS):
+            bc = BROADCASTS[i]
+            # Scalar tile loads: odd extents, batch/broadcast, alpha/beta/bias, 2 k-tiles.
+            d = gp.GemmDescriptor(23, 41, 37, batch=1 if bc == "both" else 3, trans_a=ta,
+                                  trans_b=tb, alpha=-1.25, beta=0.75, has_bias=True,
+                                  broadcast_a=bc in ("a", "both"),
+                                  broadcast_b=bc in ("b", "both"), dtype=t)
+            cases.append(Case(f"tc scalar {_flags_id(ta, tb)} bcast={bc}[{dtype_id(t)}]",
+                              lambda d=d, i=i: tiled(d, False, seed=i)))
+            # cp.async loads: extents % 8; 6 k-tiles (> STAGES: the ring wraps); M and/or N
+            # > 128 (several blocks); beta == 0 (C holds NaN) with and without bias.
+            bc2 = BROADCASTS[(i + 1) % 4]
+            m, n = (136 if i % 2 == 0 else 40), (144 if i >= 2 else 24)
+            d = gp.GemmDescriptor(m, n, 168, batch=1 if bc2 == "both" else 2, trans_a=ta,
+                                  trans_b=tb, alpha=0.5, beta=0.0, has_bias=i % 2 == 0,
+                                  broadcast_a=bc2 in ("a", "both"),
+                                  broadcast_b=bc2 in ("b", "both"), dtype=t)
+            cases.append(Case(f"tc vec {_flags_id(ta, tb)} bcast={bc2}[{dtype_id(t)}]",
+                              lambda d=d, i=i: tiled(d, True, seed=10 + i)))
+    return cases
+
+
+def _fma_cases() -> list[Case]:
+    cases = []
+    for t in (np.float32, np.float64):
+        for i, (ta, tb) in enumerate(FLAGS):
+            bc = BROADCASTS[i]
+            # f64 tiles are 64x64: n = 70 gives two column blocks there; k = 19 three k-tiles.
+            d = gp.GemmDescriptor(23, 70, 19, batch=1 if bc == "both" else 2, trans_a=ta,
+                                  trans_b=tb, alpha=-1.25, beta=0.75 if i % 2 else 0.0,
+                                  has_bias=i < 2, broadcast_a=bc in ("a", "both"),
+                                  broadcast_b=bc in ("b", "both"), dtype=t)
+            cases.append(Case(f"fma {_flags_id(ta, tb)} bcast={bc}[{dtype_id(t)}]",
+                              lambda d=d, i=i: tiled(d, None, seed=20 + i)))
+            # Several blocks both ways (f32 tiles 128x128), K not a multiple of the k-tile.
+            d = gp.GemmDescriptor(136, 264, 75, trans_a=ta, trans_b=tb, beta=-0.5, dtype=t)
+            cases.append(Case(f"fma {_flags_id(ta, tb)} 136x264x75[{dtype_id(t)}]",
+                              lambda d=d, i=i: tiled(d, None, seed=30 + i)))
+    return cases
+
+
+CASES = (
+    _tc_cases()
+    + _fma_cases()
+    + [Case(f"scale_bias beta={beta} bias={hb}[{dtype_id(t)}]",
+            lambda t=t, beta=beta, hb=hb: scale_bias(t, beta, hb))
+       for t in DTYPES for beta, hb in ((0.75, True), (0.0, True), (-0.5, False))]
+)
