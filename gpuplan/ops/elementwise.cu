@@ -290,9 +290,8 @@ template <> struct narrow<__nv_bfloat16> {
     static __device__ __forceinline__ __nv_bfloat16 from(float v) { return __float2bfloat16_rn(v); }
     static __device__ __forceinline__ __nv_bfloat16 from(double v) { return __double2bfloat16(v); }
     static __device__ __forceinline__ __nv_bfloat16 from(int v) { return __double2bfloat16((double)v); }
-    static __device__ __forceinline__ __nv_bfloat16 from(long long v) {
-        return __double2bfloat16((double)v);
-    }
+    // one rounding, also beyond 2^53 where (double)v would round first
+    static __device__ __forceinline__ __nv_bfloat16 from(long long v) { return __ll2bfloat16_rn(v); }
 };
 template <typename D, typename S> __device__ __forceinline__ D convert(S v) {
     return narrow<D>::from(widen<S>(v));

@@ -21,7 +21,16 @@ from typing import Any
 import numpy as np
 
 from gpuplan import backend
-from gpuplan.dtypes import FLOAT_DTYPES, accumulator, as_dtype, cuda_name, int32, int64
+from gpuplan.dtypes import (
+    FLOAT_DTYPES,
+    accumulator,
+    as_dtype,
+    bfloat16,
+    cuda_name,
+    float64,
+    int32,
+    int64,
+)
 from gpuplan.dtypes import short_name as sn
 from gpuplan.errors import InvalidProblem, Unsupported, describe
 from gpuplan.execute import execute
@@ -679,8 +688,12 @@ class CastPlan(Plan):
         return self.desc.numel == 0
 
     def _run_numpy(self, stream: Stream, ws: Workspace, args: CastArgs) -> None:
+        out = as_dtype(self.desc.out_dtype)
         with np.errstate(invalid="ignore", over="ignore"):
-            args.y[...] = args.x.astype(as_dtype(self.desc.out_dtype))
+            if out == bfloat16 and as_dtype(self.desc.dtype) in (float64, int32, int64):
+                args.y[...] = _round_odd_to_f32(args.x).astype(bfloat16)
+            else:
+                args.y[...] = args.x.astype(out)
 
     def _run_map(self, stream: Stream, ws: Workspace, args: CastArgs) -> None:
         d = self.desc
@@ -690,6 +703,31 @@ class CastPlan(Plan):
         launch(stream, fn, _grid(cdiv(d.numel, pack)), 256,
                (args.x, args.y, np.int64(d.numel),
                 _vec_ok((args.x, pack * s.itemsize), (args.y, pack * t.itemsize))))
+
+
+def _round_odd_to_f32(x: np.ndarray) -> np.ndarray:
+    """x (f64 or integers) in f32 rounded to odd: truncated, then the last bit set when
+    inexact. Rounding that to bfloat16 (8 bits) gives x rounded once to nearest even, which
+    a direct astype does not (ml_dtypes goes through a round-to-nearest f32: two roundings)."""
+    if x.dtype.kind in "iu":
+        exact = x.astype(np.float64)
+        back = np.where(np.abs(exact) >= 2.0**63, np.iinfo(np.int64).max,
+                        exact).astype(np.int64)
+        away = np.where(x >= 0, back > x, back < x)
+        exact = np.where(away, np.nextafter(exact, 0.0), exact)
+        exact = np.where(back != x, _set_last_bit(exact, np.uint64), exact)
+    else:
+        exact = x.astype(np.float64, copy=False)
+    f = exact.astype(np.float32)
+    wide = f.astype(np.float64)
+    f = np.where(np.isfinite(exact) & (np.abs(wide) > np.abs(exact)), np.nextafter(f, 0), f)
+    f = np.where(np.isfinite(exact) & (f.astype(np.float64) != exact),
+                 _set_last_bit(f, np.uint32), f)
+    return f.astype(np.float32)
+
+
+def _set_last_bit(a: np.ndarray, uint: type) -> np.ndarray:
+    return (np.asarray(a).view(uint) | uint(1)).view(a.dtype)
 
 
 # -- functional API ------------------------------------------------------------------------

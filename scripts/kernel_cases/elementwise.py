@@ -2,10 +2,10 @@
 broadcast with their gradients, bias add, cast) against the family's NumPy implementation run
 in float64 (scale 4 for the transcendental activations and for reduced gradients, as in
 tests/gpuplan/ops/test_elementwise.py). Casts are compared bit for bit with the exactly
-once-rounded value (truncation for integer targets), computed with Fractions: NumPy's astype
-to bf16 (the host SKU) rounds f64 and integers through f32, so it is not the reference, and
-the inputs include ties only a single rounding resolves. Not covered: int64 beyond 2**53 to
-bf16, which the kernel rounds twice (through double) and so misses nearest-even.
+once-rounded value (truncation for integer targets), computed with Fractions (an independent
+reference; NumPy's own astype to bf16 rounds f64 and integers through f32, which is why the
+host SKU rounds to odd in f32 first), and the inputs include ties only a single rounding
+resolves, int64 beyond 2**53 included.
 
 Sizes are small and odd (37): an aligned launch takes the 16-byte pack path and then the
 scalar tail; one-element-off views (`_misaligned`) take the scalar path alone.
@@ -212,8 +212,10 @@ def cast(src, dst, misaligned: bool = False) -> None:
     if src.kind == "i":
         x = np.trunc(vals).astype(src)
         # Nearest-even ties only a single rounding gets right (bf16 and, for the first,
-        # f16 overflow); below 2**53, where int -> double is exact.
+        # f16 overflow); for int64 also one beyond 2**53, where int -> double rounds.
         x[4:6] = [2**24 + 2**16 + 1, -(2**30 + 2**22 + 1)]
+        if src == np.int64 and dst.kind == "f":
+            x[6] = 2**62 + 2**54 + 1
         exact = [Fraction(int(v)) for v in x]
     else:
         vals[4:6] = [1 + 2.0**-8 + 2.0**-40, -(1 + 2.0**-11 + 2.0**-40)]  # bf16 / f16 ties+

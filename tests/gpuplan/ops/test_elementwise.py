@@ -344,3 +344,17 @@ def test_functional_api(device):
     y = F.cast(x.transpose(2, 0, 1), np.float32)  # strided input is made contiguous
     assert y.shape == (7, 3, 5) and y.dtype == np.float32 and gp.device_of(y) == device
     np.testing.assert_array_equal(gp.to_host(y), f64(x).transpose(2, 0, 1))
+
+
+def test_cast_to_bf16_rounds_once(device):
+    """f64 and integers to bf16: nearest even of the exact value (NumPy's astype goes through
+    f32 and rounds twice; the kernel's __double2bfloat16 / __ll2bfloat16_rn round once)."""
+    x = np.array([1 + 2**-8 + 2**-40, -(1 + 2**-8 + 2**-40), 2.0**-140, 1e40])
+    got = gp.to_host(gp.functional.cast(on(device, x), gp.bfloat16)).astype(np.float64)
+    np.testing.assert_array_equal(got, [1.0078125, -1.0078125, 0.0, np.inf])
+    i = np.array([2**24 + 2**16 + 1, -(2**30 + 2**22 + 1)], np.int32)
+    got = gp.to_host(gp.functional.cast(on(device, i), gp.bfloat16)).astype(np.float64)
+    np.testing.assert_array_equal(got, [2**24 + 2**17, -(2**30 + 2**23)])
+    j = np.array([2**40 + 2**32 + 1, 2**62 + 2**54 + 1], np.int64)
+    got = gp.to_host(gp.functional.cast(on(device, j), gp.bfloat16)).astype(np.float64)
+    np.testing.assert_array_equal(got, [2.0**40 + 2.0**33, 2.0**62 + 2.0**55])
