@@ -10,6 +10,7 @@ for a ``float`` parameter is refused: a GPU would read half of its bytes).
 from __future__ import annotations
 
 import ctypes
+import hashlib
 import os
 import threading
 from collections.abc import Sequence
@@ -31,7 +32,6 @@ MAX_DYNAMIC_SMEM = 166912
 
 _LOCK = threading.RLock()
 _RUNTIME: ctypes.CDLL | None = None
-_LAUNCHES = 0
 #: (module file name, kernel name expression) of every kernel that completed a launch here
 #: (what `scripts/check_kernels.py --execute` counts).
 EXECUTED: set[tuple[str, str]] = set()
@@ -104,11 +104,14 @@ def _dims(v: Any, what: str, kernel: str) -> tuple[int, int, int]:
     return t + (1,) * (3 - len(t))
 
 
-def _seed() -> int:
-    global _LAUNCHES
-    _LAUNCHES += 1
+def _seed(kernel: EmulatedKernel) -> int:
+    """The launch's schedule seed: GPUPLAN_EMULATOR_SEED, the kernel and how many times this
+    kernel has launched in this process (so a test's schedules do not depend on the tests
+    that ran before it launching other kernels)."""
+    kernel.launches += 1
     base = int(os.environ.get("GPUPLAN_EMULATOR_SEED", "0"))
-    return (base * 0x9E3779B97F4A7C15 + _LAUNCHES * 0xBF58476D1CE4E5B9) % 2**64
+    name = int.from_bytes(hashlib.blake2b(kernel.name.encode(), digest_size=8).digest(), "little")
+    return (base * 0x9E3779B97F4A7C15 + name + kernel.launches * 0xBF58476D1CE4E5B9) % 2**64
 
 
 class EmulatedKernel:
@@ -120,6 +123,7 @@ class EmulatedKernel:
         self.name = name
         self._entry = entry
         self.params = params
+        self.launches = 0
         self.max_dynamic_shared_size_bytes = DEFAULT_DYNAMIC_SMEM
 
     def __setattr__(self, key: str, value: Any) -> None:
@@ -204,7 +208,7 @@ class EmulatedKernel:
         with _LOCK:
             rc = runtime().emu_launch(
                 self._entry, (ctypes.c_uint * 3)(*g3), (ctypes.c_uint * 3)(*b3),
-                int(shared_mem), ptrs, flat, which, len(regions), _seed(), err, len(err))
+                int(shared_mem), ptrs, flat, which, len(regions), _seed(self), err, len(err))
         if rc == 2:
             raise LaunchError(err.value.decode(errors="replace"))
         if rc != 0:

@@ -70,6 +70,7 @@ struct Warp {
     unsigned mask;
     size_t bytes;
     int first_lane;
+    int lane_a[32];  // per-lane operand: the source lane or delta of a shuffle
     uint32_t in[32][12];
     uint32_t out[32][8];
 };
@@ -452,10 +453,13 @@ void warp_collective(int kind, unsigned mask, const void* in, size_t in_bytes, v
                        "existing lanes (%#x); partial masks are not supported",
                        warp_op_name(kind), mask, w.lane_mask);
     }
+    const bool shuffle_op = kind == EMU_WARP_SHFL_IDX || kind == EMU_WARP_SHFL_UP ||
+                            kind == EMU_WARP_SHFL_DOWN || kind == EMU_WARP_SHFL_XOR;
     if (w.arrived == 0) {
         w.kind = kind, w.a = a, w.width = width, w.bytes = bytes, w.mask = mask;
         w.first_lane = t->lane;
-    } else if (w.kind != kind || w.bytes != bytes || w.a != a || w.width != width) {
+    } else if (w.kind != kind || w.bytes != bytes || w.width != width ||
+               (!shuffle_op && w.a != a)) {  // a shuffle's source lane may differ per lane
         fault_in_fiber("lane %d executes %s while lane %d of the same warp waits in %s "
                        "(operands differ or the lanes diverged)",
                        t->lane, warp_op_name(kind), w.first_lane, warp_op_name(w.kind));
@@ -468,6 +472,7 @@ void warp_collective(int kind, unsigned mask, const void* in, size_t in_bytes, v
         }
     }
     memcpy(w.in[t->lane], in, bytes);
+    w.lane_a[t->lane] = a;
     t->state = AT_WARP;
     if (++w.arrived == w.nlanes) {
         execute_warp(w);
@@ -544,7 +549,8 @@ void execute_mma(Warp& w) {
         const int g4 = lane >> 2, tig = lane & 3;
         for (int i = 0; i < 4; ++i) {
             const int row = g4 + (i >= 2 ? 8 : 0), col = tig * 2 + (i & 1);
-            double s = 0.0;  // products of 16-bit floats are exact in double, so is the sum
+            double s = 0.0;  // products of 16-bit floats are exact in double; the sum is
+                             // rounded in double, then once more to f32
             for (int k = 0; k < 16; ++k) s += static_cast<double>(A[row][k]) * Bt[col][k];
             const float d = static_cast<float>(s + C[row][col]);
             memcpy(&w.out[lane][i], &d, 4);
@@ -584,13 +590,13 @@ void execute_warp(Warp& w) {
         case EMU_WARP_SHFL_DOWN:
         case EMU_WARP_SHFL_XOR:
             for (int l = 0; l < n; ++l) {
-                const int seg = l & ~(w.width - 1), end = seg + w.width;
+                const int seg = l & ~(w.width - 1), end = seg + w.width, a = w.lane_a[l];
                 int src = l;
-                if (w.kind == EMU_WARP_SHFL_IDX) src = seg + (w.a & (w.width - 1));
-                if (w.kind == EMU_WARP_SHFL_UP) src = l - w.a >= seg ? l - w.a : l;
-                if (w.kind == EMU_WARP_SHFL_DOWN) src = l + w.a < end ? l + w.a : l;
-                if (w.kind == EMU_WARP_SHFL_XOR) src = ((l ^ w.a) & ~(w.width - 1)) == seg
-                                                           ? (l ^ w.a) : l;
+                if (w.kind == EMU_WARP_SHFL_IDX) src = seg + (a & (w.width - 1));
+                if (w.kind == EMU_WARP_SHFL_UP) src = l - a >= seg ? l - a : l;
+                if (w.kind == EMU_WARP_SHFL_DOWN) src = l + a < end ? l + a : l;
+                if (w.kind == EMU_WARP_SHFL_XOR) src = ((l ^ a) & ~(w.width - 1)) == seg
+                                                           ? (l ^ a) : l;
                 if (src >= n) src = l;  // lanes past the block's last thread do not exist
                 memcpy(w.out[l], w.in[src], w.bytes);
             }
@@ -883,7 +889,8 @@ EMU_EXPORT int emu_launch(const __emu_entry* entry, const unsigned* grid,
     __emu_cur = nullptr;
     fflush(stdout);  // a kernel's printf shows up when its launch returns, as after a sync
     if (g.faulted) {
-        snprintf(err, errlen, "%s", g.error.c_str());
+        snprintf(err, errlen, "%s (GPUPLAN_EMULATOR_SEED schedule seed %#llx)", g.error.c_str(),
+                 static_cast<unsigned long long>(seed));
         return 1;
     }
     return 0;

@@ -305,14 +305,14 @@ class GemmPlan(Plan):
                shared_mem=smem)
 
 
-_SMEM_SET: set[int] = set()
+_SMEM_SET: dict[int, Any] = {}
 
 
 def _allow_dynamic_smem(fn: Any, nbytes: int) -> None:
     """Raise a kernel's dynamic shared-memory cap above 48 KB (once per compiled function)."""
     if id(fn) not in _SMEM_SET:
         fn.max_dynamic_shared_size_bytes = nbytes
-        _SMEM_SET.add(id(fn))
+        _SMEM_SET[id(fn)] = fn  # held, so that its id is never reused by another function
 
 
 # -- functional API ------------------------------------------------------------------------

@@ -376,18 +376,14 @@ def test_missing_syncthreads_gives_a_wrong_result(errors_module, monkeypatch):
     assert wrong > 0, "the race without __syncthreads went unnoticed"
 
 
-# -- known gaps of the emulator (xfail until it handles them) --------------------------------
-
-
-@pytest.mark.xfail(raises=KernelFault, strict=False,
-                   reason="emulator false positive: __shfl_sync requires one srcLane for the "
-                          "whole warp (execute_warp uses a single operand), while each lane "
-                          "may name its own")
 def test_shfl_sync_per_lane_source_lane(errors_module):
     x = np.arange(32, dtype=np.float32) * 3 + 1
     y = dev(np.zeros(32, dtype=np.float32))
     errors_module.get_function("shfl_rotate")((1,), (32,), (dev(x), y))
     np.testing.assert_array_equal(host(y), np.roll(x, -1))
+
+
+# -- known gaps of the emulator (xfail until it handles them) --------------------------------
 
 
 @pytest.mark.xfail(strict=False,
