@@ -2,8 +2,8 @@
 //
 // - Blocks run one after another in a permuted order; the threads of a block are fibers on
 //   the launching OS thread. A fiber runs until it blocks (barrier, warp collective) or
-//   exits; the order in which runnable fibers run is re-permuted at every barrier release
-//   (seeded per launch), so a missing barrier or a race shows up as a wrong result.
+//   exits; the next fiber comes from a seeded random warp-priority schedule (see
+//   make_runnable), so a missing barrier or a race shows up as a wrong result.
 // - __syncthreads completes when every thread of the block has arrived or exited.
 // - Warp collectives (shuffles, votes, ldmatrix, mma.sync) execute when every existing
 //   lane of the warp has arrived at the same kind of collective with the full mask; a
@@ -89,8 +89,8 @@ struct Launch {
     unsigned nthreads = 0;
     std::vector<Thread> threads;
     std::vector<Warp> warps;
-    std::vector<int> runq;
-    size_t runq_head = 0;
+    std::vector<std::vector<int>> runnable;  // per warp: its runnable threads
+    std::vector<int> warp_order;             // warp priorities, highest first
     unsigned exited = 0, at_barrier = 0;
     int bar_count = 0, bar_and = 1, bar_or = 0;
     void* sched_sp = nullptr;
@@ -286,16 +286,39 @@ inline void check_access(uintptr_t a, size_t n, bool store) {
 }
 
 // -- block scheduling ----------------------------------------------------------------------
+// Scheduling: warps have random priorities (redrawn at every barrier release, and a warp
+// drops to a random rank with probability 1/8 when it completes a collective); the next
+// fiber is a random runnable thread of the highest-priority warp that has one. So one warp
+// may run far ahead of another between barriers (as on a GPU), which exposes missing
+// barriers and write-after-read races across warp collectives.
 void make_runnable(Thread& t) {
     t.state = RUNNABLE;
-    g.runq.push_back(t.linear);
+    g.runnable[t.warp].push_back(t.linear);
+}
+
+int next_runnable() {
+    for (int w : g.warp_order) {
+        std::vector<int>& q = g.runnable[w];
+        if (q.empty()) continue;
+        const size_t i = splitmix(g.rng) % q.size();
+        const int t = q[i];
+        q[i] = q.back();
+        q.pop_back();
+        return t;
+    }
+    return -1;
+}
+
+void reprioritize(int warp) {
+    std::vector<int>& o = g.warp_order;
+    o.erase(std::find(o.begin(), o.end(), warp));
+    o.insert(o.begin() + static_cast<long>(splitmix(g.rng) % (o.size() + 1)), warp);
 }
 
 void release_barrier() {
     std::vector<int> waiting;
-    for (Thread& t : g.threads)
-        if (t.state == AT_BARRIER) waiting.push_back(t.linear);
-    shuffle(waiting.data(), waiting.size());
+    for (unsigned i = 0; i < g.nthreads; ++i)  // threads past the block's are stale
+        if (g.threads[i].state == AT_BARRIER) waiting.push_back(static_cast<int>(i));
     int result = 0;
     // the kind of the first waiter decides (every thread of a correct kernel uses the same)
     for (int i : waiting) {
@@ -311,6 +334,7 @@ void release_barrier() {
     }
     g.at_barrier = 0;
     g.bar_count = 0, g.bar_and = 1, g.bar_or = 0;
+    shuffle(g.warp_order.data(), g.warp_order.size());
 }
 
 const char* warp_op_name(int kind) {
@@ -363,8 +387,11 @@ void run_block() {
     const unsigned bx = __emu_block_dim.x, by = __emu_block_dim.y;
     g.exited = g.at_barrier = 0;
     g.bar_count = 0, g.bar_and = 1, g.bar_or = 0;
-    g.runq.clear();
-    g.runq_head = 0;
+    g.runnable.resize(g.warps.size());
+    for (auto& q : g.runnable) q.clear();
+    g.warp_order.resize(g.warps.size());
+    for (size_t w = 0; w < g.warps.size(); ++w) g.warp_order[w] = static_cast<int>(w);
+    shuffle(g.warp_order.data(), g.warp_order.size());
     for (unsigned i = 0; i < g.nthreads; ++i) {
         Thread& t = g.threads[i];
         t.tid = {i % bx, (i / bx) % by, i / (bx * by)};
@@ -377,24 +404,19 @@ void run_block() {
         t.barrier_result = 0;
         t.next_group = 0;
         t.pending.clear();
-        t.state = RUNNABLE;
-        g.runq.push_back(static_cast<int>(i));
+        make_runnable(t);
     }
     for (Warp& w : g.warps) w.arrived = 0;
-    shuffle(g.runq.data(), g.runq.size());
     fill_garbage(g.static_smem, g.static_used);
     if (g.dyn_bytes) fill_garbage(g.dyn_smem, g.dyn_bytes);
     for (;;) {
-        while (g.runq_head < g.runq.size()) {
-            Thread& t = g.threads[g.runq[g.runq_head++]];
-            if (t.state != RUNNABLE) continue;
+        for (int i = next_runnable(); i >= 0; i = next_runnable()) {
+            Thread& t = g.threads[i];
             __emu_cur = &t;
             emu_switch(&g.sched_sp, t.sp);
             __emu_cur = nullptr;
             if (g.faulted) return;
         }
-        g.runq.clear();
-        g.runq_head = 0;
         if (!resolve_stall()) return;
     }
 }
@@ -480,9 +502,9 @@ void warp_collective(int kind, unsigned mask, const void* in, size_t in_bytes, v
         int lanes[32], n = 0;
         for (int l = 0; l < w.nlanes; ++l)
             if (l != t->lane) lanes[n++] = t->warp * 32 + l;
-        shuffle(lanes, static_cast<size_t>(n));
         for (int i = 0; i < n; ++i) make_runnable(g.threads[lanes[i]]);
         t->state = RUNNABLE;
+        if (splitmix(g.rng) % 8 == 0) reprioritize(t->warp);
     } else {
         to_scheduler(t);
     }
