@@ -186,6 +186,21 @@ void* initial_stack(Thread& t) {
 
 void to_scheduler(Thread* t) { emu_switch(&t->sp, g.sched_sp); }
 
+int next_runnable();
+
+// A blocked or finished fiber hands the OS thread straight to the next runnable one (half
+// the context switches of going through the scheduler); with none, to the scheduler.
+void yield_fiber(Thread* t) {
+    const int i = next_runnable();
+    if (i < 0) {
+        to_scheduler(t);
+        return;
+    }
+    Thread* n = &g.threads[i];
+    __emu_cur = n;
+    emu_switch(&t->sp, n->sp);
+}
+
 std::string where(const Thread* t) {
     char buf[256];
     snprintf(buf, sizeof buf, "kernel %s, block (%u,%u,%u)", g.entry ? g.entry->name : "?",
@@ -231,7 +246,7 @@ void fiber_main() {
     t->pending.clear();  // copies never waited for are dropped with the thread
     t->state = EXITED;
     ++g.exited;
-    to_scheduler(t);
+    yield_fiber(t);
     __builtin_unreachable();
 }
 
@@ -448,7 +463,7 @@ EMU_EXPORT int __emu_barrier(int kind, int pred) {
     g.bar_and &= pred;
     g.bar_or |= pred;
     ++g.at_barrier;
-    to_scheduler(t);
+    yield_fiber(t);
     return t->barrier_result;
 }
 
@@ -506,7 +521,7 @@ void warp_collective(int kind, unsigned mask, const void* in, size_t in_bytes, v
         t->state = RUNNABLE;
         if (splitmix(g.rng) % 8 == 0) reprioritize(t->warp);
     } else {
-        to_scheduler(t);
+        yield_fiber(t);
     }
     memcpy(out, w.out[t->lane], out_bytes);
 }
@@ -537,7 +552,17 @@ float f16_to_float(uint16_t bits) {  // IEEE binary16 -> binary32, exactly
     return v;
 }
 
-float decode_16(uint32_t reg, int hi, int type) {
+// binary16 bit patterns to float, all 65536 of them (built once).
+const float* f16_table() {
+    static float* table = [] {
+        float* t = new float[65536];
+        for (uint32_t b = 0; b < 65536; ++b) t[b] = f16_to_float(static_cast<uint16_t>(b));
+        return t;
+    }();
+    return table;
+}
+
+double decode_16(uint32_t reg, int hi, int type, const float* f16) {
     const uint16_t bits = static_cast<uint16_t>(hi ? reg >> 16 : reg);
     if (type == EMU_MMA_BF16) {
         const uint32_t f = static_cast<uint32_t>(bits) << 16;
@@ -545,36 +570,44 @@ float decode_16(uint32_t reg, int hi, int type) {
         memcpy(&v, &f, 4);
         return v;
     }
-    return f16_to_float(bits);
+    return f16[bits];
 }
 
 // D = A * B + C for one m16n8k16 tile, operands gathered from the lanes' fragments by the
 // PTX ISA's layout tables (groupID = lane >> 2, threadID_in_group = lane % 4).
 void execute_mma(Warp& w) {
     const int type = w.a;
-    float A[16][16], Bt[8][16], C[16][8];
+    const float* f16 = f16_table();
+    double A[16][16], B[16][8], D[16][8];
     for (int lane = 0; lane < 32; ++lane) {
         const int g4 = lane >> 2, tig = lane & 3;
         const uint32_t* in = w.in[lane];
         for (int i = 0; i < 8; ++i) {  // A element i: register i / 2, low half first
             const int row = g4 + ((i & 2) ? 8 : 0);
             const int col = tig * 2 + (i & 1) + (i >= 4 ? 8 : 0);
-            A[row][col] = decode_16(in[i / 2], i & 1, type);
+            A[row][col] = decode_16(in[i / 2], i & 1, type, f16);
         }
         for (int i = 0; i < 4; ++i) {  // B element i: register 4 + i / 2
             const int k = tig * 2 + (i & 1) + (i >= 2 ? 8 : 0);
-            Bt[g4][k] = decode_16(in[4 + i / 2], i & 1, type);
+            B[k][g4] = decode_16(in[4 + i / 2], i & 1, type, f16);
         }
-        for (int i = 0; i < 4; ++i) memcpy(&C[g4 + (i >= 2 ? 8 : 0)][tig * 2 + (i & 1)], &in[6 + i], 4);
+    }
+    // Products of 16-bit floats are exact in double; each output sums its 16 products in
+    // ascending k in double (independent accumulators across columns), then adds C and
+    // rounds once to f32.
+    for (int r = 0; r < 16; ++r) {
+        double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        for (int k = 0; k < 16; ++k)
+            for (int c = 0; c < 8; ++c) acc[c] += A[r][k] * B[k][c];
+        for (int c = 0; c < 8; ++c) D[r][c] = acc[c];
     }
     for (int lane = 0; lane < 32; ++lane) {
         const int g4 = lane >> 2, tig = lane & 3;
         for (int i = 0; i < 4; ++i) {
             const int row = g4 + (i >= 2 ? 8 : 0), col = tig * 2 + (i & 1);
-            double s = 0.0;  // products of 16-bit floats are exact in double; the sum is
-                             // rounded in double, then once more to f32
-            for (int k = 0; k < 16; ++k) s += static_cast<double>(A[row][k]) * Bt[col][k];
-            const float d = static_cast<float>(s + C[row][col]);
+            float c;
+            memcpy(&c, &w.in[lane][6 + i], 4);
+            const float d = static_cast<float>(D[row][col] + c);
             memcpy(&w.out[lane][i], &d, 4);
         }
     }
