@@ -14,10 +14,11 @@ every header the module includes (``-DGPUPLAN_HEADERS=<sha>``): editing a `.cuh`
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import re
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -112,6 +113,17 @@ def registry() -> list[CudaModule]:
     return list(_REGISTRY)
 
 
+@contextlib.contextmanager
+def on_stream(stream: Any) -> Iterator[None]:
+    """Make `stream` current, and its device (CuPy array ops, cuBLAS handles and kernels all
+    follow the current device, not the stream's); nothing to do on the emulated device."""
+    if stream.is_emulated or stream.is_host:
+        yield
+        return
+    with backend.cupy_module().cuda.Device(stream.device_id), stream.cuda_stream:
+        yield
+
+
 def launch(stream: Any, kernel: Any, grid: int | tuple, block: int | tuple, args: tuple,
            shared_mem: int = 0, reachable: Sequence[Any] = ()) -> None:
     """Launch `kernel` on a gpuplan Stream, with the stream's device current.
@@ -123,7 +135,7 @@ def launch(stream: Any, kernel: Any, grid: int | tuple, block: int | tuple, args
     if stream.is_emulated:
         kernel(grid, block, args, shared_mem=shared_mem, reachable=reachable)
         return
-    with backend.cupy_module().cuda.Device(stream.device_id), stream.cuda_stream:
+    with on_stream(stream):
         kernel(grid, block, args, shared_mem=shared_mem)
 
 

@@ -32,7 +32,7 @@ from gpuplan import backend
 from gpuplan.dtypes import FLOAT_DTYPES, accumulator, as_dtype, cuda_name, float64, short_name
 from gpuplan.errors import InvalidProblem, describe
 from gpuplan.execute import execute
-from gpuplan.nvrtc import CudaModule, cdiv, launch
+from gpuplan.nvrtc import CudaModule, cdiv, launch, on_stream
 from gpuplan.plan import (
     BackendKind,
     Candidate,
@@ -214,7 +214,7 @@ class DropoutPlan(Plan):
         d = self.desc
         x, y = getattr(args, self._in), getattr(args, self._out)
         if d.p == 0:
-            with stream.cuda_stream:
+            with on_stream(stream):
                 y[...] = x
             return
         fn = _MODULE.function(f"dropout_apply<{cuda_name(d.dtype)}>", stream.device_id)

@@ -15,7 +15,7 @@ import numpy as np
 from gpuplan import backend
 from gpuplan.dtypes import FLOAT_DTYPES, accumulator, cuda_name, float32, float64, short_name
 from gpuplan.execute import execute
-from gpuplan.nvrtc import CudaModule, launch
+from gpuplan.nvrtc import CudaModule, launch, on_stream
 from gpuplan.plan import (
     BackendKind,
     Candidate,
@@ -214,7 +214,7 @@ class EmbeddingBackwardPlan(Plan):
     def _run_segment(self, stream: Stream, ws: Workspace, args: EmbeddingBackwardArgs) -> None:
         d = self.desc
         xp = backend.array_namespace(args.indices)
-        with stream.cuda_stream:
+        with on_stream(stream):
             # A stable sort (CuPy's default; NumPy's "stable"): equal indices keep ascending n.
             kind = "stable" if backend.is_emulated_array(args.indices) else None
             order = xp.argsort(args.indices, kind=kind).astype(np.int64, copy=False)

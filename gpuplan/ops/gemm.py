@@ -24,7 +24,7 @@ from gpuplan import backend
 from gpuplan.dtypes import FLOAT_DTYPES, HALF_DTYPES, accumulator, cuda_name, float64, short_name
 from gpuplan.errors import InvalidProblem, Unsupported, describe
 from gpuplan.execute import execute
-from gpuplan.nvrtc import CudaModule, cdiv, launch
+from gpuplan.nvrtc import CudaModule, cdiv, launch, on_stream
 from gpuplan.plan import (
     BackendKind,
     Candidate,
@@ -251,7 +251,7 @@ class GemmPlan(Plan):
         ld_a = d.m if d.trans_a else d.k
         stride_b = 0 if d.broadcast_b else d.k * d.n
         stride_a = 0 if d.broadcast_a else d.m * d.k
-        with stream.cuda_stream:  # CuPy's cuBLAS calls bind the handle to the current stream
+        with on_stream(stream):  # CuPy's cuBLAS calls bind the handle to the current stream
             handle = cp.cuda.device.get_cublas_handle()
             mode = cublas.getPointerMode(handle)
             cublas.setPointerMode(handle, cublas.CUBLAS_POINTER_MODE_HOST)

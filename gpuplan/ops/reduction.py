@@ -28,7 +28,7 @@ from gpuplan.dtypes import (
 )
 from gpuplan.errors import BufferTooSmall, InvalidProblem, Unsupported, describe
 from gpuplan.execute import execute
-from gpuplan.nvrtc import CudaModule, cdiv, launch
+from gpuplan.nvrtc import CudaModule, cdiv, launch, on_stream
 from gpuplan.plan import (
     BackendKind,
     Candidate,
@@ -441,7 +441,7 @@ class GlobalNormPlan(Plan):
         table[3 * n + 1:4 * n + 1] = np.cumsum([cdiv(int(s), _NORM_CHUNK) for s in d.sizes],
                                                dtype=np.int64)
         dev_table = ws.view(np.int64, table.size, 0)
-        with stream.cuda_stream:
+        with on_stream(stream):
             dev_table.set(table)
         acc = d.out_dtype()
         n_chunks = self._n_chunks(d)
