@@ -110,21 +110,36 @@ inline size_t __cvta_generic_to_shared(const void* p) { return __emu_cvta_shared
 inline unsigned __isShared(const void* p) { return __emu_is_shared(p); }
 inline unsigned __isGlobal(const void* p) { return !__emu_is_shared(p); }
 
-// -- atomics: one OS thread runs a block's fibers, so read-modify-write is atomic ----------
-template <typename T> inline T atomicAdd(T* p, T v) { T old = *p; *p = old + v; return old; }
-template <typename T> inline T atomicSub(T* p, T v) { T old = *p; *p = old - v; return old; }
-template <typename T> inline T atomicExch(T* p, T v) { T old = *p; *p = v; return old; }
-template <typename T> inline T atomicMax(T* p, T v) { T old = *p; *p = old < v ? v : old; return old; }
-template <typename T> inline T atomicMin(T* p, T v) { T old = *p; *p = v < old ? v : old; return old; }
-template <typename T> inline T atomicAnd(T* p, T v) { T old = *p; *p = old & v; return old; }
-template <typename T> inline T atomicOr(T* p, T v) { T old = *p; *p = old | v; return old; }
-template <typename T> inline T atomicXor(T* p, T v) { T old = *p; *p = old ^ v; return old; }
+// -- atomics: one OS thread runs a block's fibers, so read-modify-write is atomic; accesses
+// inside an atomic are not races (the scope tells the runtime's race check) --------------
+struct __emu_atomic_scope {
+    __emu_atomic_scope() { ++__emu_atomic_depth; }
+    ~__emu_atomic_scope() { --__emu_atomic_depth; }
+};
+#define __EMU_ATOMIC(name, update)                                                            \
+    template <typename T> inline T name(T* p, T v) {                                          \
+        __emu_atomic_scope scope;                                                             \
+        T old = *p;                                                                           \
+        *p = update;                                                                          \
+        return old;                                                                           \
+    }
+__EMU_ATOMIC(atomicAdd, old + v)
+__EMU_ATOMIC(atomicSub, old - v)
+__EMU_ATOMIC(atomicExch, v)
+__EMU_ATOMIC(atomicMax, old < v ? v : old)
+__EMU_ATOMIC(atomicMin, v < old ? v : old)
+__EMU_ATOMIC(atomicAnd, old & v)
+__EMU_ATOMIC(atomicOr, old | v)
+__EMU_ATOMIC(atomicXor, old ^ v)
+#undef __EMU_ATOMIC
 template <typename T> inline T atomicCAS(T* p, T cmp, T v) {
+    __emu_atomic_scope scope;
     T old = *p;
     if (old == cmp) *p = v;
     return old;
 }
 inline unsigned atomicInc(unsigned* p, unsigned lim) {
+    __emu_atomic_scope scope;
     unsigned old = *p;
     *p = old >= lim ? 0u : old + 1u;
     return old;

@@ -36,6 +36,7 @@ struct __emu_entry {
 extern "C" {
 extern void* __emu_cur;  // the running CUDA thread (its first member is threadIdx)
 extern __emu_dim3 __emu_block_idx, __emu_block_dim, __emu_grid_dim;
+extern int __emu_atomic_depth;  // > 0 inside an atomic: exempt from the shared race check
 
 int __emu_barrier(int kind, int pred);
 [[noreturn]] void __emu_trap(void);

@@ -70,6 +70,7 @@ struct Warp {
     unsigned mask;
     size_t bytes;
     int first_lane;
+    int first_warp_thread;  // linear id of lane 0
     int lane_a[32];  // per-lane operand: the source lane or delta of a shuffle
     uint32_t in[32][12];
     uint32_t out[32][8];
@@ -78,6 +79,15 @@ struct Warp {
 struct Region {
     uintptr_t lo, hi;
     int arg;  // argument index, -1 for module data and runtime state
+};
+
+// Race check of shared memory, one record per byte: the last writer and the warps that read
+// it, stamped with the block interval (between two barrier releases) they happened in.
+struct Shadow {
+    uint32_t wstamp, rstamp;  // interval stamps of the last write / of the reads in rwarps
+    uint32_t rwarps;          // warps that read the byte in interval rstamp
+    uint16_t writer, reader;  // thread ids (linear) of the last writer / last reader
+    uint32_t wwep, rwep;      // their warp's collective count at the access
 };
 
 struct Launch {
@@ -102,6 +112,10 @@ struct Launch {
     long site_offset[kMaxSites];
     unsigned char* dyn_smem = nullptr;
     size_t dyn_bytes = 0;
+    bool racecheck = true;
+    uint32_t stamp = 0;                 // the block interval: bumped at block start, barriers
+    std::vector<uint32_t> warp_epoch;   // collectives completed per warp
+    std::vector<Shadow> shadow;         // static window bytes, then dynamic ones
 };
 
 Launch g;
@@ -286,13 +300,69 @@ std::string nearest_argument(uintptr_t a, size_t n) {
     return buf;
 }
 
+const Thread& thread_at(int linear) { return g.threads[linear]; }
+
+[[noreturn]] void report_race(const char* what, uint32_t off, const Thread& other,
+                              const char* other_did) {
+    fault_in_fiber("shared-memory race: %s at shared offset %#x while thread (%u,%u,%u) "
+                   "(warp %d lane %d) %s it since the last __syncthreads and no __syncwarp or "
+                   "warp collective orders them (a missing barrier?)",
+                   what, off, other.tid.x, other.tid.y, other.tid.z, other.warp, other.lane,
+                   other_did);
+}
+
+// Two accesses in the same block interval conflict unless they come from the same thread,
+// or from one warp with a warp collective between them.
+inline bool unordered(int a, uint32_t a_wep, const Thread& b) {
+    if (a == b.linear) return false;
+    return thread_at(a).warp != b.warp || a_wep == g.warp_epoch[b.warp];
+}
+
+void race_access(const Thread& t, uint32_t off, size_t n, bool store) {
+    Shadow* s = g.shadow.data() + (off >= kDynSharedWindow ? off - kDynSharedWindow +
+                                   kStaticSharedBytes : off);
+    const uint32_t wep = g.warp_epoch[t.warp], bit = 1u << (t.warp & 31);
+    for (size_t i = 0; i < n; ++i, ++s) {
+        if (s->wstamp == g.stamp && unordered(s->writer, s->wwep, t))
+            report_race(store ? "a store overwrites a byte" : "a load reads a byte",
+                        static_cast<uint32_t>(off + i), thread_at(s->writer), "wrote");
+        if (store) {
+            if (s->rstamp == g.stamp && ((s->rwarps & ~bit) ||
+                                         unordered(s->reader, s->rwep, t)))
+                report_race("a store overwrites a byte", static_cast<uint32_t>(off + i),
+                            thread_at(s->reader), "read");
+            s->wstamp = g.stamp, s->writer = static_cast<uint16_t>(t.linear), s->wwep = wep;
+        } else {
+            if (s->rstamp != g.stamp) s->rstamp = g.stamp, s->rwarps = 0;
+            s->rwarps |= bit;
+            s->reader = static_cast<uint16_t>(t.linear), s->rwep = wep;
+        }
+    }
+}
+
+uint32_t shared_offset(uintptr_t a) {
+    const uintptr_t s = reinterpret_cast<uintptr_t>(g.static_smem);
+    if (a >= s && a < s + kStaticSharedBytes) return static_cast<uint32_t>(a - s);
+    return static_cast<uint32_t>(kDynSharedWindow + (a - reinterpret_cast<uintptr_t>(g.dyn_smem)));
+}
+
+}  // namespace
+
+__attribute__((visibility("default"))) int __emu_atomic_depth = 0;
+
+namespace {
+
 inline void check_access(uintptr_t a, size_t n, bool store) {
     if (!g.active) return;
     Thread* t = current();
     if (t && a >= reinterpret_cast<uintptr_t>(t->stack_lo) &&
         a + n <= reinterpret_cast<uintptr_t>(t->stack_hi))
         return;
-    if (inside(g.regions, a, n) || in_shared(a, n) || inside(g.statics, a, n)) return;
+    if (in_shared(a, n)) {
+        if (t && g.racecheck && !__emu_atomic_depth) race_access(*t, shared_offset(a), n, store);
+        return;
+    }
+    if (inside(g.regions, a, n) || inside(g.statics, a, n)) return;
     if (t == nullptr) return;
     std::string near = nearest_argument(a, n);
     fault_in_fiber("out-of-bounds %s of %zu bytes at %#lx: outside every array passed to the "
@@ -349,6 +419,7 @@ void release_barrier() {
     }
     g.at_barrier = 0;
     g.bar_count = 0, g.bar_and = 1, g.bar_or = 0;
+    ++g.stamp;  // a new interval: accesses before the barrier are ordered before those after
     shuffle(g.warp_order.data(), g.warp_order.size());
 }
 
@@ -402,6 +473,8 @@ void run_block() {
     const unsigned bx = __emu_block_dim.x, by = __emu_block_dim.y;
     g.exited = g.at_barrier = 0;
     g.bar_count = 0, g.bar_and = 1, g.bar_or = 0;
+    ++g.stamp;
+    g.warp_epoch.assign(g.warps.size(), 0);
     g.runnable.resize(g.warps.size());
     for (auto& q : g.runnable) q.clear();
     g.warp_order.resize(g.warps.size());
@@ -513,6 +586,7 @@ void warp_collective(int kind, unsigned mask, const void* in, size_t in_bytes, v
     t->state = AT_WARP;
     if (++w.arrived == w.nlanes) {
         execute_warp(w);
+        ++g.warp_epoch[t->warp];  // accesses before it are ordered before those after it
         w.arrived = 0;
         int lanes[32], n = 0;
         for (int l = 0; l < w.nlanes; ++l)
@@ -625,6 +699,7 @@ void execute_ldmatrix(Warp& w) {
                                "matrix %d) is not 16-byte aligned", addr, lane, r, j);
             }
             memcpy(rows[j][r], shared_ptr(addr, 16, "ldmatrix"), 16);
+            if (g.racecheck) race_access(g.threads[w.first_warp_thread + lane], addr, 16, false);
         }
     }
     for (int lane = 0; lane < 32; ++lane) {
@@ -715,6 +790,8 @@ EMU_EXPORT void __emu_ptx_cp_async(uint32_t dst, uint64_t src, int cp_size, int 
                        "%#lx)", cp_size, dst, static_cast<unsigned long>(src));
     unsigned char* d = shared_ptr(dst, cp_size, "cp.async destination");
     if (src_size > 0) check_access(src, src_size, false);
+    // the copy may land any time after its issue: its bytes count as written now
+    if (g.racecheck) race_access(*t, dst, cp_size, true);
     t->pending.push_back({d, reinterpret_cast<const unsigned char*>(src), cp_size, src_size,
                           -1});
 }
@@ -894,6 +971,7 @@ EMU_EXPORT int emu_launch(const __emu_entry* entry, const unsigned* grid,
     for (size_t w = 0; w < g.warps.size(); ++w) {
         const unsigned n = std::min<unsigned>(32, g.nthreads - 32 * w);
         g.warps[w].nlanes = static_cast<int>(n);
+        g.warps[w].first_warp_thread = static_cast<int>(32 * w);
         g.warps[w].lane_mask = n == 32 ? 0xffffffffu : ((1u << n) - 1u);
     }
     g.regions.clear();
@@ -913,6 +991,10 @@ EMU_EXPORT int emu_launch(const __emu_entry* entry, const unsigned* grid,
     g.static_used = 0;
     std::fill(g.site_offset, g.site_offset + kMaxSites, -1L);
     if (g_dyn_buffer.size() < dyn_bytes) g_dyn_buffer.resize(dyn_bytes);
+    const char* rc = getenv("GPUPLAN_EMULATOR_RACECHECK");
+    g.racecheck = !(rc && rc[0] == '0');
+    if (g.racecheck && g.shadow.size() < kStaticSharedBytes + dyn_bytes)
+        g.shadow.resize(kStaticSharedBytes + dyn_bytes, Shadow{0, 0, 0, 0, 0, 0, 0});
     g.dyn_bytes = dyn_bytes;
     g.dyn_smem = dyn_bytes ? g_dyn_buffer.data() : nullptr;
 

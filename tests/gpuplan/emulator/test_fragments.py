@@ -360,19 +360,31 @@ def test_unknown_ptx_instruction_fails_the_build(tmp_path):
     assert "prmt.b32" in msg and "unknown_ptx.cu:3" in msg, msg
 
 
+def _rotate(module, sync: bool, x: np.ndarray) -> np.ndarray:
+    y = dev(np.zeros(x.size, dtype=np.int32))
+    module.get_function(f"rotate<{'true' if sync else 'false'}>")(
+        (1,), (x.size,), (dev(x), y, np.int32(x.size)))
+    return host(y)
+
+
+def test_missing_syncthreads_is_a_race_fault(errors_module, monkeypatch):
+    monkeypatch.delenv("GPUPLAN_EMULATOR_SEED", raising=False)
+    x = np.random.default_rng(7).integers(1, 2**30, size=256).astype(np.int32)
+    np.testing.assert_array_equal(_rotate(errors_module, True, x), np.roll(x, -1))
+    with pytest.raises(KernelFault, match=r"shared-memory race: a load reads a byte .* wrote "
+                                          r"it since the last __syncthreads"):
+        _rotate(errors_module, False, x)
+
+
 def test_missing_syncthreads_gives_a_wrong_result(errors_module, monkeypatch):
+    """With the race check off, the schedule and the garbage still expose the bug."""
     monkeypatch.delenv("GPUPLAN_EMULATOR_SEED", raising=False)  # the default seed
+    monkeypatch.setenv("GPUPLAN_EMULATOR_RACECHECK", "0")
     n = 256
     x = np.random.default_rng(7).integers(1, 2**30, size=n).astype(np.int32)
     expected = np.roll(x, -1)  # y[t] = x[(t + 1) % n]
-    results = {}
-    for sync in (True, False):
-        y = dev(np.zeros(n, dtype=np.int32))
-        errors_module.get_function(f"rotate<{'true' if sync else 'false'}>")(
-            (1,), (n,), (dev(x), y, np.int32(n)))
-        results[sync] = host(y)
-    np.testing.assert_array_equal(results[True], expected)
-    wrong = np.count_nonzero(results[False] != expected)
+    np.testing.assert_array_equal(_rotate(errors_module, True, x), expected)
+    wrong = np.count_nonzero(_rotate(errors_module, False, x) != expected)
     assert wrong > 0, "the race without __syncthreads went unnoticed"
 
 

@@ -254,24 +254,17 @@ PROBLEMS: dict[str, Problem] = {
                                         "norm_forward<float, false, false>"),
 }
 
-#: A write-after-read race the emulator does not catch: cp.async copies land only at the
-#: wait_group that covers them (the specified behaviour), never early while other warps
-#: still read the stage. (Write-after-read races across warp collectives are caught since
-#: the scheduler lets one warp run ahead of others: block-sum-no-sync-before-partials.)
 class MutantSurvived(AssertionError):
     """A mutant ran without a fault and within tolerance: the emulator missed the bug."""
-
-
-_WAR_BLIND_SPOT = pytest.mark.xfail(
-    raises=MutantSurvived, strict=False,
-    reason="emulator blind spot: cp.async copies never land early, so a copy overwriting a "
-           "stage still being read goes undetected (see the comment above MUTANTS)")
 
 
 def mutant(mutation_id: str, problem_id: str, *marks: Any) -> Any:
     return pytest.param(mutation_id, problem_id, id=mutation_id, marks=marks)
 
 
+#: Write-after-read races are caught two ways: the scheduler lets one warp run ahead of
+#: others, and the shared-memory race check counts a cp.async destination as written at
+#: issue (tc-load-before-stage-free, block-sum-no-sync-before-partials).
 MUTANTS = [
     mutant("tc-no-sync-after-wait", "gemm-bf16-nn"),
     mutant("tc-wait-group-too-little", "gemm-bf16-nn-k160"),
@@ -284,7 +277,7 @@ MUTANTS = [
     mutant("fma-no-sync-after-prologue", "gemm-f32-nn"),
     mutant("block-sum-no-sync-after-partials", "layer-norm-f32-block-row"),
     mutant("block-sum-no-sync-before-broadcast", "layer-norm-f32-block-row"),
-    mutant("tc-load-before-stage-free", "gemm-bf16-nn-k160", _WAR_BLIND_SPOT),
+    mutant("tc-load-before-stage-free", "gemm-bf16-nn-k160"),
     mutant("block-sum-no-sync-before-partials", "layer-norm-f32-block-row"),
 ]
 
