@@ -15,6 +15,11 @@
 //   runtime: every load and store of the kernel calls __asan_load<N>/__asan_store<N>
 //   defined here, which abort the launch unless the bytes lie inside the arrays passed to
 //   the kernel, the thread's own stack, the block's shared memory or the module's data.
+// - Shared-memory race check (GPUPLAN_EMULATOR_RACECHECK=0 turns it off): two accesses to a
+//   byte, at least one a store, by different threads in the same block interval (between
+//   barrier releases) fault unless they are lanes of one warp with a warp collective between
+//   them. ldmatrix rows count as reads of the lanes giving them, a cp.async destination as
+//   written at issue, and accesses inside atomics are exempt.
 //
 // Faults never kill the process: the launch stops and emu_launch returns the message.
 #include <dlfcn.h>
