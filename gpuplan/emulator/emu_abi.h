@@ -53,7 +53,8 @@ void __emu_ptx_cp_async(uint32_t dst, uint64_t src, int cp_size, int src_size, i
 void __emu_ptx_cp_async_commit_group(void);
 void __emu_ptx_cp_async_wait_group(int n);
 void __emu_ptx_cp_async_wait_all(void);
-void __emu_ptx_ldmatrix(uint32_t* out, int num, int trans, uint32_t addr);
+// `site` numbers the asm statement: the lanes of a warp must all be at the same one.
+void __emu_ptx_ldmatrix(uint32_t* out, int num, int trans, uint32_t addr, int site);
 void __emu_ptx_mma_m16n8k16(float* d, const uint32_t* a, const uint32_t* b, const float* c,
-                            int ab_type);
+                            int ab_type, int site);
 }

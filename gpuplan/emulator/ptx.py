@@ -14,6 +14,7 @@ at the original source lines.
 from __future__ import annotations
 
 import re
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -37,6 +38,12 @@ _CTYPE = {"r": "uint32_t", "l": "uint64_t", "f": "float", "d": "double", "h": "u
 class _Ctx:
     operands: list[Operand]
     where: str
+
+    @property
+    def site(self) -> int:
+        """A number for this asm statement ("file:line"): lanes of a warp at two different
+        .sync.aligned instructions are an error, which the runtime detects with it."""
+        return zlib.crc32(self.where.encode()) & 0x7FFFFFFF
 
     def fail(self, msg: str) -> UnknownInstruction:
         return UnknownInstruction(f"{self.where}: {msg}")
@@ -127,7 +134,7 @@ def _ldmatrix(m: re.Match, args: list[str], ctx: _Ctx) -> str:
     regs = ctx.vector(args[0], num)
     out = " ".join(f"{ctx.dest(r, 'uint32_t')} = __r[{j}];" for j, r in enumerate(regs))
     return (f"{{ uint32_t __r[{num}]; __emu_ptx_ldmatrix(__r, {num}, {trans}, "
-            f"static_cast<uint32_t>({ctx.address(args[1])})); {out} }}")
+            f"static_cast<uint32_t>({ctx.address(args[1])}), {ctx.site}); {out} }}")
 
 
 def _mma(m: re.Match, args: list[str], ctx: _Ctx) -> str:
@@ -143,7 +150,7 @@ def _mma(m: re.Match, args: list[str], ctx: _Ctx) -> str:
     out = " ".join(f"{x} = __d[{j}];" for j, x in enumerate(d))
     return (f"{{ uint32_t __a[4] = {{{', '.join(a)}}}; uint32_t __b[2] = {{{', '.join(b)}}}; "
             f"float __c[4] = {{{', '.join(c)}}}; float __d[4]; "
-            f"__emu_ptx_mma_m16n8k16(__d, __a, __b, __c, {kind}); {out} }}")
+            f"__emu_ptx_mma_m16n8k16(__d, __a, __b, __c, {kind}, {ctx.site}); {out} }}")
 
 
 #: Full opcodes (every qualifier) the emulator executes, and how.

@@ -75,6 +75,7 @@ struct Warp {
     unsigned mask;
     size_t bytes;
     int first_lane;
+    int site;               // the asm statement of an emulated PTX collective (0: none)
     int first_warp_thread;  // linear id of lane 0
     int lane_a[32];  // per-lane operand: the source lane or delta of a shuffle
     uint32_t in[32][12];
@@ -559,7 +560,7 @@ namespace {
 // One lane arrives at a warp collective with `in_bytes` of operands; it leaves with
 // `out_bytes` of results once every lane of the warp has arrived and the op has executed.
 void warp_collective(int kind, unsigned mask, const void* in, size_t in_bytes, void* out,
-                     size_t out_bytes, int a, int width) {
+                     size_t out_bytes, int a, int width, int site = 0) {
     Thread* t = current();
     const size_t bytes = in_bytes;
     Warp& w = g.warps[t->warp];
@@ -572,11 +573,11 @@ void warp_collective(int kind, unsigned mask, const void* in, size_t in_bytes, v
                             kind == EMU_WARP_SHFL_DOWN || kind == EMU_WARP_SHFL_XOR;
     if (w.arrived == 0) {
         w.kind = kind, w.a = a, w.width = width, w.bytes = bytes, w.mask = mask;
-        w.first_lane = t->lane;
-    } else if (w.kind != kind || w.bytes != bytes || w.width != width ||
+        w.first_lane = t->lane, w.site = site;
+    } else if (w.kind != kind || w.bytes != bytes || w.width != width || w.site != site ||
                (!shuffle_op && w.a != a)) {  // a shuffle's source lane may differ per lane
         fault_in_fiber("lane %d executes %s while lane %d of the same warp waits in %s "
-                       "(operands differ or the lanes diverged)",
+                       "(operands differ, or the lanes are at different instructions)",
                        t->lane, warp_op_name(kind), w.first_lane, warp_op_name(w.kind));
     }
     if (kind == EMU_WARP_SHFL_IDX || kind == EMU_WARP_SHFL_UP || kind == EMU_WARP_SHFL_DOWN ||
@@ -758,19 +759,20 @@ void execute_warp(Warp& w) {
 }  // namespace
 
 // -- emulated PTX: warp-wide ----------------------------------------------------------------
-EMU_EXPORT void __emu_ptx_ldmatrix(uint32_t* out, int num, int trans, uint32_t addr) {
+EMU_EXPORT void __emu_ptx_ldmatrix(uint32_t* out, int num, int trans, uint32_t addr,
+                                   int site) {
     Thread* t = current();
     if (g.warps[t->warp].nlanes != 32)
         fault_in_fiber("ldmatrix.sync.aligned needs a full warp of 32 threads");
     if (num != 1 && num != 2 && num != 4) fault_in_fiber("ldmatrix: .x%d is not .x1/.x2/.x4", num);
     uint32_t r[4];
     warp_collective(EMU_WARP_LDMATRIX, 0xffffffffu, &addr, sizeof addr, r, sizeof(uint32_t) * num,
-                    num * 2 + (trans ? 1 : 0), 32);
+                    num * 2 + (trans ? 1 : 0), 32, site);
     for (int j = 0; j < num; ++j) out[j] = r[j];
 }
 
 EMU_EXPORT void __emu_ptx_mma_m16n8k16(float* d, const uint32_t* a, const uint32_t* b,
-                                       const float* c, int ab_type) {
+                                       const float* c, int ab_type, int site) {
     Thread* t = current();
     if (g.warps[t->warp].nlanes != 32)
         fault_in_fiber("mma.sync.aligned needs a full warp of 32 threads");
@@ -778,7 +780,7 @@ EMU_EXPORT void __emu_ptx_mma_m16n8k16(float* d, const uint32_t* a, const uint32
     memcpy(in, a, 16);
     memcpy(in + 4, b, 8);
     memcpy(in + 6, c, 16);
-    warp_collective(EMU_WARP_MMA, 0xffffffffu, in, 40, d, 16, ab_type, 32);
+    warp_collective(EMU_WARP_MMA, 0xffffffffu, in, 40, d, 16, ab_type, 32, site);
 }
 
 // -- emulated PTX: cp.async -----------------------------------------------------------------

@@ -395,12 +395,6 @@ def test_shfl_sync_per_lane_source_lane(errors_module):
     np.testing.assert_array_equal(host(y), np.roll(x, -1))
 
 
-# -- known gaps of the emulator (xfail until it handles them) --------------------------------
-
-
-@pytest.mark.xfail(strict=False,
-                   reason="emulator blind spot: lanes at two different .aligned ldmatrix "
-                          "instructions of the same shape are paired as one")
 def test_ldmatrix_at_two_sites_faults(errors_module):
     y = dev(np.zeros(32, dtype=np.uint32))
     with pytest.raises(KernelFault, match="ldmatrix"):
