@@ -32,6 +32,11 @@ COMPILE_OPTIONS: tuple[str, ...] = ("--std=c++17", "-DGPUPLAN_NVRTC=1")
 
 _REGISTRY: list[CudaModule] = []
 _LOCK = threading.Lock()
+#: (module file, name expression) of every kernel instance launch() has launched in this
+#: process (what `scripts/check_kernels.py --execute` counts), and the name of each
+#: compiled function.
+LAUNCHED: set[tuple[str, str]] = set()
+_NAMES: dict[int, tuple[str, str]] = {}
 
 
 class CudaModule:
@@ -92,6 +97,7 @@ class CudaModule:
                     mod = self._modules[device_id] = EmulatedModule(
                         self.path, self.name_expressions, self.options)
                 fn = self._functions[key] = mod.get_function(name_expression)
+                _NAMES[id(fn)] = (self.path.name, name_expression)
                 return fn
             if mod is None:
                 cp = backend.cupy_module()
@@ -101,7 +107,8 @@ class CudaModule:
                 self._modules[device_id] = mod
             with backend.cupy_module().cuda.Device(device_id):
                 fn = mod.get_function(name_expression)
-            self._functions[key] = fn
+            self._functions[key] = fn  # held: its id in _NAMES stays its own
+            _NAMES[id(fn)] = (self.path.name, name_expression)
         return fn
 
     def __repr__(self) -> str:
@@ -134,9 +141,12 @@ def launch(stream: Any, kernel: Any, grid: int | tuple, block: int | tuple, args
     block = block if isinstance(block, tuple) else (int(block),)
     if stream.is_emulated:
         kernel(grid, block, args, shared_mem=shared_mem, reachable=reachable)
-        return
-    with on_stream(stream):
-        kernel(grid, block, args, shared_mem=shared_mem)
+    else:
+        with on_stream(stream):
+            kernel(grid, block, args, shared_mem=shared_mem)
+    name = _NAMES.get(id(kernel))
+    if name is not None:
+        LAUNCHED.add(name)
 
 
 def cdiv(a: int, b: int) -> int:

@@ -9,7 +9,7 @@ family's float64 NumPy reference (the cases are in scripts/kernel_cases/). It en
 `executed N of M kernel instances, K failures` and exits non-zero unless N == M and K == 0.
 
     python scripts/check_kernels.py [--arch 80 90] [--module embedding]
-    python scripts/check_kernels.py --execute [--module embedding]
+    python scripts/check_kernels.py --execute [--module embedding] [--device cuda]
 """
 
 from __future__ import annotations
@@ -76,10 +76,14 @@ def compile_module(mod, arch: str) -> tuple[list[dict], float]:
     return parse_ptxas(log.getvalue(), demangle), dt
 
 
-def execute(mods: list, families: list[str], quiet: bool) -> int:
-    """Run the kernel cases of `families` on the emulated device; count what really ran."""
-    from gpuplan.emulator import device
+def execute(mods: list, families: list[str], quiet: bool, device: str) -> int:
+    """Run the kernel cases of `families` on `device` (the emulated device, or a GPU);
+    count the instances that really launched."""
+    from kernel_cases import common
 
+    from gpuplan import nvrtc
+
+    common.set_device(device)
     declared = {(m.path.name, n) for m in mods for n in m.name_expressions}
     failures: list[str] = []
     t_all = time.perf_counter()
@@ -97,16 +101,16 @@ def execute(mods: list, families: list[str], quiet: bool) -> int:
                 failures.append(f"{family} {case.name}: {type(exc).__name__}: "
                                 f"{msg[0] if msg else ''} ({where.filename}:{where.lineno})")
                 print(f"FAIL {family} {case.name}:\n{exc}", file=sys.stderr)
-        ran = {k for k in device.EXECUTED if k[0] == f"{family}.cu"}
+        ran = {k for k in nvrtc.LAUNCHED if k[0] == f"{family}.cu"}
         print(f"{family}.cu: {len(cases)} cases, {bad} failed, "
               f"{len(ran & declared)} instances executed, {time.perf_counter() - t0:.1f} s")
-    executed = device.EXECUTED & declared
+    executed = nvrtc.LAUNCHED & declared
     missing = sorted(declared - executed)
     if missing and not quiet:
         print("not executed:")
     for mod, name in missing[:50] if quiet else missing:
         print(f"  {mod}: {name}")
-    print(f"emulated device: {len(mods)} modules in {time.perf_counter() - t_all:.0f} s")
+    print(f"{common.DEVICE} device: {len(mods)} modules in {time.perf_counter() - t_all:.0f} s")
     for f in failures:
         print(f"  {f}")
     print(f"executed {len(executed)} of {len(declared)} kernel instances, "
@@ -122,6 +126,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quiet", action="store_true", help="print only the summary and failures")
     ap.add_argument("--execute", action="store_true",
                     help="run every instance on the emulated device against its reference")
+    ap.add_argument("--device", choices=["emulated", "cuda"], default="emulated",
+                    help="with --execute: where the instances run (cuda: on a GPU)")
     ns = ap.parse_args(argv)
 
     import gpuplan  # noqa: F401 - imports every family, which declares its CudaModule
@@ -131,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     if ns.module:
         mods = [m for m in mods if any(s in m.path.stem for s in ns.module)]
     if ns.execute:
-        return execute(mods, [m.path.stem for m in mods], ns.quiet)
+        return execute(mods, [m.path.stem for m in mods], ns.quiet, ns.device)
     failures: list[str] = []
     n_kernels = 0
     for mod in mods:

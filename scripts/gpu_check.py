@@ -431,6 +431,15 @@ def step_compile(ctx: Context, step: Step) -> None:
                         step.detail if step.status == "failed" else "")
 
 
+def step_execute(ctx: Context, step: Step) -> None:
+    """Every kernel instance through its plan on the GPU against its float64 reference (the
+    cases CI runs on the emulated device)."""
+    run_step(step, [PY, "scripts/check_kernels.py", "--execute", "--device", "cuda", "--quiet"],
+             ctx)
+    summary = next((line for line in reversed(step.lines) if line.startswith("executed ")), "")
+    step.detail = _join(summary, step.detail if step.status == "failed" else "")
+
+
 def _pytest_step(marker: str, paths: list[str], gpu: bool) -> Callable[[Context, Step], None]:
     def body(ctx: Context, step: Step) -> None:
         run_step(step, [PY, "-m", "pytest", "-q", "-m", marker, *paths], ctx)
@@ -565,6 +574,8 @@ STEPS: list[StepSpec] = [
              "there is no mpiexec)", step_install),
     StepSpec("compile", "compile every kernel instance of every gpuplan .cu module on the GPU "
              "(fills CuPy's kernel cache; once per machine)", step_compile),
+    StepSpec("execute", "check_kernels.py --execute --device cuda: every kernel instance vs its "
+             "float64 reference on the GPU", step_execute),
     StepSpec("gpu-gpuplan", "pytest -m gpu tests/gpuplan", _pytest_step(
         "gpu", ["tests/gpuplan"], gpu=True)),
     StepSpec("gpu-other", "pytest -m gpu tests/autograd tests/dist tests/scripts", _pytest_step(

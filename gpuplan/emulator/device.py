@@ -32,9 +32,6 @@ MAX_DYNAMIC_SMEM = 166912
 
 _LOCK = threading.RLock()
 _RUNTIME: ctypes.CDLL | None = None
-#: (module file name, kernel name expression) of every kernel that completed a launch here
-#: (what `scripts/check_kernels.py --execute` counts).
-EXECUTED: set[tuple[str, str]] = set()
 
 
 class KernelFault(RuntimeError):
@@ -213,4 +210,3 @@ class EmulatedKernel:
             raise LaunchError(err.value.decode(errors="replace"))
         if rc != 0:
             raise KernelFault(err.value.decode(errors="replace"))
-        EXECUTED.add((self.module.path.name, self.name))

@@ -13,8 +13,19 @@ import gpuplan as gp
 from gpuplan.dtypes import FLOAT_DTYPES, short_name
 from gpuplan.testing import assert_close, f64, random, run_plan, tol  # noqa: F401
 
+#: The device under test: "emulated" (CI), or "cuda" on a GPU (check_kernels.py --device).
 DEVICE = "emulated"
 DTYPES = FLOAT_DTYPES
+
+
+def set_device(device: str) -> None:
+    global DEVICE
+    DEVICE = gp.backend.resolve_device(device)
+
+
+def stream() -> gp.Stream:
+    """The stream of the device under test."""
+    return gp.Stream.emulated() if DEVICE == "emulated" else gp.Stream.current()
 
 
 @dataclass(frozen=True)
@@ -24,7 +35,7 @@ class Case:
 
 
 def emu(a: np.ndarray | None) -> Any:
-    """A host array on the emulated device (None stays None)."""
+    """A host array on the device under test (None stays None)."""
     return None if a is None else gp.to_device(a, DEVICE)
 
 
@@ -34,7 +45,8 @@ def host(a: Any) -> np.ndarray:
 
 def run_emulated(plan_cls: type, desc: Any, args: Any,
                  pref: gp.PlanPreference | None = None) -> gp.Plan:
-    """Select on the emulated stream (NVRTC SKUs only) and run; returns the plan."""
+    """Select on the stream of the device under test, our NVRTC SKU (no cuBLAS), and run;
+    returns the plan."""
     pref = pref or gp.PlanPreference(backend=gp.BackendKind.NVRTC)
     return run_plan(plan_cls, desc, args, DEVICE, pref)
 

@@ -10,6 +10,7 @@ import numpy as np
 import gpuplan as gp
 from gpuplan.dtypes import HALF_DTYPES, float32
 from gpuplan.ops.reduction import launch_reduce, reduce_layout
+from kernel_cases import common
 from kernel_cases.common import (
     DTYPES,
     Case,
@@ -111,7 +112,7 @@ def mixed_launch_case(half, tin, tout, shape, axes, what: str) -> None:
     op> (a half input with an f32 output only occurs in the first pass of a split, which is
     never a warp-per-row or a general layout) and reduce_general<float, h, 1> (binary_backward
     only sums). <float, h, 0> general also runs in binary_backward_case."""
-    stream = gp.Stream.emulated()
+    stream = common.stream()
     lay = reduce_layout(shape, frozenset(a % len(shape) for a in axes))
     assert lay.split == 1, lay
     x = random(shape, tin, seed=5)
