@@ -64,6 +64,10 @@ class Stream:
             return cls.emulated()
         if not backend.cuda_available():
             return cls.host()
+        return cls._current_cuda()
+
+    @classmethod
+    def _current_cuda(cls) -> Stream:
         cp = backend.cupy_module()
         return cls(cp.cuda.get_current_stream(), cp.cuda.Device().id)
 
@@ -76,10 +80,7 @@ class Stream:
         where = backend.device_of(a)
         if where == "emulated":
             return cls.emulated()
-        if where == "cuda":
-            cp = backend.cupy_module()
-            return cls(cp.cuda.get_current_stream(), cp.cuda.Device().id)
-        return cls.host()
+        return cls._current_cuda() if where == "cuda" else cls.host()
 
     @property
     def kind(self) -> str:

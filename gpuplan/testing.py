@@ -90,7 +90,58 @@ def assert_rejected(call: Callable[[], Any], error: type[gp.GpuPlanError],
     return info.value
 
 
+def gemm_operands(desc: Any, seed: int = 0) -> tuple[np.ndarray, ...]:
+    """A, B, C0 and (with has_bias) the bias of a GemmDescriptor, drawn in its dtype."""
+    a = random(desc.a_shape(), desc.dtype, seed=seed)
+    b = random(desc.b_shape(), desc.dtype, seed=seed + 1)
+    c = random(desc.c_shape(), desc.dtype, seed=seed + 2)
+    bias = random((desc.n,), desc.dtype, seed=seed + 3) if desc.has_bias else None
+    return a, b, c, bias
+
+
+def gemm_reference(desc: Any, a: Any, b: Any, c0: Any, bias: Any) -> np.ndarray:
+    """alpha * op(A) @ op(B) + beta * C0 + bias in float64, from the rounded inputs."""
+    a64, b64 = f64(a), f64(b)
+    if desc.trans_a:
+        a64 = np.swapaxes(a64, -1, -2)
+    if desc.trans_b:
+        b64 = np.swapaxes(b64, -1, -2)
+    out = desc.alpha * np.matmul(a64, b64)
+    if desc.beta != 0:
+        out = out + desc.beta * f64(c0)
+    if bias is not None:
+        out = out + f64(bias)
+    return np.broadcast_to(out, desc.c_shape())
+
+
+def assert_gemm_close(actual: Any, expected: np.ndarray, desc: Any, c0: Any = None,
+                      bias: Any = None, what: str = "gemm") -> None:
+    """|err| <= rtol * (|ref| + |addends|) + atol * sqrt(K): sums of K products grow like
+    sqrt(K); an addend (beta*C, bias) may be rounded once more before the final rounding.
+    NaN is outside every bound."""
+    import math
+
+    rtol, atol = tol(desc.dtype)
+    bound = rtol * np.abs(expected) + atol * max(1.0, math.sqrt(desc.k))
+    if desc.beta != 0 and c0 is not None:
+        bound = bound + rtol * np.abs(desc.beta * f64(c0))
+    if bias is not None:
+        bound = bound + rtol * np.abs(f64(bias))
+    got = f64(actual)
+    assert got.shape == expected.shape, (what, got.shape, expected.shape)
+    err = np.abs(got - expected)
+    bad = ~(err <= bound)
+    if bad.any():
+        worst = np.unravel_index(np.argmax(np.where(bad, np.nan_to_num(err - bound, nan=np.inf),
+                                                    -np.inf)), err.shape)
+        raise AssertionError(
+            f"{what} [{gp.dtypes.short_name(desc.dtype)}] {desc}: {int(bad.sum())} of "
+            f"{bad.size} outside the bound; at {worst}: got {got[worst]}, expected "
+            f"{expected[worst]}, bound {bound[worst]}")
+
+
 __all__ = [
-    "TOLERANCES", "assert_close", "assert_rejected", "f64", "on",
+    "TOLERANCES", "assert_close", "assert_gemm_close", "assert_rejected", "f64",
+    "gemm_operands", "gemm_reference", "on",
     "random", "run_plan", "stream_for", "tol", "float16", "float32", "float64", "bfloat16",
 ]

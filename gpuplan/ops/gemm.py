@@ -162,7 +162,7 @@ class GemmPlan(Plan):
             return [host_candidate(d)]
         mp, acc = short_name(d), short_name(accumulator(d))
         cands = []
-        if _cublas() is not None:
+        if backend.cuda_available() and _cublas() is not None:  # no cuBLAS without a GPU
             cands.append(Candidate("cublas", BackendKind.CUBLAS, True, False, mp, acc))
         half = d in HALF_DTYPES
         tile_n = _TC_TILE if half else _FMA_TILES[cuda_name(d)][1]

@@ -13,15 +13,13 @@ method, GemmPlan._scale_bias, on a plan selected for the emulated stream.
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 import gpuplan as gp
-from gpuplan.dtypes import HALF_DTYPES, short_name
-from gpuplan.testing import tol
+from gpuplan.dtypes import HALF_DTYPES
+from gpuplan.testing import assert_gemm_close, gemm_operands, gemm_reference
 from kernel_cases import common
-from kernel_cases.common import DTYPES, Case, dtype_id, emu, f64, host, random, run_emulated
+from kernel_cases.common import DTYPES, Case, dtype_id, emu, f64, host, run_emulated
 
 FLAGS = [(False, False), (False, True), (True, False), (True, True)]
 BROADCASTS = ("none", "a", "b", "both")
@@ -31,51 +29,9 @@ def _flags_id(ta: bool, tb: bool) -> str:
     return ("t" if ta else "n") + ("t" if tb else "n")
 
 
-def _operands(desc: gp.GemmDescriptor, seed: int):
-    a = random(desc.a_shape(), desc.dtype, seed=seed)
-    b = random(desc.b_shape(), desc.dtype, seed=seed + 1)
-    c = random(desc.c_shape(), desc.dtype, seed=seed + 2)
-    bias = random((desc.n,), desc.dtype, seed=seed + 3) if desc.has_bias else None
-    return a, b, c, bias
-
-
-def _reference(desc: gp.GemmDescriptor, a, b, c0, bias) -> np.ndarray:
-    a64, b64 = f64(a), f64(b)
-    if desc.trans_a:
-        a64 = np.swapaxes(a64, -1, -2)
-    if desc.trans_b:
-        b64 = np.swapaxes(b64, -1, -2)
-    out = desc.alpha * np.matmul(a64, b64)
-    if desc.beta != 0:
-        out = out + desc.beta * f64(c0)
-    if bias is not None:
-        out = out + f64(bias)
-    return np.broadcast_to(out, desc.c_shape())
-
-
-def _check(actual, expected: np.ndarray, desc: gp.GemmDescriptor, c0, bias, what: str) -> None:
-    rtol, atol = tol(desc.dtype)
-    bound = rtol * np.abs(expected) + atol * max(1.0, math.sqrt(desc.k))
-    if desc.beta != 0:
-        bound = bound + rtol * np.abs(desc.beta * f64(c0))
-    if bias is not None:
-        bound = bound + rtol * np.abs(f64(bias))
-    got = f64(actual)
-    assert got.shape == expected.shape, (what, got.shape, expected.shape)
-    err = np.abs(got - expected)
-    bad = ~(err <= bound)  # NaN counts as bad
-    if bad.any():
-        worst = np.unravel_index(np.argmax(np.where(bad, np.nan_to_num(err - bound, nan=np.inf),
-                                                    -np.inf)), err.shape)
-        raise AssertionError(
-            f"{what} [{short_name(desc.dtype)}] {desc}: {int(bad.sum())} of {bad.size} outside "
-            f"the bound; at {worst}: got {got[worst]}, expected {expected[worst]}, "
-            f"bound {bound[worst]}")
-
-
 def tiled(desc: gp.GemmDescriptor, vec: bool | None, seed: int) -> None:
     """Run the tiled SKU; vec (half types): whether the cp.async instance must be chosen."""
-    a, b, c0, bias = _operands(desc, seed)
+    a, b, c0, bias = gemm_operands(desc, seed)
     if desc.beta == 0:
         c0 = np.full(desc.c_shape(), np.nan, desc.dtype)  # beta == 0 never reads C
     c = emu(c0.copy())
@@ -90,12 +46,12 @@ def tiled(desc: gp.GemmDescriptor, vec: bool | None, seed: int) -> None:
         assert picks == vec, f"case meant for VEC={vec} would launch VEC={picks}"
     plan = run_emulated(gp.GemmPlan, desc, gp.GemmArgs(ad, bd, c, emu(bias)))
     assert plan.sku().variant == "tiled", plan.sku()
-    _check(c, _reference(desc, a, b, c0, bias), desc, c0, bias, "gemm tiled")
+    assert_gemm_close(c, gemm_reference(desc, a, b, c0, bias), desc, c0, bias, what="gemm tiled")
 
 
 def scale_bias(dtype, beta: float, has_bias: bool) -> None:
     desc = gp.GemmDescriptor(7, 45, 3, batch=3, beta=beta, has_bias=has_bias, dtype=dtype)
-    a, b, c0, bias = _operands(desc, seed=21)
+    a, b, c0, bias = gemm_operands(desc, seed=21)
     if beta == 0:
         c0 = np.full(desc.c_shape(), np.nan, dtype)
     c = emu(c0.copy())
@@ -107,7 +63,7 @@ def scale_bias(dtype, beta: float, has_bias: bool) -> None:
     if has_bias:
         expected = expected + f64(bias)
     d0 = gp.GemmDescriptor(7, 45, 0, batch=3, beta=beta, has_bias=has_bias, dtype=dtype)
-    _check(c, expected, d0, c0, bias, "gemm_scale_bias")
+    assert_gemm_close(c, expected, d0, c0, bias, what="gemm_scale_bias")
     assert host(c).shape == (3, 7, 45)
 
 

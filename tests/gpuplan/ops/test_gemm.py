@@ -10,8 +10,11 @@ import pytest
 import gpuplan as gp
 from tests.plan_testing import (
     DTYPES,
+    assert_gemm_close,
     assert_rejected,
     f64,
+    gemm_operands,
+    gemm_reference,
     on,
     random,
     run_plan,
@@ -34,48 +37,9 @@ def backends(device: str) -> list[gp.BackendKind | None]:
     return [gp.BackendKind.CUBLAS, gp.BackendKind.NVRTC]
 
 
-def operands(desc: gp.GemmDescriptor, seed: int = 0):
-    a = random(desc.a_shape(), desc.dtype, seed=seed)
-    b = random(desc.b_shape(), desc.dtype, seed=seed + 1)
-    c = random(desc.c_shape(), desc.dtype, seed=seed + 2)
-    bias = random((desc.n,), desc.dtype, seed=seed + 3) if desc.has_bias else None
-    return a, b, c, bias
-
-
-def reference(desc: gp.GemmDescriptor, a, b, c0, bias) -> np.ndarray:
-    """alpha * op(A) @ op(B) + beta * C0 + bias in float64, from the rounded inputs."""
-    a64, b64 = f64(a), f64(b)
-    if desc.trans_a:
-        a64 = np.swapaxes(a64, -1, -2)
-    if desc.trans_b:
-        b64 = np.swapaxes(b64, -1, -2)
-    out = desc.alpha * np.matmul(a64, b64)
-    if desc.beta != 0:
-        out = out + desc.beta * f64(c0)
-    if bias is not None:
-        out = out + f64(bias)
-    return np.broadcast_to(out, desc.c_shape())
-
-
-def assert_gemm_close(actual, expected, desc: gp.GemmDescriptor, c0=None, bias=None) -> None:
-    """|err| <= rtol * (|ref| + |addends|) + atol * sqrt(K): sums of K products grow like
-    sqrt(K); an addend (beta*C, bias) may be rounded once more before the final rounding."""
-    rtol, atol = tol(desc.dtype)
-    bound = rtol * np.abs(expected) + atol * max(1.0, math.sqrt(desc.k))
-    if desc.beta != 0 and c0 is not None:
-        bound = bound + rtol * np.abs(desc.beta * f64(c0))
-    if bias is not None:
-        bound = bound + rtol * np.abs(f64(bias))
-    err = np.abs(f64(actual) - expected)
-    worst = np.unravel_index(np.argmax(err - bound), err.shape) if err.size else ()
-    assert np.all(err <= bound), (
-        f"{gp.dtypes.short_name(desc.dtype)} {desc}: max excess at {worst}: "
-        f"got {f64(actual)[worst]}, expected {expected[worst]}, bound {bound[worst]}")
-
-
 def check_all_skus(device: str, desc: gp.GemmDescriptor, seed: int = 0) -> None:
-    a, b, c0, bias = operands(desc, seed)
-    expected = reference(desc, a, b, c0, bias)
+    a, b, c0, bias = gemm_operands(desc, seed)
+    expected = gemm_reference(desc, a, b, c0, bias)
     for be in backends(device):
         c = on(device, c0.copy())
         plan = run_plan(gp.GemmPlan, desc, gp.GemmArgs(on(device, a), on(device, b), c,
@@ -114,13 +78,13 @@ def test_beta_and_bias_epilogue(device, dtype, beta, has_bias):
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_beta_zero_never_reads_c(device, dtype):
     desc = gp.GemmDescriptor(9, 10, 11, batch=2, dtype=dtype)
-    a, b, _, _ = operands(desc)
+    a, b, _, _ = gemm_operands(desc)
     for be in backends(device):
         c = on(device, np.full(desc.c_shape(), np.nan, dtype=dtype))
         run_plan(gp.GemmPlan, desc, gp.GemmArgs(on(device, a), on(device, b), c), device,
                  gp.PlanPreference(backend=be))
         assert np.all(np.isfinite(f64(c)))
-        assert_gemm_close(c, reference(desc, a, b, None, None), desc)
+        assert_gemm_close(c, gemm_reference(desc, a, b, None, None), desc)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -133,7 +97,7 @@ def test_k_zero_gives_beta_c_plus_bias(device, dtype, beta, has_bias):
 @pytest.mark.parametrize("m,n,batch", [(0, 4, 2), (3, 0, 2), (3, 4, 0)])
 def test_empty_extents_leave_c_untouched(device, m, n, batch):
     desc = gp.GemmDescriptor(m, n, 5, batch=batch, beta=1.0, has_bias=True)
-    a, b, c0, bias = operands(desc)
+    a, b, c0, bias = gemm_operands(desc)
     for be in backends(device):
         c = on(device, c0.copy())
         run_plan(gp.GemmPlan, desc, gp.GemmArgs(on(device, a), on(device, b), c,
@@ -165,7 +129,7 @@ def test_descriptor_errors():
 def test_argument_errors_leave_c_untouched(device):
     s = stream_for(device)
     desc = gp.GemmDescriptor(6, 5, 4, batch=2, has_bias=True, dtype=np.float32)
-    a, b, c0, bias = (on(device, x) for x in operands(desc))
+    a, b, c0, bias = (on(device, x) for x in gemm_operands(desc))
     c = on(device, c0.copy())
     plan = gp.GemmPlan.select(s, desc)
 
@@ -190,7 +154,7 @@ def test_argument_errors_leave_c_untouched(device):
 def test_bias_without_has_bias_and_aliasing_are_rejected():
     s = gp.Stream.host()
     desc = gp.GemmDescriptor(4, 4, 4, batch=1)
-    a, b, c, _ = operands(desc)
+    a, b, c, _ = gemm_operands(desc)
     plan = gp.GemmPlan.select(s, desc)
     assert_rejected(lambda: plan.run(s, None, gp.GemmArgs(a, b, c, np.zeros(4, np.float32))),
                     gp.InvalidProblem, [c], "'bias'", "has_bias=False")
@@ -299,7 +263,7 @@ def test_tiled_unaligned_operands_use_scalar_loads(dtype, trans_a, trans_b):
     # Operands starting one element into their buffer: not 16-byte aligned (scalar path).
     desc = gp.GemmDescriptor(136, 80, 64, batch=2, trans_a=trans_a, trans_b=trans_b,
                              alpha=2.0, beta=-1.0, has_bias=True, dtype=dtype)
-    a, b, c0, bias = operands(desc, seed=5)
+    a, b, c0, bias = gemm_operands(desc, seed=5)
     a_buf = gp.to_device(np.concatenate([a.reshape(-1)[:1], a.reshape(-1)]), "cuda")
     b_buf = gp.to_device(np.concatenate([b.reshape(-1)[:1], b.reshape(-1)]), "cuda")
     a_dev = a_buf[1:].reshape(a.shape)
@@ -307,7 +271,7 @@ def test_tiled_unaligned_operands_use_scalar_loads(dtype, trans_a, trans_b):
     c = on("cuda", c0.copy())
     run_plan(gp.GemmPlan, desc, gp.GemmArgs(a_dev, b_dev, c, on("cuda", bias)), "cuda",
              gp.PlanPreference(backend=gp.BackendKind.NVRTC))
-    assert_gemm_close(c, reference(desc, a, b, c0, bias), desc, c0, bias)
+    assert_gemm_close(c, gemm_reference(desc, a, b, c0, bias), desc, c0, bias)
 
 
 @pytest.mark.gpu
@@ -317,7 +281,7 @@ def test_tiled_is_deterministic_and_close_to_cublas(dtype, accelerator):
     # the emulated device runs every thread on the CPU: a smaller problem, no cuBLAS
     desc = gp.GemmDescriptor(*((130, 136, 72) if emulated else (300, 520, 1000)), batch=2,
                              broadcast_b=True, dtype=dtype)
-    a, b, c0, _ = (on(accelerator, x) for x in operands(desc, seed=9))
+    a, b, c0, _ = (on(accelerator, x) for x in gemm_operands(desc, seed=9))
     outs = {}
     runs = (("t1", gp.BackendKind.NVRTC), ("t2", gp.BackendKind.NVRTC))
     for name, be in runs + (() if emulated else (("cublas", gp.BackendKind.CUBLAS),)):
@@ -326,7 +290,7 @@ def test_tiled_is_deterministic_and_close_to_cublas(dtype, accelerator):
                  gp.PlanPreference(backend=be))
         outs[name] = gp.to_host(c)
     np.testing.assert_array_equal(outs["t1"].view(np.uint8), outs["t2"].view(np.uint8))
-    assert_gemm_close(outs["t1"], reference(desc, gp.to_host(a), gp.to_host(b), None, None),
+    assert_gemm_close(outs["t1"], gemm_reference(desc, gp.to_host(a), gp.to_host(b), None, None),
                       desc)
     if not emulated:
         assert_gemm_close(outs["cublas"], f64(outs["t1"]), desc)
