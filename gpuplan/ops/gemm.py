@@ -162,7 +162,9 @@ class GemmPlan(Plan):
             return [host_candidate(d)]
         mp, acc = short_name(d), short_name(accumulator(d))
         cands = []
-        if backend.cuda_available() and _cublas() is not None:  # no cuBLAS without a GPU
+        # Without a GPU only the emulated device asks, which refuses cuBLAS by name (see
+        # Plan.select); loading libcublas to find that out would import cupy_backends.
+        if not backend.cuda_available() or _cublas() is not None:
             cands.append(Candidate("cublas", BackendKind.CUBLAS, True, False, mp, acc))
         half = d in HALF_DTYPES
         tile_n = _TC_TILE if half else _FMA_TILES[cuda_name(d)][1]
