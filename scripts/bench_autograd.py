@@ -3,6 +3,13 @@
     python scripts/bench_autograd.py                 # cuda if available, else cpu
     python scripts/bench_autograd.py --device cpu --gpt small
     python scripts/bench_autograd.py --device cuda --gpt gpt2 --dtype bf16
+    python scripts/bench_autograd.py --stub-math         # Python overhead only (no kernels)
+
+With --stub-math every plan's kernel/NumPy body is replaced by a no-op that counts calls:
+what remains is the Python cost of the plan layer (select from the cache, validation,
+dispatch) and of autograd (tape recording, wrappers). It prints the cost per plan call, per
+recorded autograd op, and PyTorch eager's per-op figure for the same tiny ops in the same
+run. Outputs are uninitialised under the stub, so values (losses) are meaningless.
 
 On the host the small-GPT step is also timed in PyTorch eager (same weights, same batch)
 when torch is installed, and the two losses are compared.
@@ -11,6 +18,7 @@ when torch is installed, and the two losses are compared.
 from __future__ import annotations
 
 import argparse
+import importlib
 import time
 from collections.abc import Callable
 
@@ -20,6 +28,8 @@ import autograd as ag
 import gpuplan as gp
 from autograd import nn, optim
 from autograd.nn import functional as F
+
+_EXECUTE = importlib.import_module("gpuplan.execute")  # gp.execute is the function
 
 GPT_SHAPES = {
     # name: (config kwargs, batch, seq)
@@ -86,6 +96,112 @@ def bench_ops(device: str, repeat: int) -> None:
 
         both = timeit(fwd_bwd, device, repeat)
         print(f"{name:<20}{fwd * 1e6:>12.1f}{both * 1e6:>12.1f}")
+
+
+class MathStub:
+    """Replace every plan's ``_run_<variant>`` by a counting no-op (see --stub-math)."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self._saved: list[tuple[type, str, object]] = []
+
+    def __enter__(self) -> MathStub:
+        def stub(plan, stream, ws, args):
+            self.calls += 1
+
+        todo = [gp.Plan]
+        while todo:
+            cls = todo.pop()
+            todo.extend(cls.__subclasses__())
+            for name, fn in list(vars(cls).items()):
+                if name.startswith("_run_") and callable(fn):
+                    self._saved.append((cls, name, fn))
+                    setattr(cls, name, stub)
+        _EXECUTE.clear_plan_cache()  # cached plans hold bound kernel bodies
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for cls, name, fn in self._saved:
+            setattr(cls, name, fn)
+        _EXECUTE.clear_plan_cache()
+
+
+def bench_overhead(device: str, repeat: int) -> None:
+    """Python cost per plan call and per recorded autograd op, kernels stubbed out."""
+    rng = np.random.default_rng(0)
+    x_np = rng.standard_normal((8, 8)).astype(np.float32)
+    x = gp.to_device(x_np, device)
+    w = ag.tensor(x_np, device=device, requires_grad=True)
+    bias = ag.tensor(x_np[0], device=device, requires_grad=True)
+    idx = gp.to_device(rng.integers(0, 8, (8,)), device)
+    plan_calls = {
+        "gelu": lambda: gp.functional.unary("gelu", x),
+        "add": lambda: gp.functional.binary("add", x, x),
+        "matmul": lambda: gp.functional.matmul(x, x),
+        "layer_norm": lambda: gp.functional.layer_norm(x, x[0], x[0], eps=1e-5),
+        "softmax": lambda: gp.functional.softmax(x),
+        "embedding": lambda: gp.functional.embedding(x, idx),
+    }
+    t = ag.tensor(x_np, device=device, requires_grad=True)
+    autograd_ops = {
+        "gelu": lambda: F.gelu(t),
+        "add": lambda: t + t,
+        "linear": lambda: F.linear(t, w, bias),
+        "layer_norm": lambda: F.layer_norm(t, (8,), bias, bias),
+        "softmax": lambda: F.softmax(t, dim=-1),
+    }
+    print(f"\nPython overhead on {device}, kernels stubbed (median of {repeat}, 8x8 f32)")
+    print(f"{'call':<28}{'us':>8}{'plans':>7}{'us/plan':>9}")
+    with MathStub() as stub:
+        for group, calls in (("plan call", plan_calls), ("autograd fwd", autograd_ops)):
+            for name, fn in calls.items():
+                stub.calls = 0
+                fn()
+                n = stub.calls
+                with ag.Tape():
+                    sec = timeit(fn, device, repeat)
+                print(f"{group + ' ' + name:<28}{sec * 1e6:>8.1f}{n:>7}"
+                      f"{sec * 1e6 / max(n, 1):>9.1f}")
+        cfg = nn.GPTConfig(**GPT_SHAPES["small"][0], seed=0)
+        model = nn.GPT(cfg).to(device)
+        opt = optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1)
+        B, T = 2, 16
+        ids = gp.to_device(rng.integers(0, cfg.vocab_size, (B, T)), device)
+        step = gpt_step_fn(model, opt, ids, ids)
+        step()
+        stub.calls = 0
+        step()
+        n = stub.calls
+        sec = timeit(step, device, max(repeat // 20, 5))
+        print(f"{'GPT small step':<28}{sec * 1e6:>8.0f}{n:>7}{sec * 1e6 / n:>9.1f}")
+        plans = len(_EXECUTE._PLANS)
+        print(f"plans cached after the steps: {plans}")
+    bench_torch_overhead(repeat)
+
+
+def bench_torch_overhead(repeat: int) -> None:
+    """PyTorch eager's per-op figure for the same 8x8 ops (CPU), for comparison."""
+    try:
+        import torch
+    except ImportError:
+        print("(torch not installed: no PyTorch per-op figure)")
+        return
+    g = torch.Generator().manual_seed(0)
+    t = torch.randn(8, 8, generator=g, requires_grad=True)
+    w = torch.randn(8, 8, generator=g, requires_grad=True)
+    b = torch.randn(8, generator=g, requires_grad=True)
+    ops = {
+        "gelu": lambda: torch.nn.functional.gelu(t),
+        "add": lambda: t + t,
+        "linear": lambda: torch.nn.functional.linear(t, w, b),
+        "layer_norm": lambda: torch.nn.functional.layer_norm(t, (8,), b, b),
+        "softmax": lambda: torch.softmax(t, dim=-1),
+    }
+    print(f"PyTorch {torch.__version__} eager, CPU, recorded for autograd (8x8 f32, math "
+          f"included)")
+    for name, fn in ops.items():
+        sec = timeit(fn, "cpu", repeat)
+        print(f"{'torch fwd ' + name:<28}{sec * 1e6:>8.1f}")
 
 
 def gpt_step_fn(model: nn.GPT, opt: optim.Optimizer, idx, targets) -> Callable[[], float]:
@@ -202,8 +318,13 @@ def main() -> None:
     parser.add_argument("--dtype", default="float32", help="float32 | bf16 | float16")
     parser.add_argument("--repeat", type=int, default=None)
     parser.add_argument("--skip-ops", action="store_true")
+    parser.add_argument("--stub-math", action="store_true",
+                        help="measure the Python overhead only (plan bodies stubbed out)")
     args = parser.parse_args()
     device = args.device or ("cuda" if gp.device_available() else "cpu")
+    if args.stub_math:
+        bench_overhead(device, args.repeat or 2000)
+        return
     shape = args.gpt or ("gpt2" if device == "cuda" else "small")
     if not args.skip_ops:
         bench_ops(device, args.repeat or 200)
