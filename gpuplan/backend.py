@@ -68,6 +68,24 @@ def cuda_available() -> bool:
         return False
 
 
+def device_count() -> int:
+    """Number of CUDA devices this process sees (0 without a usable CUDA device)."""
+    return int(cupy_module().cuda.runtime.getDeviceCount()) if cuda_available() else 0
+
+
+def use_device(index: int) -> int | None:
+    """Make CUDA device ``index`` current for this process (CuPy arrays, streams and kernels
+    then go there); returns ``index``, or None (nothing changes) without a CUDA device.
+    Multi-process jobs pass one index per local rank (``dist.init`` does)."""
+    count = device_count()
+    if count == 0:
+        return None
+    if not 0 <= index < count:
+        raise ValueError(f"use_device: index must lie in [0, {count}), given {index}")
+    cupy_module().cuda.Device(index).use()
+    return index
+
+
 def device_available() -> bool:
     """True when there is a device to run on: a CUDA GPU, or the emulated device when
     GPUPLAN_DEVICE=emulated."""

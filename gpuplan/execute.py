@@ -1,10 +1,11 @@
 """One-call execution of a plan for the functional API: cached select, workspace, run.
 
-`execute(PlanCls, desc, args)` picks the stream from where the arrays live (host for NumPy,
-the current CUDA stream for CuPy), reuses the plan selected earlier for the same
-(family, descriptor, preference, stream), allocates the workspace and runs the plan.
-This is what the functional wrappers (and so autograd) call; per-call overhead is a dict
-lookup plus the argument checks.
+`call(PlanCls, desc, like=x, **operands)` is what the functional wrappers (and so autograd)
+use: it picks the stream from where `like` lives (host for NumPy, the emulated stream, the
+current CUDA stream for CuPy), reuses the plan selected earlier for the same (family,
+descriptor, preference, stream), allocates the outputs the caller did not pass (their
+shapes and dtypes come from the plan's spec), checks the operands once and runs.
+`execute(PlanCls, desc, args, like=x)` does the same for a ready-made args object.
 """
 
 from __future__ import annotations
@@ -14,21 +15,26 @@ from typing import Any
 from gpuplan.plan import Plan, PlanPreference
 from gpuplan.stream import Stream, Workspace
 
-_DEFAULT_PREF = PlanPreference()
 _PLANS: dict[tuple, Plan] = {}
+_MAX_PLANS = 4096
 
 
 def cached_plan(plan_cls: type[Plan], stream: Stream, desc: Any,
                 pref: PlanPreference | None = None) -> Plan:
-    pref = pref or _DEFAULT_PREF
-    key = (plan_cls, desc, pref, stream)
+    """`plan_cls.select(stream, desc, pref)`, remembered per (family, desc, pref, stream)."""
+    key = (plan_cls, desc, pref, stream.key)
     plan = _PLANS.get(key)
     if plan is None:
         plan = plan_cls.select(stream, desc, pref)
-        if len(_PLANS) > 4096:
+        if len(_PLANS) >= _MAX_PLANS:
             _PLANS.clear()
         _PLANS[key] = plan
     return plan
+
+
+def _workspace(plan: Plan, stream: Stream) -> Workspace | None:
+    nbytes = plan._cand.workspace_bytes
+    return Workspace.allocate(stream, nbytes) if nbytes else None
 
 
 def execute(plan_cls: type[Plan], desc: Any, args: Any, *, like: Any,
@@ -36,10 +42,26 @@ def execute(plan_cls: type[Plan], desc: Any, args: Any, *, like: Any,
     """Select (cached) and run `plan_cls` for `desc` on the stream of array `like`."""
     stream = Stream.for_array(like)
     plan = cached_plan(plan_cls, stream, desc, pref)
-    nbytes = plan.workspace_size()
-    ws = Workspace.allocate(stream, nbytes) if nbytes else Workspace.none()
-    plan.run(stream, ws, args)
+    plan.run(stream, _workspace(plan, stream), args)
     return plan
+
+
+def call(plan_cls: type[Plan], desc: Any, *, like: Any, pref: PlanPreference | None = None,
+         **operands: Any) -> Any:
+    """Run `plan_cls` on `operands` (arrays and scalars by spec name), allocating every
+    required output not passed; returns the outputs in declaration order (one array when
+    the spec has a single output, else a tuple)."""
+    stream = Stream.for_array(like)
+    plan = cached_plan(plan_cls, stream, desc, pref)
+    spec = plan.spec
+    for name in plan._resolved.allocatable:
+        if name not in operands:
+            operands[name] = plan.alloc(name)
+    plan.run(stream, _workspace(plan, stream), spec.args_cls(**operands))
+    outs = spec.outputs
+    if len(outs) == 1:
+        return operands[outs[0]]
+    return tuple(operands.get(n) for n in outs)
 
 
 def clear_plan_cache() -> None:

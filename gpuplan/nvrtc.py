@@ -43,11 +43,13 @@ class CudaModule:
     """One `.cu` file of templated kernels and the instances of them the plans use."""
 
     def __init__(self, anchor: str, filename: str, name_expressions: Sequence[str],
-                 options: Sequence[str] = ()) -> None:
+                 options: Sequence[str] = (), enums: dict[str, Sequence[str]] | None = None
+                 ) -> None:
         self.path = Path(anchor).with_name(filename)
         self.name_expressions = tuple(dict.fromkeys(name_expressions))
         # The op directory is on the include path for gpuplan_common.cuh.
-        self._base_options = COMPILE_OPTIONS + (f"-I{self.path.parent}",) + tuple(options)
+        self._base_options = (COMPILE_OPTIONS + (f"-I{self.path.parent}",) + tuple(options)
+                              + enum_options(enums or {}))
         self._options: tuple[str, ...] | None = None
         self._modules: dict[int, Any] = {}
         self._functions: dict[tuple[int, str], Any] = {}
@@ -113,6 +115,25 @@ class CudaModule:
 
     def __repr__(self) -> str:
         return f"CudaModule({self.path.name}, {len(self.name_expressions)} instances)"
+
+
+def enum_options(enums: dict[str, Sequence[str]]) -> tuple[str, ...]:
+    """-D options that give the source its enums from Python tables: for
+    ``{"Activation": ("relu", "gelu")}`` the macro ``GPUPLAN_ENUM_Activation`` expands to
+    ``RELU = 0, GELU = 1`` (use it as ``enum Activation { GPUPLAN_ENUM_Activation };``), so
+    the Python names and the CUDA enumerators come from one table."""
+    out = []
+    for enum, names in enums.items():
+        if not enum.isidentifier():
+            raise ValueError(f"enum name {enum!r} is not an identifier")
+        items = []
+        for i, name in enumerate(names):
+            ident = name.upper()
+            if not ident.isidentifier():
+                raise ValueError(f"enum {enum}: {name!r} is not an identifier")
+            items.append(f"{ident}={i}")
+        out.append(f"-DGPUPLAN_ENUM_{enum}=" + ",".join(items))
+    return tuple(out)
 
 
 def registry() -> list[CudaModule]:

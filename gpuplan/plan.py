@@ -3,13 +3,19 @@
 A plan family subclasses `Plan` and provides:
 
 - ``op``: the op name used in SKUs and error messages;
-- ``_check_descriptor(desc)``: raise InvalidProblem / Unsupported for a bad descriptor;
-- ``_candidates(desc, on_device)``: the SKUs able to run it, best first;
-- ``_check_args(args)``: shape/dtype/size checks of the operands (see `check_operand`);
-- ``_run_<variant>(stream, ws, args)`` for every variant it offers.
+- ``spec``: its `gpuplan.spec.OpSpec` (fields, operands, scalars): the descriptor checks,
+  the operand checks (`can_implement`) and emptiness are derived from it;
+- ``_candidates(desc, stream)``: the SKUs able to run it on `stream`, best first;
+- ``_run_<variant>(stream, ws, args)`` for every variant it offers;
+- optionally ``_check_descriptor(desc)`` (call super) and ``_check_args(args)`` for the
+  cross-field rules a declaration cannot state, and ``_prepare()`` to derive per-plan
+  launch constants once (it runs in ``__init__``, after the operands are resolved).
 
 `select` filters the candidates by the `PlanPreference`; `run` calls `can_implement`
 first, so a rejected call writes nothing.
+
+Families without a ``spec`` (the legacy contract: ``_candidates(desc, on_device)``, a full
+``_check_args`` and ``_is_empty``) still work while they are being ported.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ from gpuplan.errors import (
     WorkspaceTooSmall,
     describe,
 )
+from gpuplan.spec import OpSpec, Resolved
 from gpuplan.stream import Stream, Workspace
 
 
@@ -111,7 +118,8 @@ class Plan:
 
     op: ClassVar[str] = "plan"
     category: ClassVar[str] = "generic"
-    #: integer descriptor fields that may be negative; every other int field is an extent.
+    spec: ClassVar[OpSpec | None] = None
+    #: (legacy families) integer descriptor fields that may be negative.
     signed_fields: ClassVar[frozenset[str]] = frozenset({"padding_idx", "ignore_index"})
 
     def __init__(self, stream: Stream, desc: Any, candidate: Candidate) -> None:
@@ -119,14 +127,24 @@ class Plan:
         self.desc = desc
         self._cand = candidate
         self._run_impl = getattr(self, f"_run_{candidate.variant}")
+        self._resolved: Resolved | None = None
+        self._index_dtype: str | None = None
+        if self.spec is not None:
+            self._resolved = self.spec.resolve(self.op, desc)
+            self._prepare()
+
+    def _prepare(self) -> None:
+        """Derive per-plan launch constants from ``self.desc`` (once, at select)."""
 
     # -- selection -------------------------------------------------------------------
     @classmethod
     def select(cls, stream: Stream, desc: Any, pref: PlanPreference | None = None) -> Plan:
         pref = pref or PlanPreference()
         cls._check_descriptor(desc)
-        on_device = not stream.is_host
-        cands = list(cls._candidates(desc, on_device))
+        if cls.spec is not None:
+            cands = list(cls._candidates(desc, stream))
+        else:
+            cands = list(cls._candidates(desc, not stream.is_host))
         if not cands:
             raise Unsupported(describe(cls.op, "desc", "a supported problem", desc))
         reasons = []
@@ -143,6 +161,14 @@ class Plan:
 
     @classmethod
     def _check_descriptor(cls, desc: Any) -> None:
+        if cls.spec is not None:
+            for name in cls.spec.field_names:
+                if not hasattr(desc, name):
+                    want = getattr(cls.spec.descriptor_cls, "__name__", "descriptor")
+                    raise InvalidProblem(describe(cls.op, "desc", f"a {want}",
+                                                  type(desc).__name__))
+            cls.spec.check_descriptor(cls.op, desc)
+            return
         for f in dataclasses.fields(desc):
             v = getattr(desc, f.name)
             if isinstance(v, (int, np.integer)) and not isinstance(v, bool):
@@ -150,7 +176,7 @@ class Plan:
                     raise InvalidProblem(describe(cls.op, f.name, "an extent >= 0", v))
 
     @classmethod
-    def _candidates(cls, desc: Any, on_device: bool) -> Sequence[Candidate]:
+    def _candidates(cls, desc: Any, stream: Stream) -> Sequence[Candidate]:
         raise NotImplementedError
 
     # -- queries ----------------------------------------------------------------------
@@ -172,9 +198,24 @@ class Plan:
         return self.desc.dtype
 
     def _sku_index_dtype(self) -> str | None:
-        """Index dtype of the SKU; families whose index dtype comes from the args record it
-        in ``self._index_dtype`` during ``_check_args``."""
-        return getattr(self, "_index_dtype", None)
+        """Index dtype of the SKU: that of the INDEX operand of the last checked args."""
+        return self._index_dtype
+
+    # -- operands ---------------------------------------------------------------------------
+    def shape(self, name: str) -> tuple[int, ...]:
+        """The shape the descriptor gives operand `name`."""
+        return self._resolved.shapes[name]
+
+    def alloc(self, name: str) -> Any:
+        """A fresh, uninitialised array for operand `name` on this plan's device."""
+        dtype = self._resolved.dtypes[name]
+        if dtype is None:
+            raise InvalidProblem(describe(self.op, name, "an operand of one dtype to allocate",
+                                          "one whose dtype comes from the arrays"))
+        xp = _NAMESPACES.get(self._stream.kind)
+        if xp is None:
+            xp = _NAMESPACES[self._stream.kind] = backend._namespace_for(self._stream.kind)
+        return xp.empty(self._resolved.shapes[name], dtype=dtype)
 
     def precision_guarantee(self) -> PrecisionGuarantee:
         c = self._cand
@@ -187,6 +228,12 @@ class Plan:
     # -- execution --------------------------------------------------------------------
     def can_implement(self, args: Any) -> None:
         """Raise the right GpuPlanError if `args` does not fit this plan; return None if it does."""
+        if self._resolved is not None:
+            index = self._resolved.check(args, self._stream)
+            if index is not None:
+                self._index_dtype = index
+            self._check_args(args)
+            return
         kind = self._stream.kind
         for name in _field_names(type(args)):
             a = getattr(args, name)
@@ -213,19 +260,22 @@ class Plan:
                                     f"stream", _SIDE[backend.device_of(a)]))
 
     def _check_args(self, args: Any) -> None:
-        raise NotImplementedError
+        """Cross-operand rules beyond the spec (spec families); every check (legacy ones)."""
+        if self._resolved is None:
+            raise NotImplementedError
 
     def run(self, stream: Stream, ws: Workspace | None, args: Any) -> None:
-        if stream.is_host != self._stream.is_host or (
-            not stream.is_host and stream.device_id != self._stream.device_id
-        ):
+        if stream is not self._stream and (
+                stream.is_host != self._stream.is_host
+                or (not stream.is_host and stream.device_id != self._stream.device_id)):
             raise InvalidProblem(
                 describe(self.op, "stream", f"a stream like the one selected with ({self._stream})",
                          stream)
             )
         self.can_implement(args)
-        ws = ws if ws is not None else Workspace.none()
-        need = self.workspace_size()
+        need = self._cand.workspace_bytes
+        if ws is None:
+            ws = _NO_WORKSPACE
         if ws.nbytes < need:
             raise WorkspaceTooSmall(
                 describe(self.op, "ws", f">= {need} bytes", f"{ws.nbytes} bytes"))
@@ -234,11 +284,14 @@ class Plan:
         self._run_impl(stream, ws, args)
 
     def _is_empty(self) -> bool:
-        return False
+        return self._resolved is not None and self._resolved.empty
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.sku()}>"
 
+
+_NO_WORKSPACE = Workspace.none()
+_NAMESPACES: dict[str, Any] = {}
 
 _SIDE = {"cpu": "host (NumPy)", "cuda": "device (CuPy)", "emulated": "emulated-device"}
 

@@ -31,7 +31,7 @@ class Stream:
     """A CUDA stream of one device, the emulated device's stream, or the host "stream"
     (NumPy, runs synchronously)."""
 
-    __slots__ = ("_cuda", "_device_id", "_kind")
+    __slots__ = ("_cuda", "_device_id", "_kind", "key")
 
     _HOST: Stream | None = None
     _EMULATED: Stream | None = None
@@ -41,6 +41,8 @@ class Stream:
         self._cuda = cuda_stream
         self._device_id = device_id
         self._kind = kind or ("cpu" if cuda_stream is None else "cuda")
+        #: hashable identity (what plan caches key on): equal streams have equal keys.
+        self.key = (self._kind, id(cuda_stream))
 
     @classmethod
     def host(cls) -> Stream:

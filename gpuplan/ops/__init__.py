@@ -8,6 +8,7 @@ FAMILIES: tuple[str, ...] = (
     "embedding",
     "quantize",
     "gemm",
+    "activation",
     "elementwise",
     "reduction",
     "normalization",

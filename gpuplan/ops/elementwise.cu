@@ -1,5 +1,5 @@
-// Elementwise kernels: unary forward/backward, broadcasting binary ops and their gradient
-// terms, bias add and dtype casts. T: float, double, __half, __nv_bfloat16; math runs in
+// Elementwise kernels: broadcasting binary ops and their gradient terms, bias add and dtype
+// casts (activations are in activation.cu). T: float, double, __half, __nv_bfloat16; math runs in
 // gp::acc_type<T> (f32 for halves). Contiguous kernels take `vec_ok` (every pointer aligned
 // to a 16-byte pack, checked on the host) and then move 16 bytes per load and store; the
 // tail and the unaligned case use scalar accesses. All loops are grid-stride, 64-bit.
@@ -18,57 +18,7 @@ __device__ __forceinline__ double m_erf(double x) { return erf(x); }
 __device__ __forceinline__ float m_tanh(float x) { return tanhf(x); }
 __device__ __forceinline__ double m_tanh(double x) { return tanh(x); }
 
-enum UnaryOp { RELU = 0, GELU, GELU_TANH, SILU, TANH, EXP, NEG, SCALE };
 enum BinaryOp { ADD = 0, SUB, MUL, DIV };
-
-template <int OP, typename A> __device__ __forceinline__ A unary_fwd(A x, A alpha) {
-    if constexpr (OP == RELU) {
-        return x > A(0) ? x : A(0);
-    } else if constexpr (OP == GELU) {
-        return A(0.5) * x * (A(1) + m_erf(x * A(0.70710678118654752440)));
-    } else if constexpr (OP == GELU_TANH) {
-        const A u = A(0.79788456080286535588) * (x + A(0.044715) * x * x * x);
-        return A(0.5) * x * (A(1) + m_tanh(u));
-    } else if constexpr (OP == SILU) {
-        return x / (A(1) + m_exp(-x));
-    } else if constexpr (OP == TANH) {
-        return m_tanh(x);
-    } else if constexpr (OP == EXP) {
-        return m_exp(x);
-    } else if constexpr (OP == NEG) {
-        return -x;
-    } else {
-        return alpha * x;
-    }
-}
-
-// dx = dy * f'(x), x being the forward input.
-template <int OP, typename A> __device__ __forceinline__ A unary_bwd(A x, A dy, A alpha) {
-    if constexpr (OP == RELU) {
-        return x > A(0) ? dy : A(0);
-    } else if constexpr (OP == GELU) {
-        const A cdf = A(0.5) * (A(1) + m_erf(x * A(0.70710678118654752440)));
-        const A pdf = A(0.39894228040143267794) * m_exp(A(-0.5) * x * x);
-        return dy * (cdf + x * pdf);
-    } else if constexpr (OP == GELU_TANH) {
-        const A k = A(0.79788456080286535588), c = A(0.044715);
-        const A t = m_tanh(k * (x + c * x * x * x));
-        const A dt = k * (A(1) + A(3) * c * x * x);
-        return dy * (A(0.5) * (A(1) + t) + A(0.5) * x * (A(1) - t * t) * dt);
-    } else if constexpr (OP == SILU) {
-        const A s = A(1) / (A(1) + m_exp(-x));
-        return dy * s * (A(1) + x * (A(1) - s));
-    } else if constexpr (OP == TANH) {
-        const A t = m_tanh(x);
-        return dy * (A(1) - t * t);
-    } else if constexpr (OP == EXP) {
-        return dy * m_exp(x);
-    } else if constexpr (OP == NEG) {
-        return -dy;
-    } else {
-        return alpha * dy;
-    }
-}
 
 template <int OP, typename A> __device__ __forceinline__ A binary_op(A a, A b) {
     if constexpr (OP == ADD) return a + b;
@@ -126,55 +76,6 @@ __device__ __forceinline__ void broadcast_offsets(long long i, int ndim, const l
 }
 
 }  // namespace
-
-template <typename T, int OP>
-__global__ void unary_forward(const T* __restrict__ x, T* __restrict__ y, long long n,
-                              Acc<T> alpha, int vec_ok) {
-    constexpr int N = 16 / sizeof(T);
-    long long head = 0;
-    if (vec_ok) {
-        const long long np = n / N;
-        const Pack<T, N>* xp = reinterpret_cast<const Pack<T, N>*>(x);
-        Pack<T, N>* yp = reinterpret_cast<Pack<T, N>*>(y);
-        for (long long p = thread_index(); p < np; p += grid_stride()) {
-            const Pack<T, N> in = xp[p];
-            Pack<T, N> out;
-#pragma unroll
-            for (int j = 0; j < N; ++j) out.v[j] = st<T>(unary_fwd<OP>(ld(in.v[j]), alpha));
-            yp[p] = out;
-        }
-        head = np * N;
-    }
-    for (long long i = head + thread_index(); i < n; i += grid_stride()) {
-        y[i] = st<T>(unary_fwd<OP>(ld(x[i]), alpha));
-    }
-}
-
-template <typename T, int OP>
-__global__ void unary_backward(const T* __restrict__ x, const T* __restrict__ dy,
-                               T* __restrict__ dx, long long n, Acc<T> alpha, int vec_ok) {
-    constexpr int N = 16 / sizeof(T);
-    long long head = 0;
-    if (vec_ok) {
-        const long long np = n / N;
-        const Pack<T, N>* xp = reinterpret_cast<const Pack<T, N>*>(x);
-        const Pack<T, N>* gp_ = reinterpret_cast<const Pack<T, N>*>(dy);
-        Pack<T, N>* op = reinterpret_cast<Pack<T, N>*>(dx);
-        for (long long p = thread_index(); p < np; p += grid_stride()) {
-            const Pack<T, N> xv = xp[p], gv = gp_[p];
-            Pack<T, N> out;
-#pragma unroll
-            for (int j = 0; j < N; ++j) {
-                out.v[j] = st<T>(unary_bwd<OP>(ld(xv.v[j]), ld(gv.v[j]), alpha));
-            }
-            op[p] = out;
-        }
-        head = np * N;
-    }
-    for (long long i = head + thread_index(); i < n; i += grid_stride()) {
-        dx[i] = st<T>(unary_bwd<OP>(ld(x[i]), ld(dy[i]), alpha));
-    }
-}
 
 // c = op(a, b) for same-shape contiguous operands.
 template <typename T, int OP>

@@ -34,7 +34,6 @@ from gpuplan.dtypes import (
 from gpuplan.dtypes import short_name as sn
 from gpuplan.errors import InvalidProblem, Unsupported, describe
 from gpuplan.execute import execute
-from gpuplan.host_math import erf, erf_float32
 from gpuplan.nvrtc import CudaModule, cdiv, launch
 from gpuplan.ops.reduction import launch_reduce, reduce_layout
 from gpuplan.plan import (
@@ -49,16 +48,13 @@ from gpuplan.plan import (
 from gpuplan.stream import Stream, Workspace
 
 __all__ = [
-    "UnaryDescriptor", "UnaryArgs", "UnaryPlan",
-    "UnaryBackwardDescriptor", "UnaryBackwardArgs", "UnaryBackwardPlan",
     "BinaryDescriptor", "BinaryArgs", "BinaryPlan",
     "BinaryBackwardDescriptor", "BinaryBackwardArgs", "BinaryBackwardPlan",
     "BiasAddDescriptor", "BiasAddArgs", "BiasAddPlan",
     "CastDescriptor", "CastArgs", "CastPlan",
 ]
-__functional__ = ["unary", "unary_backward", "binary", "binary_backward", "bias_add", "cast"]
+__functional__ = ["binary", "binary_backward", "bias_add", "cast"]
 
-UNARY_OPS = ("relu", "gelu", "gelu_tanh", "silu", "tanh", "exp", "neg", "scale")
 BINARY_OPS = ("add", "sub", "mul", "div")
 CAST_DTYPES = FLOAT_DTYPES + (int32, int64)
 _MAX_DIMS = 8
@@ -68,9 +64,7 @@ _HALF_ACC = [(t, accumulator(t)) for t in FLOAT_DTYPES if accumulator(t) != t]
 _MODULE = CudaModule(
     __file__,
     "elementwise.cu",
-    [f"unary_{k}<{cuda_name(t)}, {i}>" for k in ("forward", "backward") for t in FLOAT_DTYPES
-     for i in range(len(UNARY_OPS))]
-    + [f"binary_{k}<{cuda_name(t)}, {i}>" for k in ("contiguous", "broadcast")
+    [f"binary_{k}<{cuda_name(t)}, {i}>" for k in ("contiguous", "broadcast")
        for t in FLOAT_DTYPES for i in range(len(BINARY_OPS))]
     + [f"binary_grad<{cuda_name(t)}, {cuda_name(o)}, {i}, {w}>"
        for t, o in [(t, t) for t in FLOAT_DTYPES] + _HALF_ACC
@@ -112,79 +106,6 @@ def _map_candidates(op: str, dtype: Any, on_device: bool, variant: str = "map") 
 # -- NumPy implementation (inputs already in the accumulator dtype) ------------------------
 
 
-_SQRT_2_OVER_PI = 0.79788456080286535588
-_INV_SQRT_2PI = 0.39894228040143267794
-_SQRT_2 = np.float64(np.sqrt(2.0))
-_INV_SQRT_2 = 0.70710678118654752440
-
-
-def _normal_cdf(x: np.ndarray) -> np.ndarray:
-    """Phi(x) = (1 + erf(x / sqrt(2))) / 2 of an f32 or f64 array, as a fresh float64 array:
-    erf to float64 accuracy for f64, to float32 accuracy otherwise (see gpuplan.host_math)."""
-    if x.dtype == np.float64:
-        cdf = erf(x / _SQRT_2)
-    else:
-        cdf = erf_float32(x, scale=_INV_SQRT_2)
-    cdf += 1.0
-    cdf *= 0.5
-    return cdf
-
-
-def _host_unary(op: str, x: np.ndarray, alpha: float | None) -> np.ndarray:
-    t = x.dtype.type
-    with np.errstate(over="ignore"):
-        if op == "relu":
-            return np.where(x > 0, x, t(0))
-        if op == "gelu":
-            y = _normal_cdf(x)
-            y *= x
-            return y
-        if op == "gelu_tanh":
-            return t(0.5) * x * (t(1) + np.tanh(t(_SQRT_2_OVER_PI) * (x + t(0.044715) * x**3)))
-        if op == "silu":
-            return x / (t(1) + np.exp(-x))
-        if op == "tanh":
-            return np.tanh(x)
-        if op == "exp":
-            return np.exp(x)
-        if op == "neg":
-            return -x
-        return t(alpha) * x
-
-
-def _host_unary_backward(op: str, x: np.ndarray, dy: np.ndarray,
-                         alpha: float | None) -> np.ndarray:
-    t = x.dtype.type
-    with np.errstate(over="ignore"):
-        if op == "relu":
-            return np.where(x > 0, dy, t(0))
-        if op == "gelu":
-            pdf = x * x
-            pdf *= t(-0.5)
-            np.exp(pdf, out=pdf)
-            pdf *= x
-            pdf *= t(_INV_SQRT_2PI)
-            grad = _normal_cdf(x)
-            grad += pdf
-            grad *= dy
-            return grad
-        if op == "gelu_tanh":
-            k, c = t(_SQRT_2_OVER_PI), t(0.044715)
-            th = np.tanh(k * (x + c * x**3))
-            dt = k * (t(1) + t(3) * c * x * x)
-            return dy * (t(0.5) * (t(1) + th) + t(0.5) * x * (t(1) - th * th) * dt)
-        if op == "silu":
-            s = t(1) / (t(1) + np.exp(-x))
-            return dy * s * (t(1) + x * (t(1) - s))
-        if op == "tanh":
-            return dy * (t(1) - np.tanh(x) ** 2)
-        if op == "exp":
-            return dy * np.exp(x)
-        if op == "neg":
-            return -dy
-        return t(alpha) * dy
-
-
 _BINARY_UFUNCS = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide}
 
 
@@ -203,128 +124,6 @@ def _host_binary_grad(op: str, which: int, a: Any, b: Any, dc: np.ndarray) -> np
         if op == "mul":
             return dc * (b if which == 0 else a)
         return dc / b if which == 0 else -dc * a / (b * b)
-
-
-# -- unary ---------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class UnaryDescriptor:
-    """y[numel] = f(x[numel]); alpha is required by (and only by) 'scale'."""
-
-    op: str
-    numel: int
-    dtype: Any = np.float32
-    alpha: float | None = None
-
-
-@dataclass(frozen=True)
-class UnaryArgs:
-    x: Any  # [numel]
-    y: Any  # [numel]
-
-
-def _check_unary_desc(plan_op: str, desc: Any) -> None:
-    if desc.op not in UNARY_OPS:
-        raise Unsupported(describe(plan_op, "op", f"one of {UNARY_OPS}", repr(desc.op)))
-    if (desc.op == "scale") != (desc.alpha is not None):
-        want = "a float alpha" if desc.op == "scale" else "alpha=None (only 'scale' takes one)"
-        raise InvalidProblem(describe(plan_op, "alpha", want, desc.alpha))
-
-
-class UnaryPlan(Plan):
-    """Activation forward over a flat array (16-byte packs when aligned)."""
-
-    op = "unary"
-    category = "elementwise"
-
-    @classmethod
-    def _check_descriptor(cls, desc: UnaryDescriptor) -> None:
-        super()._check_descriptor(desc)
-        _check_unary_desc(cls.op, desc)
-
-    @classmethod
-    def _candidates(cls, desc: UnaryDescriptor, on_device: bool) -> list[Candidate]:
-        return _map_candidates(cls.op, desc.dtype, on_device)
-
-    def _check_args(self, args: UnaryArgs) -> None:
-        d = self.desc
-        check_operand(self.op, "x", args.x, (d.numel,), d.dtype)
-        check_operand(self.op, "y", args.y, (d.numel,), d.dtype)
-        check_writable_distinct(self.op, {"y": args.y}, {"x": args.x})
-
-    def _is_empty(self) -> bool:
-        return self.desc.numel == 0
-
-    def _run_numpy(self, stream: Stream, ws: Workspace, args: UnaryArgs) -> None:
-        d = self.desc
-        args.y[...] = _host_unary(d.op, args.x.astype(accumulator(d.dtype), copy=False), d.alpha)
-
-    def _run_map(self, stream: Stream, ws: Workspace, args: UnaryArgs) -> None:
-        d = self.desc
-        fn = _MODULE.function(f"unary_forward<{cuda_name(d.dtype)}, {UNARY_OPS.index(d.op)}>",
-                              stream.device_id)
-        pack = 16 // as_dtype(d.dtype).itemsize
-        launch(stream, fn, _grid(cdiv(d.numel, pack)), 256,
-               (args.x, args.y, np.int64(d.numel), _alpha(d.dtype, d.alpha),
-                _vec_ok((args.x, 16), (args.y, 16))))
-
-
-@dataclass(frozen=True)
-class UnaryBackwardDescriptor:
-    """dx[numel] = dy * f'(x); alpha as in UnaryDescriptor."""
-
-    op: str
-    numel: int
-    dtype: Any = np.float32
-    alpha: float | None = None
-
-
-@dataclass(frozen=True)
-class UnaryBackwardArgs:
-    x: Any   # [numel], the forward input
-    dy: Any  # [numel]
-    dx: Any  # [numel]
-
-
-class UnaryBackwardPlan(Plan):
-    """Activation gradient from the forward input (16-byte packs when aligned)."""
-
-    op = "unary_backward"
-    category = "elementwise"
-
-    @classmethod
-    def _check_descriptor(cls, desc: UnaryBackwardDescriptor) -> None:
-        super()._check_descriptor(desc)
-        _check_unary_desc(cls.op, desc)
-
-    @classmethod
-    def _candidates(cls, desc: UnaryBackwardDescriptor, on_device: bool) -> list[Candidate]:
-        return _map_candidates(cls.op, desc.dtype, on_device)
-
-    def _check_args(self, args: UnaryBackwardArgs) -> None:
-        d = self.desc
-        for name in ("x", "dy", "dx"):
-            check_operand(self.op, name, getattr(args, name), (d.numel,), d.dtype)
-        check_writable_distinct(self.op, {"dx": args.dx}, {"x": args.x, "dy": args.dy})
-
-    def _is_empty(self) -> bool:
-        return self.desc.numel == 0
-
-    def _run_numpy(self, stream: Stream, ws: Workspace, args: UnaryBackwardArgs) -> None:
-        d = self.desc
-        acc = accumulator(d.dtype)
-        args.dx[...] = _host_unary_backward(d.op, args.x.astype(acc, copy=False),
-                                           args.dy.astype(acc, copy=False), d.alpha)
-
-    def _run_map(self, stream: Stream, ws: Workspace, args: UnaryBackwardArgs) -> None:
-        d = self.desc
-        fn = _MODULE.function(f"unary_backward<{cuda_name(d.dtype)}, {UNARY_OPS.index(d.op)}>",
-                              stream.device_id)
-        pack = 16 // as_dtype(d.dtype).itemsize
-        launch(stream, fn, _grid(cdiv(d.numel, pack)), 256,
-               (args.x, args.dy, args.dx, np.int64(d.numel), _alpha(d.dtype, d.alpha),
-                _vec_ok((args.x, 16), (args.dy, 16), (args.dx, 16))))
 
 
 # -- binary --------------------------------------------------------------------------------
@@ -735,25 +534,6 @@ def _set_last_bit(a: np.ndarray, uint: type) -> np.ndarray:
 
 def _flat(x: Any) -> Any:
     return backend.ascontiguous(x).reshape(-1)
-
-
-def unary(name: str, x: Any, *, alpha: float | None = None) -> Any:
-    """y = f(x) elementwise, same shape and dtype as x."""
-    flat = _flat(x)
-    y = backend.array_namespace(x).empty(flat.shape, dtype=x.dtype)
-    execute(UnaryPlan, UnaryDescriptor(name, int(flat.size), as_dtype(x.dtype), alpha),
-            UnaryArgs(flat, y), like=x)
-    return y.reshape(x.shape)
-
-
-def unary_backward(name: str, x: Any, dy: Any, *, alpha: float | None = None) -> Any:
-    """dx = dy * f'(x), x the forward input."""
-    fx, fdy = _flat(x), _flat(dy)
-    dx = backend.array_namespace(x).empty(fx.shape, dtype=x.dtype)
-    execute(UnaryBackwardPlan,
-            UnaryBackwardDescriptor(name, int(fx.size), as_dtype(x.dtype), alpha),
-            UnaryBackwardArgs(fx, fdy, dx), like=x)
-    return dx.reshape(x.shape)
 
 
 def binary(name: str, a: Any, b: Any) -> Any:

@@ -1,5 +1,5 @@
-"""Elementwise kernels on the emulated device (unary forward/backward, binary contiguous and
-broadcast with their gradients, bias add, cast) against the family's NumPy implementation run
+"""Elementwise kernels on the emulated device (binary contiguous and broadcast with their
+gradients, bias add, cast) against the family's NumPy implementation run
 in float64 (scale 4 for the transcendental activations and for reduced gradients, as in
 tests/gpuplan/ops/test_elementwise.py). Casts are compared bit for bit with the exactly
 once-rounded value (truncation for integer targets), computed with Fractions (an independent
@@ -61,32 +61,6 @@ def _misaligned(a: np.ndarray):
 
 def _place(a: np.ndarray, misaligned: bool):
     return _misaligned(a) if misaligned else emu(a)
-
-
-def _alpha(op: str) -> float | None:
-    return -1.75 if op == "scale" else None
-
-
-# -- unary ---------------------------------------------------------------------------------
-
-
-def unary(dtype, op: str, backward: bool, misaligned: bool = False) -> None:
-    a = _alpha(op)
-    x = random((N,), dtype, seed=1, low=-3, high=3)
-    dy = random((N,), dtype, seed=2)
-    out = _place(np.full((N,), 7, dtype), misaligned)
-    ref = np.zeros(N)
-    if not backward:
-        run_emulated(gp.UnaryPlan, gp.UnaryDescriptor(op, N, dtype, a),
-                     gp.UnaryArgs(_place(x, misaligned), out))
-        run_reference(gp.UnaryPlan, gp.UnaryDescriptor(op, N, np.float64, a),
-                      gp.UnaryArgs(f64(x), ref))
-    else:
-        run_emulated(gp.UnaryBackwardPlan, gp.UnaryBackwardDescriptor(op, N, dtype, a),
-                     gp.UnaryBackwardArgs(_place(x, misaligned), _place(dy, misaligned), out))
-        run_reference(gp.UnaryBackwardPlan, gp.UnaryBackwardDescriptor(op, N, np.float64, a),
-                      gp.UnaryBackwardArgs(f64(x), f64(dy), ref))
-    check(out, ref, dtype, f"unary {'backward ' if backward else ''}{op}", scale=4)
 
 
 # -- binary --------------------------------------------------------------------------------
@@ -263,13 +237,7 @@ def _shape_id(sa: tuple, sb: tuple) -> str:
 
 
 CASES = (
-    [Case(f"unary {'backward' if bw else 'forward'} {op}[{dtype_id(t)}]",
-          lambda t=t, op=op, bw=bw: unary(t, op, bw))
-     for t in DTYPES for op in ew.UNARY_OPS for bw in (False, True)]
-    + [Case(f"unary {'backward' if bw else 'forward'} misaligned {op}[{dtype_id(t)}]",
-            lambda t=t, op=op, bw=bw: unary(t, op, bw, True))
-       for t in DTYPES for op in ("gelu", "silu") for bw in (False, True)]
-    + [Case(f"binary {op} {_shape_id(sa, sb)}[{dtype_id(t)}]",
+    [Case(f"binary {op} {_shape_id(sa, sb)}[{dtype_id(t)}]",
             lambda t=t, op=op, sa=sa, sb=sb: binary(t, op, sa, sb))
        for t in DTYPES for op in ew.BINARY_OPS for sa, sb in _SHAPES]
     + [Case(f"binary {op} same misaligned[{dtype_id(t)}]",

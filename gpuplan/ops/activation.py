@@ -1,0 +1,242 @@
+"""Activations: y = f(x) and dx = dy * f'(x) over flat arrays.
+
+Every activation is one row of `ACTIVATIONS`: its name (the CUDA enumerator is the name
+upper-cased, passed to activation.cu as -DGPUPLAN_ENUM_Activation), its NumPy forward and
+backward math, and whether it takes the run-time scalar ``alpha`` ('scale': y = alpha * x).
+Adding an activation is one row here plus its two branches in activation.cu.
+
+Math runs in f32 for f16/bf16 and in the dtype itself for f32/f64; the host GELU forms
+Phi(x) = (1 + erf(x / sqrt 2)) / 2 with erf from gpuplan.host_math.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from gpuplan import backend
+from gpuplan.dtypes import FLOAT_DTYPES, accumulator, as_dtype, cuda_name
+from gpuplan.dtypes import short_name as sn
+from gpuplan.errors import InvalidProblem, describe
+from gpuplan.execute import call
+from gpuplan.host_math import erf, erf_float32
+from gpuplan.nvrtc import CudaModule, cdiv, launch
+from gpuplan.plan import BackendKind, Candidate, Plan, host_candidate
+from gpuplan.spec import Choice, DType, Extent, In, OpSpec, Out, Scalar
+from gpuplan.stream import Stream, Workspace
+
+__all__ = [
+    "UnaryDescriptor", "UnaryArgs", "UnaryPlan",
+    "UnaryBackwardDescriptor", "UnaryBackwardArgs", "UnaryBackwardPlan",
+]
+__functional__ = ["unary", "unary_backward"]
+
+_SQRT_2_OVER_PI = 0.79788456080286535588
+_INV_SQRT_2PI = 0.39894228040143267794
+_INV_SQRT_2 = 0.70710678118654752440
+
+
+def _normal_cdf(x: np.ndarray) -> np.ndarray:
+    """Phi(x) of an f32 or f64 array as a fresh float64 array: erf to float64 accuracy for
+    f64, to float32 accuracy otherwise (see gpuplan.host_math)."""
+    cdf = erf(x * _INV_SQRT_2) if x.dtype == np.float64 else erf_float32(x, scale=_INV_SQRT_2)
+    cdf += 1.0
+    cdf *= 0.5
+    return cdf
+
+
+def _gelu(x, alpha):
+    y = _normal_cdf(x)
+    y *= x
+    return y
+
+
+def _gelu_grad(x, dy, alpha):
+    t = x.dtype.type
+    pdf = x * x
+    pdf *= t(-0.5)
+    np.exp(pdf, out=pdf)
+    pdf *= x
+    pdf *= t(_INV_SQRT_2PI)
+    grad = _normal_cdf(x)
+    grad += pdf
+    grad *= dy
+    return grad
+
+
+def _gelu_tanh(x, alpha):
+    t = x.dtype.type
+    return t(0.5) * x * (t(1) + np.tanh(t(_SQRT_2_OVER_PI) * (x + t(0.044715) * x**3)))
+
+
+def _gelu_tanh_grad(x, dy, alpha):
+    t = x.dtype.type
+    k, c = t(_SQRT_2_OVER_PI), t(0.044715)
+    th = np.tanh(k * (x + c * x**3))
+    dt = k * (t(1) + t(3) * c * x * x)
+    return dy * (t(0.5) * (t(1) + th) + t(0.5) * x * (t(1) - th * th) * dt)
+
+
+def _silu_grad(x, dy, alpha):
+    t = x.dtype.type
+    s = t(1) / (t(1) + np.exp(-x))
+    return dy * s * (t(1) + x * (t(1) - s))
+
+
+@dataclass(frozen=True)
+class Activation:
+    """One activation: name, host forward (x, alpha) and backward (x, dy, alpha) math on
+    arrays in the accumulator dtype, and whether the op takes the run-time ``alpha``."""
+
+    name: str
+    forward: Callable[[np.ndarray, Any], np.ndarray]
+    backward: Callable[[np.ndarray, np.ndarray, Any], np.ndarray]
+    alpha: bool = False
+
+
+ACTIVATIONS: tuple[Activation, ...] = (
+    Activation("relu", lambda x, a: np.where(x > 0, x, x.dtype.type(0)),
+               lambda x, dy, a: np.where(x > 0, dy, x.dtype.type(0))),
+    Activation("gelu", _gelu, _gelu_grad),
+    Activation("gelu_tanh", _gelu_tanh, _gelu_tanh_grad),
+    Activation("silu", lambda x, a: x / (x.dtype.type(1) + np.exp(-x)), _silu_grad),
+    Activation("tanh", lambda x, a: np.tanh(x),
+               lambda x, dy, a: dy * (x.dtype.type(1) - np.tanh(x) ** 2)),
+    Activation("exp", lambda x, a: np.exp(x), lambda x, dy, a: dy * np.exp(x)),
+    Activation("neg", lambda x, a: -x, lambda x, dy, a: -dy),
+    Activation("scale", lambda x, a: x.dtype.type(a) * x,
+               lambda x, dy, a: x.dtype.type(a) * dy, alpha=True),
+)
+_BY_NAME = {a.name: a for a in ACTIVATIONS}
+UNARY_OPS: tuple[str, ...] = tuple(_BY_NAME)
+_INDEX = {name: i for i, name in enumerate(UNARY_OPS)}
+
+_MODULE = CudaModule(
+    __file__, "activation.cu",
+    [f"unary_{k}<{cuda_name(t)}, {i}>" for k in ("forward", "backward") for t in FLOAT_DTYPES
+     for i in range(len(ACTIVATIONS))],
+    enums={"Activation": UNARY_OPS},
+)
+_MAX_GRID = 1 << 18
+
+
+def _grid(work: int) -> int:
+    return max(1, min(cdiv(work, 256), _MAX_GRID))
+
+
+def _aligned16(*arrays: Any) -> np.int32:
+    return np.int32(all(a.data.ptr % 16 == 0 for a in arrays))
+
+
+_FIELDS = (Choice("op", choices=UNARY_OPS), Extent("numel"),
+           DType("dtype", FLOAT_DTYPES, default=np.float32))
+_ALPHA = (Scalar("alpha", None),)
+FORWARD = OpSpec("unary", fields=_FIELDS,
+                 operands=(In("x", ("numel",)), Out("y", ("numel",))), scalars=_ALPHA)
+BACKWARD = OpSpec("unary_backward", fields=_FIELDS,
+                  operands=(In("x", ("numel",)), In("dy", ("numel",)), Out("dx", ("numel",))),
+                  scalars=_ALPHA)
+
+UnaryDescriptor = FORWARD.descriptor(
+    "UnaryDescriptor", "y[numel] = f(x[numel]) (and its gradient) for activation `op`.")
+#: forward and backward share the descriptor (same fields).
+UnaryBackwardDescriptor = UnaryDescriptor
+BACKWARD.descriptor_cls = UnaryDescriptor
+UnaryArgs = FORWARD.args("UnaryArgs", "x, y [numel]; alpha: the factor of 'scale' (only).")
+UnaryBackwardArgs = BACKWARD.args(
+    "UnaryBackwardArgs", "x (the forward input), dy, dx [numel]; alpha as in UnaryArgs.")
+
+
+class _ActivationPlan(Plan):
+    category = "elementwise"
+
+    @classmethod
+    def _candidates(cls, desc: Any, stream: Stream) -> list[Candidate]:
+        d = as_dtype(desc.dtype)
+        if stream.is_host:
+            return [host_candidate(d)]
+        return [Candidate("map", BackendKind.NVRTC, True, True, sn(d), sn(accumulator(d)))]
+
+    def _prepare(self) -> None:
+        d = self.desc
+        self._act = _BY_NAME[d.op]
+        self._acc = accumulator(d.dtype)
+        self._kernel = f"unary_{self._direction}<{cuda_name(d.dtype)}, {_INDEX[d.op]}>"
+        self._grid = _grid(cdiv(d.numel, 16 // as_dtype(d.dtype).itemsize))
+
+    def _check_args(self, args: Any) -> None:
+        alpha = args.alpha
+        if self._act.alpha:
+            if isinstance(alpha, bool) or not isinstance(alpha, (int, float, np.number)):
+                raise InvalidProblem(describe(self.op, "alpha", f"a number ('{self.desc.op}' "
+                                                                f"scales by it)", repr(alpha)))
+        elif alpha is not None:
+            raise InvalidProblem(describe(self.op, "alpha", f"None ('{self.desc.op}' takes no "
+                                                            f"alpha)", alpha))
+
+    def _alpha(self, args: Any) -> np.generic:
+        return self._acc.type(1.0 if args.alpha is None else args.alpha)
+
+
+class UnaryPlan(_ActivationPlan):
+    """Activation forward over a flat array (16-byte packs when aligned)."""
+
+    op = "unary"
+    spec = FORWARD
+    _direction = "forward"
+
+    def _run_numpy(self, stream: Stream, ws: Workspace, args: Any) -> None:
+        with np.errstate(over="ignore"):
+            args.y[...] = self._act.forward(args.x.astype(self._acc, copy=False), args.alpha)
+
+    def _run_map(self, stream: Stream, ws: Workspace, args: Any) -> None:
+        fn = _MODULE.function(self._kernel, stream.device_id)
+        launch(stream, fn, self._grid, 256,
+               (args.x, args.y, np.int64(self.desc.numel), self._alpha(args),
+                _aligned16(args.x, args.y)))
+
+
+class UnaryBackwardPlan(_ActivationPlan):
+    """Activation gradient from the forward input (16-byte packs when aligned)."""
+
+    op = "unary_backward"
+    spec = BACKWARD
+    _direction = "backward"
+
+    def _run_numpy(self, stream: Stream, ws: Workspace, args: Any) -> None:
+        acc = self._acc
+        with np.errstate(over="ignore"):
+            args.dx[...] = self._act.backward(args.x.astype(acc, copy=False),
+                                              args.dy.astype(acc, copy=False), args.alpha)
+
+    def _run_map(self, stream: Stream, ws: Workspace, args: Any) -> None:
+        fn = _MODULE.function(self._kernel, stream.device_id)
+        launch(stream, fn, self._grid, 256,
+               (args.x, args.dy, args.dx, np.int64(self.desc.numel), self._alpha(args),
+                _aligned16(args.x, args.dy, args.dx)))
+
+
+# -- functional API ------------------------------------------------------------------------
+
+
+def _flat(x: Any) -> Any:
+    return backend.ascontiguous(x).reshape(-1)
+
+
+def unary(name: str, x: Any, *, alpha: float | None = None) -> Any:
+    """y = f(x) elementwise, same shape and dtype as x."""
+    flat = _flat(x)
+    y = call(UnaryPlan, UnaryDescriptor(name, flat.size, x.dtype), like=x, x=flat,
+             alpha=alpha)
+    return y.reshape(x.shape)
+
+
+def unary_backward(name: str, x: Any, dy: Any, *, alpha: float | None = None) -> Any:
+    """dx = dy * f'(x), x the forward input."""
+    flat = _flat(x)
+    dx = call(UnaryBackwardPlan, UnaryDescriptor(name, flat.size, x.dtype), like=x, x=flat,
+              dy=_flat(dy), alpha=alpha)
+    return dx.reshape(x.shape)

@@ -1,0 +1,67 @@
+"""Activation kernels on the emulated device (unary forward and backward of every row of
+gpuplan.ops.activation.ACTIVATIONS, every float dtype) against the family's NumPy
+implementation run in float64 (scale 4: the transcendental activations, as in
+tests/gpuplan/ops/test_activation.py).
+
+Sizes are small and odd (37): an aligned launch takes the 16-byte pack path and then the
+scalar tail; one-element-off views take the scalar path alone.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+import gpuplan as gp
+from gpuplan.ops.activation import UNARY_OPS
+from kernel_cases.common import (
+    DTYPES,
+    Case,
+    check,
+    dtype_id,
+    emu,
+    f64,
+    random,
+    run_emulated,
+    run_reference,
+)
+
+N = 37
+
+
+def _place(a: np.ndarray, misaligned: bool):
+    """An emulated copy of 1-D `a`, one element past a 256-byte boundary when misaligned."""
+    if not misaligned:
+        return emu(a)
+    buf = emu(np.zeros(a.shape[0] + 1, a.dtype))[1:]
+    buf[...] = a
+    return buf
+
+
+def unary(dtype, op: str, backward: bool, misaligned: bool = False) -> None:
+    alpha = -1.75 if op == "scale" else None
+    x = random((N,), dtype, seed=1, low=-3, high=3)
+    dy = random((N,), dtype, seed=2)
+    out = _place(np.full((N,), 7, dtype), misaligned)
+    ref = np.zeros(N)
+    if not backward:
+        run_emulated(gp.UnaryPlan, gp.UnaryDescriptor(op, N, dtype),
+                     gp.UnaryArgs(_place(x, misaligned), out, alpha))
+        run_reference(gp.UnaryPlan, gp.UnaryDescriptor(op, N, np.float64),
+                      gp.UnaryArgs(f64(x), ref, alpha))
+    else:
+        run_emulated(gp.UnaryBackwardPlan, gp.UnaryDescriptor(op, N, dtype),
+                     gp.UnaryBackwardArgs(_place(x, misaligned), _place(dy, misaligned), out,
+                                          alpha))
+        run_reference(gp.UnaryBackwardPlan, gp.UnaryDescriptor(op, N, np.float64),
+                      gp.UnaryBackwardArgs(f64(x), f64(dy), ref, alpha))
+    check(out, ref, dtype, f"unary {'backward ' if backward else ''}{op}", scale=4)
+
+
+CASES = (
+    [Case(f"unary {'backward' if bw else 'forward'} {op}[{dtype_id(t)}]",
+          lambda t=t, op=op, bw=bw: unary(t, op, bw))
+     for t in DTYPES for op in UNARY_OPS for bw in (False, True)]
+    + [Case(f"unary {'backward' if bw else 'forward'} misaligned {op}[{dtype_id(t)}]",
+            lambda t=t, op=op, bw=bw: unary(t, op, bw, True))
+       for t in DTYPES for op in ("gelu", "silu") for bw in (False, True)]
+)
