@@ -57,7 +57,7 @@ def call(plan_cls: type[Plan], desc: Any, *, like: Any, pref: PlanPreference | N
     for name in plan._resolved.allocatable:
         if name not in operands:
             operands[name] = plan.alloc(name)
-    plan.run(stream, _workspace(plan, stream), spec.args_cls(**operands))
+    plan.run(stream, _workspace(plan, stream), spec.make_args(**operands))
     outs = spec.outputs
     if len(outs) == 1:
         return operands[outs[0]]

@@ -49,6 +49,8 @@ class _Required:
 
 
 _REQUIRED = _Required()
+#: the default of a field or scalar the caller must pass.
+REQUIRED = _REQUIRED
 
 #: dtype rule of an index operand: int32 or int64, whichever the array has.
 INDEX = "index"
@@ -230,6 +232,12 @@ class OpSpec:
         self._fields_by_name = {f.name: f for f in self.fields}
         self.descriptor_cls: type | None = None
         self.args_cls: type | None = None
+        #: every operand absent: what `make_args` starts from.
+        self._absent = {o.name: None for o in self.operands}
+
+    def make_args(self, **kw: Any) -> Any:
+        """The args object from keywords, absent operands None whatever their position."""
+        return self.args_cls(**{**self._absent, **kw})
 
     # -- class generation ------------------------------------------------------------------
     def descriptor(self, name: str, doc: str = "", module: str | None = None) -> type:
@@ -242,13 +250,18 @@ class OpSpec:
         return cls
 
     def args(self, name: str, doc: str = "", module: str | None = None) -> type:
-        """A dataclass of the operands (optional ones default to None), then the scalars."""
-        specs = [_dc_field(o.name, None if o.present is not None else _REQUIRED)
-                 for o in self.operands]
-        specs += [_dc_field(s.name, s.default) for s in self.scalars]
-        _check_default_order(self.op, specs)
+        """A dataclass of the operands, then the scalars. Optional operands and scalars with
+        a default keep it when every later argument has one too (Python's rule); an
+        optional operand before a required one is passed explicitly (None when absent)."""
+        entries = [(o.name, None if o.present is not None else _REQUIRED)
+                   for o in self.operands] + [(s.name, s.default) for s in self.scalars]
+        specs, defaults_ok = [], True
+        for arg, default in reversed(entries):
+            defaults_ok = defaults_ok and default is not _REQUIRED
+            specs.append(_dc_field(arg, default if defaults_ok else _REQUIRED))
         cls = dataclasses.make_dataclass(
-            name, specs, slots=True, namespace={"__doc__": doc or f"Arguments of {self.op}."})
+            name, specs[::-1], slots=True,
+            namespace={"__doc__": doc or f"Arguments of {self.op}."})
         cls.__module__ = module or _caller_module()
         self.args_cls = self.args_cls or cls
         return cls
@@ -267,15 +280,6 @@ def _dc_field(name: str, default: Any) -> tuple:
     if default is _REQUIRED:
         return (name, Any)
     return (name, Any, dataclasses.field(default=default))
-
-
-def _check_default_order(op: str, specs: list) -> None:
-    seen_default = False
-    for spec in specs:
-        if len(spec) == 3:
-            seen_default = True
-        elif seen_default:
-            raise ValueError(f"{op}: required argument '{spec[0]}' follows an optional one")
 
 
 def _caller_module() -> str:
