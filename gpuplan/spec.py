@@ -378,6 +378,7 @@ class Resolved:
         the precise error or accepts an equal-but-not-identical dtype.
         """
         host = stream.is_host
+        cuda, device_id = stream.kind == "cuda", stream.device_id
         array_type = _array_type(stream.kind)
         index = None
         for name, shape, dtype, allowed, present, contiguous, align in self.rows:
@@ -395,10 +396,9 @@ class Resolved:
                                                              "it absent)", "an array"))
             if type(a) is not array_type:
                 _check_side(self.op, name, a, stream)
-            if not host and stream.kind == "cuda" and a.device.id != stream.device_id:
-                raise InvalidProblem(describe(self.op, name,
-                                              f"an array on device {stream.device_id}",
-                                              f"one on device {a.device.id}"))
+            if cuda and a.data.device_id != device_id:
+                raise InvalidProblem(describe(self.op, name, f"an array on device {device_id}",
+                                              f"one on device {a.data.device_id}"))
             if not (a.shape == shape and (a.dtype is dtype or a.dtype in allowed)) or (
                     contiguous and not a.flags.c_contiguous):
                 self._explain(name, a, shape, allowed, contiguous)

@@ -70,8 +70,18 @@ class Stream:
 
     @classmethod
     def _current_cuda(cls) -> Stream:
+        """The current CuPy stream of the current device, wrapped once per (stream, device):
+        the same Stream object (and so the same plan-cache key) every call."""
         cp = backend.cupy_module()
-        return cls(cp.cuda.get_current_stream(), cp.cuda.Device().id)
+        cuda = cp.cuda.get_current_stream()
+        device = cp.cuda.runtime.getDevice()
+        key = (id(cuda), device)
+        wrapped = _CUDA_WRAPPERS.get(key)
+        if wrapped is None or wrapped._cuda is not cuda:
+            if len(_CUDA_WRAPPERS) >= 256:
+                _CUDA_WRAPPERS.clear()
+            wrapped = _CUDA_WRAPPERS[key] = cls(cuda, device)  # holds `cuda`: its id stays
+        return wrapped
 
     @classmethod
     def for_array(cls, a: Any) -> Stream:
@@ -138,6 +148,8 @@ class Stream:
             return "Stream.emulated()"
         return f"Stream(cuda device {self._device_id}, ptr={self._cuda.ptr:#x})"
 
+
+_CUDA_WRAPPERS: dict[tuple[int, int], Stream] = {}
 
 #: The emulated device executes the PTX of an sm_80 part (mma.sync, ldmatrix, cp.async).
 EMULATED_COMPUTE_CAPABILITY = 80
