@@ -141,3 +141,31 @@ def test_functional_api(device):
     np.testing.assert_array_equal(f64(F.unary("neg", x)), -f64(x))
     assert_close(F.unary_backward("tanh", x, x), f64(x) * ref_derivative("tanh", x), gp.bfloat16,
                  scale=4)
+
+
+def _compile_activation(names: tuple[str, ...]) -> None:
+    """NVRTC-compile activation.cu's forward and backward for the last row of `names`
+    (no GPU needed), the enum coming from `names` as the module's does from the table."""
+    pytest.importorskip("cupy")
+    from pathlib import Path
+
+    from cupy._core import core
+    from cupy.cuda import compiler
+
+    from gpuplan.nvrtc import COMPILE_OPTIONS, enum_options
+    from gpuplan.ops import activation
+
+    path = Path(activation.__file__).with_name("activation.cu")
+    last = len(names) - 1
+    exprs = [f"unary_forward<float, {last}>", f"unary_backward<float, {last}>"]
+    opts = (tuple(core.assemble_cupy_compiler_options(())) + COMPILE_OPTIONS
+            + (f"-I{path.parent}", "-arch=sm_80") + enum_options({"Activation": names}))
+    compiler._NVRTCProgram(path.read_text(), path.name, name_expressions=exprs,
+                           method="ptx").compile(opts)
+
+
+def test_the_cuda_enum_is_generated_from_the_table():
+    """The table as it is compiles; a row with no CUDA branch is a compile error."""
+    _compile_activation(UNARY_OPS)
+    with pytest.raises(Exception, match="activation without CUDA forward math"):
+        _compile_activation(UNARY_OPS + ("softplus",))
