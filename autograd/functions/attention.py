@@ -26,7 +26,7 @@ class ScaledDotProductAttention(Function):
         scores = F.matmul(q3, k3, trans_b=True)  # [B, Lq, Lk]
         p = F.softmax(scores, scale=scale, causal=causal)
         out = F.matmul(p, v3)  # [B, Lq, Dv]
-        ctx.scale = scale
+        ctx.scale, ctx.causal = scale, causal
         ctx.save_for_backward(q3, k3, v3, p)
         ctx.shapes = (shape, k.shape, v.shape)
         return out.reshape(shape[:-1] + (v.shape[-1],))
@@ -41,7 +41,7 @@ class ScaledDotProductAttention(Function):
         dq = dk = None
         if need_q or need_k:
             dp = F.matmul(do3, v3, trans_b=True)
-            ds = F.softmax_backward(p, dp, scale=ctx.scale)
+            ds = F.softmax_backward(p, dp, scale=ctx.scale, causal=ctx.causal)
             dq = F.matmul(ds, k3).reshape(q_shape) if need_q else None
             dk = F.matmul(ds, q3, trans_a=True).reshape(k_shape) if need_k else None
         return dq, dk, dv

@@ -31,7 +31,7 @@ class Softmax(Function):
 
     @staticmethod
     def forward(ctx, x, dim, scale, causal):
-        ctx.dim, ctx.scale = dim, scale
+        ctx.dim, ctx.scale, ctx.causal = dim, scale, causal
         y = F.softmax(_to_last(x, dim), scale=scale, causal=causal)
         ctx.save_for_backward(y)
         return _from_last(y, dim)
@@ -39,7 +39,7 @@ class Softmax(Function):
     @staticmethod
     def backward(ctx, dy):
         (y,) = ctx.saved
-        dx = F.softmax_backward(y, _to_last(dy, ctx.dim), scale=ctx.scale)
+        dx = F.softmax_backward(y, _to_last(dy, ctx.dim), scale=ctx.scale, causal=ctx.causal)
         return _from_last(dx, ctx.dim)
 
 

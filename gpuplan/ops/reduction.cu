@@ -1,41 +1,54 @@
 // Reductions (sum / max over axes) and the one-launch global L2 norm.
 // Tin/Tout: float, double, __half, __nv_bfloat16 (partials in the accumulator type).
-// OP: 0 = sum (the result is divided by `divisor`: 1 for sum, the count for mean, -1 for a
-// negated sum), 1 = max (NaN-propagating like NumPy).
+// OP: a `Combine` enumerator. SUM: the result is divided by `divisor` (1 for sum, the count
+// for mean, -1 for a negated sum); MAX: NaN-propagating like NumPy.
+// `Combine` and `NormType` come from the Python tables (gpuplan/ops/reduce_launch.py:
+// REDUCTIONS, NORM_DTYPES) through -DGPUPLAN_ENUM_*: an `if constexpr` chain without a
+// branch for a table row fails its static_assert.
 // Every kernel fixes its order of combination by the problem alone (logical element index,
 // constant block sizes): results do not depend on the grid size or the device.
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
 #include "gpuplan_common.cuh"
 
+enum Combine { GPUPLAN_ENUM_Combine };
+enum NormType { GPUPLAN_ENUM_NormType, NORM_TYPE_COUNT };
+
 namespace {
 
-constexpr int kSum = 0;
-constexpr int kMax = 1;
+template <int OP> constexpr bool unknown_combine = OP < 0;
 
 template <int OP, typename A> __device__ __forceinline__ A red_init() {
-    if constexpr (OP == kSum) {
+    if constexpr (OP == SUM) {
         return A(0);
-    } else if constexpr (sizeof(A) == 4) {
-        return -__int_as_float(0x7f800000);
+    } else if constexpr (OP == MAX) {
+        if constexpr (sizeof(A) == 4) {
+            return -__int_as_float(0x7f800000);
+        } else {
+            return -__longlong_as_double(0x7ff0000000000000LL);
+        }
     } else {
-        return -__longlong_as_double(0x7ff0000000000000LL);
+        static_assert(unknown_combine<OP>, "combine without a CUDA identity");
+        return A(0);
     }
 }
 
 // NaN-propagating max (NumPy semantics); plain addition for sums.
 template <int OP, typename A> __device__ __forceinline__ A red_combine(A acc, A v) {
-    if constexpr (OP == kSum) {
+    if constexpr (OP == SUM) {
         return acc + v;
-    } else {
+    } else if constexpr (OP == MAX) {
         if (acc != acc) return acc;
         if (v != v) return v;
         return v > acc ? v : acc;
+    } else {
+        static_assert(unknown_combine<OP>, "combine without CUDA math");
+        return acc;
     }
 }
 
 template <int OP, typename A> __device__ __forceinline__ A red_finish(A acc, A divisor) {
-    if constexpr (OP == kSum) {
+    if constexpr (OP == SUM) {
         return acc / divisor;
     } else {
         return acc;
@@ -195,25 +208,26 @@ __global__ void __launch_bounds__(256) reduce_general(const Tin* __restrict__ x,
     }
 }
 
-// Global L2 norm of many tensors in one launch. `table` (int64): ptr[n], size[n], code[n],
-// chunk_prefix[n + 1], then one zeroed counter. Codes: 0 f32, 1 f64, 2 f16, 3 bf16.
-// Every tensor is cut into chunks of CHUNK elements; chunk g's sum of squares is computed by
-// one block (thread t takes elements t, t + 256, ..., then a fixed tree) and stored in
-// partials[g]. The last block to finish (atomic ticket) sums the partials in a fixed order
+// Global L2 norm of many tensors in one launch. `table` (int64): ptr[n], size[n], code[n]
+// (a NormType), chunk_prefix[n + 1], then one zeroed counter.
+// Every tensor is cut into chunks of kNormChunk elements (GPUPLAN_NORM_CHUNK, set from
+// Python); chunk g's sum of squares is computed by one block (thread t takes elements t,
+// t + 256, ..., then a fixed tree) and stored in partials[g]. The last block to finish (atomic ticket) sums the partials in a fixed order
 // and writes sqrt to out[0]: deterministic and independent of the grid size.
-constexpr long long kNormChunk = 16384;
+constexpr long long kNormChunk = GPUPLAN_NORM_CHUNK;
+static_assert(NORM_TYPE_COUNT == 4, "a NormType row without a load in sq_elem");
 
 template <typename A> __device__ __forceinline__ A sq_elem(const void* p, long long code, long long i) {
     A v;
-    if (code == 0) v = static_cast<A>(static_cast<const float*>(p)[i]);
-    else if (code == 1) v = static_cast<A>(static_cast<const double*>(p)[i]);
-    else if (code == 2) v = static_cast<A>(__half2float(static_cast<const __half*>(p)[i]));
-    else v = static_cast<A>(__bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]));
+    if (code == F32) v = static_cast<A>(static_cast<const float*>(p)[i]);
+    else if (code == F64) v = static_cast<A>(static_cast<const double*>(p)[i]);
+    else if (code == F16) v = static_cast<A>(__half2float(static_cast<const __half*>(p)[i]));
+    else v = static_cast<A>(__bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]));  // BF16
     return v * v;
 }
 
 template <typename A> __device__ A block_sum256(A v, A* smem) {
-    v = warp_combine<kSum, A>(v);
+    v = warp_combine<SUM, A>(v);
     __syncthreads();
     if ((threadIdx.x & 31) == 0) smem[threadIdx.x >> 5] = v;
     __syncthreads();

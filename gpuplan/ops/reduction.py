@@ -3,40 +3,64 @@
 reduce:          y = op(x, axes) with NumPy's axis/keepdims semantics; mean = sum / count.
 global_l2_norm:  y = sqrt(sum_i sum_j x_i[j]^2) over a list of tensors (gradient clipping).
 
-Both are deterministic and bit-stable on the GPU: the order in which values are combined is a
+The reductions are the rows of `reduce_launch.REDUCTIONS` (names, CUDA combine, NumPy
+math); layouts and launches live in `gpuplan.ops.reduce_launch` (`reduce_layout` and
+`launch_reduce` are re-exported here for the elementwise family). Both plans are
+deterministic and bit-stable on the GPU: the order in which values are combined is a
 function of the problem's shape only (logical element index, constant block sizes, fixed
 split lengths), never of the grid size, the device or the scheduling.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from gpuplan import backend
-from gpuplan.dtypes import (
-    FLOAT_DTYPES,
-    HALF_DTYPES,
-    accumulator,
-    as_dtype,
-    cuda_name,
-    float32,
-    float64,
-    short_name,
+from gpuplan.dtypes import FLOAT_DTYPES, accumulator, as_dtype, cuda_name, float32, float64
+from gpuplan.dtypes import short_name as sn
+from gpuplan.errors import BufferTooSmall, InvalidProblem, describe
+from gpuplan.execute import call
+from gpuplan.nvrtc import cdiv, launch, on_stream
+from gpuplan.ops.reduce_launch import (
+    BY_NAME,
+    COMBINES,
+    MODULE,
+    NORM_CHUNK,
+    NORM_CODES,
+    align256,
+    normalize_axes,
+    reduce_launch,
+    reduce_layout,
 )
-from gpuplan.errors import BufferTooSmall, InvalidProblem, Unsupported, describe
-from gpuplan.execute import execute
-from gpuplan.nvrtc import CudaModule, cdiv, launch, on_stream
+
+# Importable from here as before the split (binary.py, kernel cases, tests).
+from gpuplan.ops.reduce_launch import REDUCE_OPS as REDUCE_OPS
+from gpuplan.ops.reduce_launch import REDUCTIONS as REDUCTIONS
+from gpuplan.ops.reduce_launch import ReduceLayout as ReduceLayout
+from gpuplan.ops.reduce_launch import launch_reduce as launch_reduce
 from gpuplan.plan import (
     BackendKind,
     Candidate,
     Plan,
     check_dtype,
     check_operand,
-    check_writable_distinct,
     host_candidate,
+)
+from gpuplan.spec import (
+    Choice,
+    DType,
+    Extent,
+    Flag,
+    In,
+    OpSpec,
+    Out,
+    Shape,
+    Value,
+    _array_type,  # the array class of a stream's plans
 )
 from gpuplan.stream import Stream, Workspace
 
@@ -50,221 +74,33 @@ __all__ = [
 ]
 __functional__ = ["reduce", "global_l2_norm"]
 
-REDUCE_OPS = ("sum", "mean", "max")
-_OP_CODE = {"sum": 0, "mean": 0, "max": 1}
-#: (input, output) type pairs: same type, and half <-> f32 for partials and f32 temporaries.
-_PAIRS = [(t, t) for t in FLOAT_DTYPES] + [p for h in HALF_DTYPES for p in ((h, float32),
-                                                                           (float32, h))]
-_MAX_DIMS = 8
-_MAX_GRID = 1 << 18
-_SPLIT_ROWS_LEN = 16384     # segment length when few rows are very long
-_SPLIT_COLS_LEN = 256       # reduced rows per split when few columns are very tall
-_NORM_CHUNK = 16384         # must match kNormChunk in reduction.cu
-_NORM_CODES = {float32: 0, float64: 1, as_dtype(np.float16): 2, as_dtype("bfloat16"): 3}
-
-_MODULE = CudaModule(
-    __file__,
-    "reduction.cu",
-    [f"reduce_rows<{cuda_name(a)}, {cuda_name(b)}, {op}, {tpr}>" for a, b in _PAIRS
-     for op in (0, 1) for tpr in (32, 256)]
-    + [f"reduce_{k}<{cuda_name(a)}, {cuda_name(b)}, {op}>" for k in ("cols", "general")
-       for a, b in _PAIRS for op in (0, 1)]
-    + ["global_l2_norm<float>", "global_l2_norm<double>"],
-)
-
-
-def _align(n: int, a: int = 256) -> int:
-    return -(-n // a) * a
-
-
-def _prod(xs: Any) -> int:
-    return int(np.prod(np.asarray(xs, dtype=np.int64), dtype=np.int64)) if len(xs) else 1
-
-
-# -- layout: which kernel reduces a problem, with which parameters ----------------------
-
-
-@dataclass(frozen=True)
-class ReduceLayout:
-    """How a (shape, reduced axes) problem runs on the GPU.
-
-    kind 'rows' (x as [rows, cols], reduce cols), 'cols' (x as [outer, R, inner], reduce R)
-    or 'general' (strided view: kept dims then reduced dims). `split` > 1 means a first pass
-    writes `split` partials per output into the workspace and a second pass reduces them.
-    """
-
-    kind: str
-    n_out: int
-    n_red: int
-    dims: tuple  # rows: (rows, cols); cols: (outer, R, inner); general: (shape, strides, nk)
-    split: int = 1
-    split_len: int = 0
-
-    def workspace_bytes(self, acc_itemsize: int) -> int:
-        return _align(self.n_out * self.split * acc_itemsize) if self.split > 1 else 0
-
-
-def reduce_layout(shape: tuple, axes: frozenset) -> ReduceLayout:
-    """Collapse size-1 dims and merge neighbours of the same kind, then pick a kernel."""
-    n_out = _prod([e for i, e in enumerate(shape) if i not in axes])
-    n_red = _prod([e for i, e in enumerate(shape) if i in axes])
-    if n_out == 0 or n_red == 0:
-        return ReduceLayout("rows", n_out, n_red, (n_out, 0))
-    dims: list[list] = []
-    for i, e in enumerate(shape):
-        if e == 1:
-            continue
-        red = i in axes
-        if dims and dims[-1][1] == red:
-            dims[-1][0] *= e
-        else:
-            dims.append([e, red])
-    pattern = tuple(r for _, r in dims)
-    ext = [e for e, _ in dims]
-    if pattern in ((), (False,)):
-        return _cols_layout(n_out, n_red, 1, 1, max(1, n_out))
-    if pattern == (True,):
-        return _rows_layout(n_out, n_red, 1, ext[0])
-    if pattern == (False, True):
-        return _rows_layout(n_out, n_red, ext[0], ext[1])
-    if pattern == (True, False):
-        return _cols_layout(n_out, n_red, 1, ext[0], ext[1])
-    if pattern == (False, True, False):
-        return _cols_layout(n_out, n_red, ext[0], ext[1], ext[2])
-    if len(dims) > _MAX_DIMS:
-        raise Unsupported(describe("reduce", "shape", f"at most {_MAX_DIMS} dims after merging",
-                                   f"{len(dims)} alternating kept/reduced groups"))
-    strides = [_prod(ext[i + 1:]) for i in range(len(ext))]
-    kept = [i for i, (_, r) in enumerate(dims) if not r]
-    red = [i for i, (_, r) in enumerate(dims) if r]
-    order = kept + red
-    return ReduceLayout("general", n_out, n_red,
-                        (tuple(ext[i] for i in order), tuple(strides[i] for i in order),
-                         len(kept)))
-
-
-def _rows_layout(n_out: int, n_red: int, rows: int, cols: int) -> ReduceLayout:
-    if cols <= 8:  # too short to share a warp: one thread per row
-        return _cols_layout(n_out, n_red, rows, cols, 1)
-    if rows < 1024 and cols > 4 * _SPLIT_ROWS_LEN:
-        return ReduceLayout("rows", n_out, n_red, (rows, cols), cdiv(cols, _SPLIT_ROWS_LEN),
-                            _SPLIT_ROWS_LEN)
-    return ReduceLayout("rows", n_out, n_red, (rows, cols))
-
-
-def _cols_layout(n_out: int, n_red: int, outer: int, r: int, inner: int) -> ReduceLayout:
-    if n_out < 65536 and r > 4 * _SPLIT_COLS_LEN:
-        return ReduceLayout("cols", n_out, n_red, (outer, r, inner), cdiv(r, _SPLIT_COLS_LEN),
-                            _SPLIT_COLS_LEN)
-    return ReduceLayout("cols", n_out, n_red, (outer, r, inner))
-
-
-def _tpr(cols: int) -> int:
-    return 32 if cols <= 1024 else 256
-
-
-def launch_reduce(stream: Stream, layout: ReduceLayout, op_code: int, x: Any, y: Any,
-                  divisor: float, ws: Workspace, ws_offset: int = 0) -> None:
-    """Reduce device array `x` into `y` (contiguous, n_out elements) following `layout`.
-
-    `divisor` divides sums (1: sum, count: mean, -1: negated sum). Partials of a split
-    layout use `layout.workspace_bytes(...)` bytes of `ws` from `ws_offset`.
-    """
-    tin, tout = as_dtype(x.dtype), as_dtype(y.dtype)
-    acc = accumulator(tout)
-    div = acc.type(divisor)
-    dev = stream.device_id
-    if layout.split > 1:
-        part = ws.view(acc, layout.n_out * layout.split, ws_offset)
-        _launch_one(stream, layout, op_code, x, part, tin, acc, acc.type(1), dev)
-        _launch_second(stream, layout, op_code, part, y, acc, tout, div, dev)
-    else:
-        _launch_one(stream, layout, op_code, x, y, tin, tout, div, dev)
-
-
-def _launch_one(stream, layout, op_code, x, y, tin, tout, div, dev) -> None:
-    names = f"{cuda_name(tin)}, {cuda_name(tout)}, {op_code}"
-    i64 = np.int64
-    if layout.kind == "rows":
-        rows, cols = layout.dims
-        s, seg = (layout.split, layout.split_len) if layout.split > 1 else (1, max(cols, 1))
-        tpr = 256 if layout.split > 1 else _tpr(cols)
-        fn = _MODULE.function(f"reduce_rows<{names}, {tpr}>", dev)
-        grid = min(cdiv(rows * s, 256 // tpr), _MAX_GRID)
-        launch(stream, fn, grid, 256, (x, y, i64(rows), i64(cols), i64(s), i64(seg), div))
-    elif layout.kind == "cols":
-        outer, r, inner = layout.dims
-        s, seg = (layout.split, layout.split_len) if layout.split > 1 else (1, r)
-        fn = _MODULE.function(f"reduce_cols<{names}>", dev)
-        grid = min(cdiv(outer * s * inner, 256), _MAX_GRID)
-        launch(stream, fn, grid, 256,
-               (x, y, i64(outer), i64(r), i64(inner), i64(s), i64(seg), div))
-    else:
-        shape, strides, nk = layout.dims
-        pad = _MAX_DIMS - len(shape)
-        fn = _MODULE.function(f"reduce_general<{names}>", dev)
-        grid = min(cdiv(layout.n_out, 256), _MAX_GRID)
-        launch(stream, fn, grid, 256,
-               (x, y, i64(layout.n_out), i64(layout.n_red), np.int32(nk),
-                np.int32(len(shape) - nk), *(i64(e) for e in shape + (1,) * pad),
-                *(i64(e) for e in strides + (0,) * pad), div))
-
-
-def _launch_second(stream, layout, op_code, part, y, acc, tout, div, dev) -> None:
-    """Reduce the [.., split, ..] partials of a split layout in ascending split order."""
-    s = layout.split
-    if layout.kind == "rows":
-        rows, _ = layout.dims
-        second = ReduceLayout("rows", layout.n_out, s, (rows, s))
-    else:
-        outer, _, inner = layout.dims
-        second = ReduceLayout("cols", layout.n_out, s, (outer, s, inner))
-    _launch_one(stream, second, op_code, part, y, acc, tout, div, dev)
-
-
-def normalize_axes(op: str, shape: tuple, axes: Any) -> tuple[int, ...]:
-    """Sorted non-negative axes; InvalidProblem for out-of-range or repeated axes."""
-    nd = len(shape)
-    if axes is None:
-        return tuple(range(nd))
-    raw = (axes,) if isinstance(axes, (int, np.integer)) else tuple(axes)
-    out = []
-    for a in raw:
-        if not isinstance(a, (int, np.integer)) or not -nd <= int(a) < nd:
-            raise InvalidProblem(describe(op, "axes", f"ints in [-{nd}, {nd})", axes))
-        out.append(int(a) % nd)
-    if len(set(out)) != len(out):
-        raise InvalidProblem(describe(op, "axes", "distinct axes", axes))
-    return tuple(sorted(out))
-
 
 # -- reduce ------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class ReduceDescriptor:
-    """y = op(x[shape], axes) for op in sum/mean/max; axes: int, tuple or None (all)."""
-
-    op: str
-    shape: tuple
-    axes: Any = None
-    keepdims: bool = False
-    dtype: Any = np.float32
-
-    def reduced_axes(self) -> tuple[int, ...]:
-        return normalize_axes("reduce", tuple(self.shape), self.axes)
-
-    def out_shape(self) -> tuple[int, ...]:
-        axes = self.reduced_axes()
-        if self.keepdims:
-            return tuple(1 if i in axes else int(e) for i, e in enumerate(self.shape))
-        return tuple(int(e) for i, e in enumerate(self.shape) if i not in axes)
+def _reduced_axes(desc: Any) -> tuple[int, ...]:
+    return normalize_axes("reduce", tuple(desc.shape), desc.axes)
 
 
-@dataclass(frozen=True)
-class ReduceArgs:
-    x: Any  # [shape], C-contiguous
-    y: Any  # [out_shape]
+def _out_shape(desc: Any) -> tuple[int, ...]:
+    axes = _reduced_axes(desc)
+    if desc.keepdims:
+        return tuple(1 if i in axes else int(e) for i, e in enumerate(desc.shape))
+    return tuple(int(e) for i, e in enumerate(desc.shape) if i not in axes)
+
+
+REDUCE = OpSpec(
+    "reduce",
+    fields=(Choice("op", REDUCE_OPS), Shape("shape"), Value("axes", default=None),
+            Flag("keepdims", default=False), DType("dtype", FLOAT_DTYPES, default=np.float32)),
+    operands=(In("x", lambda d: tuple(d.shape)), Out("y", _out_shape)),
+)
+ReduceDescriptor = REDUCE.descriptor(
+    "ReduceDescriptor", "y = op(x[shape], axes) for op in REDUCE_OPS; axes: an int, a tuple "
+    "of ints or None (all); keepdims as in NumPy.")
+ReduceDescriptor.reduced_axes = _reduced_axes
+ReduceDescriptor.out_shape = _out_shape
+ReduceArgs = REDUCE.args("ReduceArgs", "x [shape] (C-contiguous), y [desc.out_shape()].")
 
 
 class ReducePlan(Plan):
@@ -279,61 +115,50 @@ class ReducePlan(Plan):
 
     op = "reduce"
     category = "reduction"
+    spec = REDUCE
 
     @classmethod
-    def _check_descriptor(cls, desc: ReduceDescriptor) -> None:
-        if desc.op not in REDUCE_OPS:
-            raise Unsupported(describe(cls.op, "op", f"one of {REDUCE_OPS}", repr(desc.op)))
-        shape = tuple(desc.shape)
-        if any(int(e) < 0 for e in shape):
-            raise InvalidProblem(describe(cls.op, "shape", "extents >= 0", shape))
-        axes = desc.reduced_axes()
-        if desc.op == "max" and _prod([shape[a] for a in axes]) == 0 and _prod(
-                desc.out_shape()) > 0:
-            raise InvalidProblem(describe(cls.op, "shape", "non-empty reduced axes for max",
-                                          shape))
+    def _check_descriptor(cls, desc: Any) -> None:
+        super()._check_descriptor(desc)
+        axes = _reduced_axes(desc)
+        if not BY_NAME[desc.op].has_identity and math.prod(
+                desc.shape[a] for a in axes) == 0 and math.prod(_out_shape(desc)) > 0:
+            raise InvalidProblem(describe(cls.op, "shape",
+                                          f"non-empty reduced axes for {desc.op}", desc.shape))
 
     @classmethod
-    def _candidates(cls, desc: ReduceDescriptor, on_device: bool) -> list[Candidate]:
-        d = check_dtype(cls.op, "dtype", desc.dtype, FLOAT_DTYPES)
-        if not on_device:
+    def _candidates(cls, desc: Any, stream: Stream) -> list[Candidate]:
+        d = as_dtype(desc.dtype)
+        if stream.is_host:
             return [host_candidate(d)]
-        lay = reduce_layout(tuple(int(e) for e in desc.shape), frozenset(desc.reduced_axes()))
+        lay = reduce_layout(tuple(int(e) for e in desc.shape), frozenset(_reduced_axes(desc)))
         acc = accumulator(d)
-        return [Candidate(lay.kind, BackendKind.NVRTC, True, True, short_name(d),
-                          short_name(acc), lay.workspace_bytes(acc.itemsize))]
+        return [Candidate(lay.kind, BackendKind.NVRTC, True, True, sn(d), sn(acc),
+                          lay.workspace_bytes(acc.itemsize))]
 
-    def _check_args(self, args: ReduceArgs) -> None:
+    def _prepare(self) -> None:
         d = self.desc
-        check_operand(self.op, "x", args.x, tuple(d.shape), d.dtype)
-        check_operand(self.op, "y", args.y, d.out_shape(), d.dtype)
-        check_writable_distinct(self.op, {"y": args.y}, {"x": args.x})
+        shape = tuple(int(e) for e in d.shape)
+        self._axes = _reduced_axes(d)
+        self._red = BY_NAME[d.op]
+        self._acc = accumulator(d.dtype)
+        count = math.prod(shape[a] for a in self._axes)
+        self._divisor = float(count) if self._red.mean else 1.0
+        if not self._stream.is_host:
+            self._launch = reduce_launch(reduce_layout(shape, frozenset(self._axes)),
+                                         COMBINES.index(self._red.combine), d.dtype, d.dtype,
+                                         self._divisor)
 
-    def _is_empty(self) -> bool:
-        return _prod(self.desc.out_shape()) == 0
+    def _run_numpy(self, stream: Stream, ws: Workspace, args: Any) -> None:
+        acc = self._acc
+        r = self._red.host(args.x.astype(acc, copy=False), self._axes, self.desc.keepdims)
+        if self._red.mean:
+            with np.errstate(invalid="ignore", divide="ignore"):
+                r = r / acc.type(self._divisor)
+        args.y[...] = np.asarray(r).astype(self.desc.dtype)
 
-    def _divisor(self) -> float:
-        d = self.desc
-        return float(_prod([d.shape[a] for a in d.reduced_axes()])) if d.op == "mean" else 1.0
-
-    def _run_numpy(self, stream: Stream, ws: Workspace, args: ReduceArgs) -> None:
-        d = self.desc
-        acc = accumulator(d.dtype)
-        xa = args.x.astype(acc, copy=False)
-        axes = d.reduced_axes()
-        if d.op == "max":
-            r = np.max(xa, axis=axes, keepdims=d.keepdims)
-        else:
-            r = np.sum(xa, axis=axes, keepdims=d.keepdims, dtype=acc)
-            if d.op == "mean":
-                with np.errstate(invalid="ignore", divide="ignore"):
-                    r = r / acc.type(self._divisor())
-        args.y[...] = np.asarray(r).astype(d.dtype)
-
-    def _run_device(self, stream: Stream, ws: Workspace, args: ReduceArgs) -> None:
-        d = self.desc
-        lay = reduce_layout(tuple(int(e) for e in d.shape), frozenset(d.reduced_axes()))
-        launch_reduce(stream, lay, _OP_CODE[d.op], args.x, args.y, self._divisor(), ws)
+    def _run_device(self, stream: Stream, ws: Workspace, args: Any) -> None:
+        self._launch.run(stream, args.x, args.y, ws)
 
     _run_rows = _run_cols = _run_general = _run_device
 
@@ -341,21 +166,33 @@ class ReducePlan(Plan):
 # -- global L2 norm ------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class GlobalNormDescriptor:
-    """sqrt of the sum of squares of every element of len(sizes) tensors of the given dtypes."""
-
-    sizes: tuple
-    dtypes: tuple
-
-    def out_dtype(self) -> np.dtype:
-        return float64 if any(as_dtype(t) == float64 for t in self.dtypes) else float32
+def _norm_dtype(desc: Any) -> np.dtype:
+    return float64 if any(as_dtype(t) == float64 for t in desc.dtypes) else float32
 
 
-@dataclass(frozen=True)
+GLOBAL_NORM = OpSpec(
+    "global_l2_norm",
+    fields=(Value("sizes"), Value("dtypes")),
+    # `arrays`, a list of any length, is beyond a declaration: GlobalNormPlan._check_args.
+    operands=(Out("out", (), dtype=_norm_dtype),),
+    empty=lambda desc: False,  # no tensor (or only empty ones): out = 0 is still written
+)
+GlobalNormDescriptor = GLOBAL_NORM.descriptor(
+    "GlobalNormDescriptor", "sqrt of the sum of squares of every element of len(sizes) "
+    "tensors: sizes[i] elements of dtypes[i]; out is f32, or f64 if any tensor is.")
+GlobalNormDescriptor.out_dtype = _norm_dtype
+
+
+@dataclass(slots=True)
 class GlobalNormArgs:
-    arrays: tuple  # len(sizes) C-contiguous arrays, arrays[i].size == sizes[i]
-    out: Any       # 0-d (or one-element) array of desc.out_dtype()
+    """arrays: len(sizes) C-contiguous arrays (arrays[i].size == sizes[i], dtype dtypes[i],
+    any shape); out: 0-d array of desc.out_dtype()."""
+
+    arrays: tuple
+    out: Any
+
+
+GLOBAL_NORM.args_cls = GlobalNormArgs
 
 
 class GlobalNormPlan(Plan):
@@ -364,91 +201,107 @@ class GlobalNormPlan(Plan):
 
     op = "global_l2_norm"
     category = "reduction"
+    spec = GLOBAL_NORM
 
     @classmethod
-    def _check_descriptor(cls, desc: GlobalNormDescriptor) -> None:
-        if len(desc.sizes) != len(desc.dtypes):
-            raise InvalidProblem(describe(cls.op, "dtypes", f"{len(desc.sizes)} dtypes "
-                                          "(one per size)", len(desc.dtypes)))
-        for i, s in enumerate(desc.sizes):
-            if int(s) < 0:
-                raise InvalidProblem(describe(cls.op, f"sizes[{i}]", "an extent >= 0", s))
+    def _check_descriptor(cls, desc: Any) -> None:
+        super()._check_descriptor(desc)
+        sizes, dtypes = tuple(desc.sizes), tuple(desc.dtypes)
+        if len(sizes) != len(dtypes):
+            raise InvalidProblem(describe(cls.op, "dtypes", f"{len(sizes)} dtypes "
+                                          "(one per size)", len(dtypes)))
+        for i, (s, t) in enumerate(zip(sizes, dtypes, strict=True)):
+            Extent(f"sizes[{i}]").check(cls.op, s)
+            DType(f"dtypes[{i}]", FLOAT_DTYPES).check(cls.op, t)
 
     @classmethod
-    def _candidates(cls, desc: GlobalNormDescriptor, on_device: bool) -> list[Candidate]:
-        for i, t in enumerate(desc.dtypes):
-            check_dtype(cls.op, f"dtypes[{i}]", t, FLOAT_DTYPES)
-        out = desc.out_dtype()
-        if not on_device:
-            return [Candidate("numpy", BackendKind.NUMPY, True, True, "mixed", short_name(out))]
-        return [Candidate("chunked", BackendKind.NVRTC, True, True, "mixed", short_name(out),
-                          cls._table_bytes(desc)
-                          + _align(max(cls._n_chunks(desc), 1) * out.itemsize))]
+    def _candidates(cls, desc: Any, stream: Stream) -> list[Candidate]:
+        out = sn(_norm_dtype(desc))
+        if stream.is_host:
+            return [Candidate("numpy", BackendKind.NUMPY, True, True, "mixed", out)]
+        n_chunks = sum(cdiv(int(s), NORM_CHUNK) for s in desc.sizes)
+        ws = _table_bytes(len(desc.sizes)) + align256(
+            max(n_chunks, 1) * _norm_dtype(desc).itemsize)
+        return [Candidate("chunked", BackendKind.NVRTC, True, True, "mixed", out, ws)]
 
-    @staticmethod
-    def _n_chunks(desc: GlobalNormDescriptor) -> int:
-        return sum(cdiv(int(s), _NORM_CHUNK) for s in desc.sizes)
-
-    @staticmethod
-    def _table_bytes(desc: GlobalNormDescriptor) -> int:
-        return _align((4 * len(desc.sizes) + 2) * 8)
+    def _prepare(self) -> None:
+        d = self.desc
+        self._sizes = tuple(int(s) for s in d.sizes)
+        self._dtypes = tuple(as_dtype(t) for t in d.dtypes)
+        self._out = _norm_dtype(d)
+        n = len(self._sizes)
+        chunks = [cdiv(s, NORM_CHUNK) for s in self._sizes]
+        self._n_chunks = sum(chunks)
+        # ptr[n] (filled per call), size[n], code[n], chunk prefix[n + 1], a zeroed counter.
+        table = np.zeros(4 * n + 2, dtype=np.int64)
+        table[n:2 * n] = self._sizes
+        table[2 * n:3 * n] = [NORM_CODES[t] for t in self._dtypes]
+        table[3 * n + 1:4 * n + 1] = np.cumsum(chunks, dtype=np.int64)
+        self._table = table
+        self._kernel = f"global_l2_norm<{cuda_name(self._out)}>"
+        self._grid = max(1, min(self._n_chunks, 1024))
 
     def _sku_dtype(self) -> Any:
-        return self.desc.out_dtype()
+        return self._out
 
-    def _check_args(self, args: GlobalNormArgs) -> None:
-        d = self.desc
-        arrays = tuple(args.arrays)
-        if len(arrays) != len(d.sizes):
-            raise InvalidProblem(describe(self.op, "arrays", f"{len(d.sizes)} arrays",
+    def _check_args(self, args: Any) -> None:
+        """The `arrays` list: its length, then each array's side, dtype, size and layout
+        (a few attribute reads per array; `_explain` raises the precise error)."""
+        arrays = args.arrays
+        if len(arrays) != len(self._sizes):
+            raise InvalidProblem(describe(self.op, "arrays", f"{len(self._sizes)} arrays",
                                           len(arrays)))
-        on_device = not self._stream.is_host
-        for i, (a, s, t) in enumerate(zip(arrays, d.sizes, d.dtypes, strict=True)):
-            name = f"arrays[{i}]"
-            if not hasattr(a, "shape") or backend.is_device_array(a) != on_device:
-                where = "device (CuPy)" if on_device else "host (NumPy)"
-                raise InvalidProblem(describe(self.op, name, f"a {where} array",
-                                              type(a).__name__))
-            if on_device and a.device.id != self._stream.device_id:
-                raise InvalidProblem(describe(self.op, name, f"an array on device "
-                                              f"{self._stream.device_id}", a.device.id))
-            check_dtype(self.op, name, a.dtype, (t,))
-            if a.size < int(s):
-                raise BufferTooSmall(describe(self.op, name, f"at least {s} elements", a.size))
-            if a.size != int(s):
-                raise InvalidProblem(describe(self.op, name, f"{s} elements", a.size))
-            check_operand(self.op, name, a, tuple(a.shape), t)
-        if getattr(args.out, "size", None) != 1:
-            raise InvalidProblem(describe(self.op, "out", "a one-element array",
-                                          getattr(args.out, "shape", type(args.out).__name__)))
-        check_operand(self.op, "out", args.out, tuple(args.out.shape), d.out_dtype())
+        array_type, host = _array_type(self._stream.kind), self._stream.is_host
+        device_id = self._stream.device_id if self._stream.kind == "cuda" else None
+        for i, a in enumerate(arrays):
+            t = self._dtypes[i]
+            if type(a) is not array_type or a.dtype != t or a.size != self._sizes[i] or \
+                    not a.flags.c_contiguous:
+                self._explain(i, a)
+            if host:
+                if not a.flags.aligned:
+                    self._explain(i, a)
+            elif (device_id is not None and a.data.device_id != device_id) or \
+                    a.data.ptr % t.itemsize:
+                self._explain(i, a)
 
-    def _run_numpy(self, stream: Stream, ws: Workspace, args: GlobalNormArgs) -> None:
-        acc = self.desc.out_dtype()
+    def _explain(self, i: int, a: Any) -> None:
+        name, s, t = f"arrays[{i}]", self._sizes[i], self._dtypes[i]
+        stream = self._stream
+        if not hasattr(a, "shape") or backend.device_of(a) != stream.kind:
+            raise InvalidProblem(describe(self.op, name, f"an array on the plan's stream "
+                                          f"({stream.kind})", type(a).__name__))
+        if stream.kind == "cuda" and a.data.device_id != stream.device_id:
+            raise InvalidProblem(describe(self.op, name, f"an array on device "
+                                          f"{stream.device_id}", a.data.device_id))
+        check_dtype(self.op, name, a.dtype, (t,))
+        if a.size != s:
+            error = BufferTooSmall if a.size < s else InvalidProblem
+            raise error(describe(self.op, name, f"{s} elements", a.size))
+        check_operand(self.op, name, a, a.shape, t)  # layout and alignment
+
+    def _run_numpy(self, stream: Stream, ws: Workspace, args: Any) -> None:
+        acc = self._out
         total = acc.type(0)
         for a in args.arrays:
             v = np.ravel(a).astype(acc, copy=False)
             total = total + np.dot(v, v)
         args.out[...] = np.sqrt(total)
 
-    def _run_chunked(self, stream: Stream, ws: Workspace, args: GlobalNormArgs) -> None:
-        d = self.desc
-        n = len(d.sizes)
-        table = np.zeros(4 * n + 2, dtype=np.int64)  # last slot: the zeroed ticket counter
+    def _run_chunked(self, stream: Stream, ws: Workspace, args: Any) -> None:
+        n = len(self._sizes)
+        table = self._table.copy()
         table[:n] = [a.data.ptr for a in args.arrays]
-        table[n:2 * n] = [int(s) for s in d.sizes]
-        table[2 * n:3 * n] = [_NORM_CODES[as_dtype(t)] for t in d.dtypes]
-        table[3 * n + 1:4 * n + 1] = np.cumsum([cdiv(int(s), _NORM_CHUNK) for s in d.sizes],
-                                               dtype=np.int64)
         dev_table = ws.view(np.int64, table.size, 0)
         with on_stream(stream):
             dev_table.set(table)
-        acc = d.out_dtype()
-        n_chunks = self._n_chunks(d)
-        partials = ws.view(acc, max(n_chunks, 1), self._table_bytes(d))
-        fn = _MODULE.function(f"global_l2_norm<{cuda_name(acc)}>", stream.device_id)
-        launch(stream, fn, max(1, min(n_chunks, 1024)), 256,
+        partials = ws.view(self._out, max(self._n_chunks, 1), _table_bytes(n))
+        launch(stream, MODULE.function(self._kernel, stream.device_id), self._grid, 256,
                (dev_table, np.int32(n), partials, args.out), reachable=args.arrays)
+
+
+def _table_bytes(n: int) -> int:
+    return align256((4 * n + 2) * 8)
 
 
 # -- functional API ------------------------------------------------------------------------
@@ -458,11 +311,8 @@ def reduce(name: str, x: Any, axes: Any = None, keepdims: bool = False) -> Any:
     """y = sum/mean/max of x over `axes` (int, tuple or None: all); y.dtype == x.dtype."""
     if isinstance(axes, list):
         axes = tuple(axes)
-    desc = ReduceDescriptor(name, tuple(int(e) for e in x.shape), axes, keepdims, x.dtype)
-    x = backend.ascontiguous(x)
-    y = backend.array_namespace(x).empty(desc.out_shape(), dtype=x.dtype)
-    execute(ReducePlan, desc, ReduceArgs(x, y), like=x)
-    return y
+    desc = ReduceDescriptor(name, x.shape, axes, keepdims, x.dtype)
+    return call(ReducePlan, desc, like=x, x=backend.ascontiguous(x))
 
 
 def global_l2_norm(arrays: list) -> Any:
@@ -470,8 +320,5 @@ def global_l2_norm(arrays: list) -> Any:
     arrays = tuple(backend.ascontiguous(a) for a in arrays)
     if not arrays:
         return np.zeros((), dtype=np.float32)
-    desc = GlobalNormDescriptor(tuple(int(a.size) for a in arrays),
-                                tuple(as_dtype(a.dtype) for a in arrays))
-    out = backend.array_namespace(arrays[0]).empty((), dtype=desc.out_dtype())
-    execute(GlobalNormPlan, desc, GlobalNormArgs(arrays, out), like=arrays[0])
-    return out
+    desc = GlobalNormDescriptor(tuple(a.size for a in arrays), tuple(a.dtype for a in arrays))
+    return call(GlobalNormPlan, desc, like=arrays[0], arrays=arrays)

@@ -2,7 +2,7 @@
 // causal mask. T: float, double, __half, __nv_bfloat16; A = gp::acc_type<T>.
 // WARP: one row per warp, else one row per block (rows of any length: columns are looped).
 // LOG selects log-softmax. Forward is single-pass online (running max and rescaled sum),
-// then one write pass.
+// then one write pass. Both directions take the causal mask (q_len > 0).
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
 #include "gpuplan_rows.cuh"
@@ -19,6 +19,15 @@ using gp::row_sum;
 using gp::online_add;
 using gp::online_merge;
 using gp::row_online;
+
+// Columns [0, valid) of row r are unmasked: all of them unless causal (q_len > 0), where
+// row r is query i = r % q_len and column j is masked when j > i + causal_offset.
+__device__ __forceinline__ long long unmasked(long long r, long long cols, long long q_len,
+                                              long long causal_offset) {
+    if (q_len == 0) return cols;
+    const long long lim = (r % q_len) + causal_offset + 1;
+    return lim < 0 ? 0 : (lim < cols ? lim : cols);
+}
 }  // namespace
 
 // z = scale * x; softmax: y = exp(z - max) / sum exp(z - max); log: y = z - max - log(sum).
@@ -33,11 +42,7 @@ __global__ void softmax_forward(const T* __restrict__ x, T* __restrict__ y, long
     const int lane = row_lane<WARP>(), width = row_width<WARP>();
     const A sc = static_cast<A>(scale);
     for (long long r = row_first<WARP>(); r < rows; r += row_step<WARP>()) {
-        long long valid = cols;
-        if (q_len > 0) {
-            const long long lim = (r % q_len) + causal_offset + 1;
-            valid = lim < 0 ? 0 : (lim < cols ? lim : cols);
-        }
+        const long long valid = unmasked(r, cols, q_len, causal_offset);
         const T* xr = x + r * cols;
         A m = neg_inf<A>(), s = A(0);
         for (long long j = lane; j < valid; j += width) online_add(m, s, sc * gp::to_acc<T>(xr[j]));
@@ -61,28 +66,34 @@ __global__ void softmax_forward(const T* __restrict__ x, T* __restrict__ y, long
 
 // softmax:     dx = scale * y * (dy - sum_j dy_j * y_j)
 // log-softmax: dx = scale * (dy - exp(y) * sum_j dy_j)
+// Sums run over the unmasked columns only; masked columns (causal) get dx = 0.
 template <typename T, bool LOG, bool WARP>
 __global__ void softmax_backward(const T* __restrict__ y, const T* __restrict__ dy,
                                  T* __restrict__ dx, long long rows, long long cols,
-                                 double scale) {
+                                 double scale, long long q_len, long long causal_offset) {
     using A = typename gp::acc_type<T>::type;
     __shared__ A smem[32];
     const int lane = row_lane<WARP>(), width = row_width<WARP>();
     const A sc = static_cast<A>(scale);
     for (long long r = row_first<WARP>(); r < rows; r += row_step<WARP>()) {
+        const long long valid = unmasked(r, cols, q_len, causal_offset);
         const T* yr = y + r * cols;
         const T* dyr = dy + r * cols;
         A acc = A(0);
-        for (long long j = lane; j < cols; j += width) {
+        for (long long j = lane; j < valid; j += width) {
             const A g = gp::to_acc<T>(dyr[j]);
             acc += LOG ? g : g * gp::to_acc<T>(yr[j]);
         }
         const A dot = row_sum<WARP>(acc, smem);
         T* dxr = dx + r * cols;
         for (long long j = lane; j < cols; j += width) {
-            const A yv = gp::to_acc<T>(yr[j]);
-            const A g = gp::to_acc<T>(dyr[j]);
-            dxr[j] = gp::from_acc<T>(LOG ? sc * (g - exp_(yv) * dot) : sc * yv * (g - dot));
+            A d = A(0);
+            if (j < valid) {
+                const A yv = gp::to_acc<T>(yr[j]);
+                const A g = gp::to_acc<T>(dyr[j]);
+                d = LOG ? sc * (g - exp_(yv) * dot) : sc * yv * (g - dot);
+            }
+            dxr[j] = gp::from_acc<T>(d);
         }
     }
 }

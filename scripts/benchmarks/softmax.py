@@ -42,8 +42,9 @@ def _backward_setup(dt):
         y = gp.functional.softmax(x)
         dy = device_array(random_host((N, D), dt, seed=1))
         dx = gp.empty((N, D), dt, device="cuda")
-        return plan_state(gp.SoftmaxBackwardPlan, gp.SoftmaxBackwardDescriptor(N, D, 1.0, dt),
-                          gp.SoftmaxBackwardArgs(y, dy, dx), y=y, dy=dy)
+        desc = gp.SoftmaxBackwardDescriptor(N, D, 1.0, dtype=dt)
+        return plan_state(gp.SoftmaxBackwardPlan, desc, gp.SoftmaxBackwardArgs(y, dy, dx),
+                          y=y, dy=dy)
     return setup
 
 

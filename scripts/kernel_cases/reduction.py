@@ -9,7 +9,13 @@ import numpy as np
 
 import gpuplan as gp
 from gpuplan.dtypes import HALF_DTYPES, float32
-from gpuplan.ops.reduction import launch_reduce, reduce_layout
+from gpuplan.ops.reduce_launch import (
+    COMBINES,
+    REDUCE_OPS,
+    REDUCTIONS,
+    launch_reduce,
+    reduce_layout,
+)
 from kernel_cases import common
 from kernel_cases.common import (
     DTYPES,
@@ -23,7 +29,7 @@ from kernel_cases.common import (
     run_reference,
 )
 
-OPS = ("sum", "mean", "max")
+F64 = np.float64
 # (shape, axes, what): the kernels each layout launches for dtype t (h: f16/bf16; acc: f32
 # for halves, t otherwise).
 SHAPES = [
@@ -59,13 +65,13 @@ def reduce_case(dtype, shape, axes, what: str) -> None:
     x = random(shape, dtype, seed=len(shape))
     n_red = _n_red(shape, axes)
     keepdims = len(shape) % 2 == 1
-    for op in OPS:
+    for op in REDUCE_OPS:
         desc = gp.ReduceDescriptor(op, shape, axes, keepdims, dtype)
         y = emu(np.full(desc.out_shape(), 5, dtype))
         run_emulated(gp.ReducePlan, desc, gp.ReduceArgs(emu(x), y))
-        ref = np.zeros(desc.out_shape(), np.float64)
-        run_reference(gp.ReducePlan, gp.ReduceDescriptor(op, shape, axes, keepdims, np.float64),
-                      gp.ReduceArgs(x.astype(np.float64), ref))
+        ref = np.zeros(desc.out_shape(), F64)
+        run_reference(gp.ReducePlan, gp.ReduceDescriptor(op, shape, axes, keepdims, F64),
+                      gp.ReduceArgs(f64(x), ref))
         _compare(y, ref, op, dtype, n_red, f"reduce {op} {shape} axes={axes} ({what})")
 
 
@@ -118,16 +124,18 @@ def mixed_launch_case(half, tin, tout, shape, axes, what: str) -> None:
     x = random(shape, tin, seed=5)
     n_red = _n_red(shape, axes)
     out_shape = tuple(e for i, e in enumerate(shape) if i not in set(axes))
-    for op, code, div in (("sum", 0, 1.0), ("mean", 0, float(n_red)), ("max", 1, 1.0)):
+    for red in REDUCTIONS:
         y = emu(np.full(out_shape, 5, tout))
-        launch_reduce(stream, lay, code, emu(x), y, div, gp.Workspace.none())
+        launch_reduce(stream, lay, COMBINES.index(red.combine), emu(x), y,
+                      float(n_red) if red.mean else 1.0, gp.Workspace.none())
         stream.synchronize()
-        fn = {"sum": np.sum, "mean": np.mean, "max": np.max}[op]
-        ref = np.asarray(fn(f64(x), axis=axes))
+        ref = np.zeros(out_shape)
+        run_reference(gp.ReducePlan, gp.ReduceDescriptor(red.name, shape, axes, False, F64),
+                      gp.ReduceArgs(f64(x), ref))
         # Results are rounded to tout; with a half input the f32 sum is of rounded halves.
-        _compare(y, ref, op, tout if tout == half else float32, n_red,
-                 f"launch_reduce {op} {shape} axes={axes} {dtype_id(tin)}->{dtype_id(tout)} "
-                 f"({what})")
+        _compare(y, ref, red.name, tout if tout == half else float32, n_red,
+                 f"launch_reduce {red.name} {shape} axes={axes} {dtype_id(tin)}->"
+                 f"{dtype_id(tout)} ({what})")
 
 
 def global_norm_case(with_f64: bool) -> None:

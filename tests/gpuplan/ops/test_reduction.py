@@ -8,7 +8,10 @@ import numpy as np
 import pytest
 
 import gpuplan as gp
-from gpuplan.ops.reduction import reduce_layout
+from gpuplan.ops import reduce_launch
+from gpuplan.ops.reduce_launch import COMBINES, NORM_CHUNK, NORM_DTYPES
+from gpuplan.ops.reduction import REDUCE_OPS, reduce_layout
+from gpuplan.spec_check import check_plan
 from tests.plan_testing import (
     DTYPES,
     assert_close,
@@ -59,7 +62,7 @@ def _run_reduce(device, op, x, axes, keepdims=False, pref=None):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("op", ["sum", "mean", "max"])
+@pytest.mark.parametrize("op", REDUCE_OPS)
 @pytest.mark.parametrize("shape,axes", CASES)
 def test_reduce_matches_reference(device, dtype, op, shape, axes):
     x = random(shape, dtype, seed=len(shape))
@@ -185,8 +188,51 @@ def test_functional_reduce(device):
     y = gp.functional.reduce("sum", x, axes=[0, 2], keepdims=True)
     assert y.shape == (1, 3, 1) and y.dtype == gp.bfloat16
     assert_close(y, f64(x).sum(axis=(0, 2), keepdims=True), gp.bfloat16, scale=4)
-    z = gp.functional.reduce("max", on(device, random((4, 3), np.float64)).T)  # strided input
-    assert z.shape == () and gp.device_of(z) == device
+    w = random((4, 3), np.float64)
+    z = gp.functional.reduce("max", on(device, w).T)  # strided input
+    assert z.shape == () and gp.device_of(z) == device and float(gp.to_host(z)) == w.max()
+    m = gp.functional.reduce("mean", on(device, w), axes=-1)
+    assert_close(m, w.mean(axis=-1), np.float64)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("op", REDUCE_OPS)
+def test_reduce_through_check_plan(device, dtype, op):
+    """Results and every malformed operand the declaration implies."""
+    x = random((3, 4, 5, 6), dtype, seed=4)
+    desc = gp.ReduceDescriptor(op, x.shape, (0, 2), True, dtype)
+    check_plan(gp.ReducePlan, desc, {"x": x},
+               lambda x, y: ref_reduce(x, op, (0, 2), True), device=device, scale=4)
+
+
+def _compile_reduction(combines: tuple[str, ...], norm_types: tuple[str, ...]) -> None:
+    """NVRTC-compile reduction.cu (no GPU needed) for the last combine of `combines`, the
+    enums coming from the given names as the module's do from its tables."""
+    pytest.importorskip("cupy")
+    from pathlib import Path
+
+    from cupy._core import core
+    from cupy.cuda import compiler
+
+    from gpuplan.nvrtc import COMPILE_OPTIONS, enum_options
+
+    path = Path(reduce_launch.__file__).with_name("reduction.cu")
+    exprs = [f"reduce_cols<float, float, {len(combines) - 1}>", "global_l2_norm<float>"]
+    opts = (tuple(core.assemble_cupy_compiler_options(())) + COMPILE_OPTIONS
+            + (f"-I{path.parent}", "-arch=sm_80", f"-DGPUPLAN_NORM_CHUNK={NORM_CHUNK}")
+            + enum_options({"Combine": combines, "NormType": norm_types}))
+    compiler._NVRTCProgram(path.read_text(), path.name, name_expressions=exprs,
+                           method="ptx").compile(opts)
+
+
+def test_the_cuda_enums_are_generated_from_the_tables():
+    """The tables as they are compile; a row without CUDA code is a compile error."""
+    norm_types = tuple(gp.dtypes.short_name(d) for d in NORM_DTYPES)
+    _compile_reduction(COMBINES, norm_types)
+    with pytest.raises(Exception, match="combine without"):
+        _compile_reduction(COMBINES + ("prod",), norm_types)
+    with pytest.raises(Exception, match="NormType row without a load"):
+        _compile_reduction(COMBINES, norm_types + ("i8",))
 
 
 # -- global L2 norm ---------------------------------------------------------------------
@@ -236,7 +282,7 @@ def test_global_norm_errors(device):
     s = stream_for(device)
     a = on(device, random((10,), np.float32))
     b = on(device, random((3, 4), gp.bfloat16))
-    out = on(device, np.full((1,), 7, np.float32))  # one element; assert_rejected needs ndim 1
+    out = on(device, np.full((), 7, np.float32))
     with pytest.raises(gp.InvalidProblem, match="'dtypes'"):
         gp.GlobalNormPlan.select(s, gp.GlobalNormDescriptor((10, 12), (np.float32,)))
     with pytest.raises(gp.Unsupported, match=r"'dtypes\[1\]'"):
@@ -255,9 +301,9 @@ def test_global_norm_errors(device):
     assert_rejected(run(arrays=(a[:8], b)), gp.BufferTooSmall, [out], "'arrays[0]'", "10", "8")
     assert_rejected(run(arrays=(on(device, np.zeros(20, np.float32))[::2], b)),
                     gp.InvalidProblem, [out], "contiguous")
-    assert_rejected(run(o=on(device, np.zeros((1,), np.float64))), gp.Unsupported, [out], "'out'")
+    assert_rejected(run(o=on(device, np.zeros((), np.float64))), gp.Unsupported, [out], "'out'")
     assert_rejected(run(o=on(device, np.zeros(2, np.float32))), gp.InvalidProblem, [out],
-                    "'out'", "one-element")
+                    "'out'", "shape ()")
     if device == "cuda":
         assert_rejected(run(arrays=(gp.to_host(a), b)), gp.InvalidProblem, [out], "'arrays[0]'")
         assert_rejected(lambda: plan.run(s, gp.Workspace.none(), gp.GlobalNormArgs((a, b), out)),

@@ -5,7 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+import autograd as ag
 import gpuplan as gp
+from gpuplan.spec_check import check_plan
 from tests.plan_testing import (
     DTYPES,
     assert_close,
@@ -27,40 +29,59 @@ def causal_mask(rows, q_len, k_len):
     return np.arange(k_len)[None, :] > (i + k_len - q_len)[:, None]
 
 
-def ref_softmax(x, scale=1.0, mask=None, log=False):
+def ref_softmax(x, scale=1.0, mask=None, log=False, axis=-1):
+    """The family's float64 reference: (log-)softmax(scale * x) along `axis`; `mask` (True
+    where masked, broadcast against x) gives 0 (log: -inf), also over fully masked rows."""
     z = f64(x) * scale
     if mask is not None:
         z = np.where(mask, -np.inf, z)
-    out = np.zeros_like(z) if not log else np.full_like(z, -np.inf)
-    for r in range(z.shape[0]):
-        keep = np.isfinite(z[r])
+    z = np.moveaxis(z, axis, -1)
+    rows = z.reshape(-1, z.shape[-1])
+    out = np.zeros_like(rows) if not log else np.full_like(rows, -np.inf)
+    for r in range(rows.shape[0]):
+        keep = np.isfinite(rows[r])
         if not keep.any():
             continue
-        zr = z[r, keep]
+        zr = rows[r, keep]
         lse = np.log(np.sum(np.exp(zr - zr.max()))) + zr.max()
         out[r, keep] = zr - lse if log else np.exp(zr - lse)
-    return out
+    return np.moveaxis(out.reshape(z.shape), -1, axis)
 
 
-def ref_backward(x, dy, scale=1.0, log=False, jacobian=None):
-    """Vector-Jacobian product of ref_softmax at x. With `jacobian` (default for rows up to
-    2048) it multiplies by the explicit Jacobian J = diag(p) - p p^T (log-softmax:
-    I - 1 p^T); otherwise it uses the closed form. Both are checked by finite differences."""
-    p = ref_softmax(x, scale)
-    dy = f64(dy)
-    if jacobian is None:
-        jacobian = p.shape[1] <= 2048
-    if not jacobian:
-        if log:
-            return scale * (dy - p * dy.sum(axis=1, keepdims=True))
-        return scale * p * (dy - (dy * p).sum(axis=1, keepdims=True))
-    dx = np.empty_like(p)
-    for r in range(p.shape[0]):
-        pr = p[r]
-        jac = np.eye(len(pr)) - np.outer(np.ones_like(pr), pr) if log else (
-            np.diag(pr) - np.outer(pr, pr))
-        dx[r] = scale * dy[r] @ jac
-    return dx
+def ref_backward(x, dy, scale=1.0, log=False, mask=None):
+    """Vector-Jacobian product of ref_softmax at x [rows, dim] (checked by gradcheck below):
+    softmax dx = scale * p * (dy - sum(dy * p)), log-softmax dx = scale * (dy - p * sum(dy)),
+    sums over the unmasked positions, masked dx = 0."""
+    p = ref_softmax(x, scale, mask)
+    dy = f64(dy) if mask is None else np.where(mask, 0.0, f64(dy))
+    if log:
+        return scale * (dy - p * dy.sum(axis=1, keepdims=True))
+    return scale * p * (dy - (dy * p).sum(axis=1, keepdims=True))
+
+
+class _Reference(ag.Function):
+    """ref_softmax with ref_backward as its gradient, for ag.gradcheck (masked log-softmax
+    outputs, the constant -inf, read 0 so that gradcheck's loss stays finite)."""
+
+    @staticmethod
+    def forward(ctx, x, scale, log, mask):
+        ctx.args = (x, scale, log, mask)
+        y = ref_softmax(x, scale, mask, log)
+        return y if mask is None else np.where(mask, 0.0, y)
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, scale, log, mask = ctx.args
+        return ref_backward(x, dy, scale, log, mask)
+
+
+@pytest.mark.parametrize("log", [False, True], ids=["softmax", "log_softmax"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_reference_backward_is_the_gradient(log, causal):
+    x = np.random.default_rng(0).normal(size=(6, 5))
+    mask = causal_mask(6, 3, 5) if causal else None
+    t = ag.tensor(x, requires_grad=True)
+    assert ag.gradcheck(lambda v: _Reference.apply(v, scale=0.5, log=log, mask=mask), [t])
 
 
 def _softmax_args(device, x, dtype):
@@ -110,25 +131,49 @@ def test_backward(device, dtype, rows, dim, log):
     y = ref_softmax(x, scale, log=log).astype(dtype)
     dx = on(device, np.full((rows, dim), 7, dtype))
     plan_cls = gp.LogSoftmaxBackwardPlan if log else gp.SoftmaxBackwardPlan
-    run_plan(plan_cls, gp.SoftmaxBackwardDescriptor(rows, dim, scale, dtype),
+    run_plan(plan_cls, gp.SoftmaxBackwardDescriptor(rows, dim, scale, dtype=dtype),
              gp.SoftmaxBackwardArgs(on(device, y), on(device, dy), dx), device)
     # The reference uses exact probabilities; the plan the rounded y: allow that rounding.
     assert_close(dx, ref_backward(x, dy, scale, log), dtype, scale=8 if log else 4)
 
 
-def test_reference_backward_matches_finite_differences():
-    rng = np.random.default_rng(0)
-    x, dy = rng.normal(size=(2, 6)), rng.normal(size=(2, 6))
-    for log, jac in ((False, True), (True, True), (False, False), (True, False)):
-        h = 1e-6
-        num = np.zeros_like(x)
-        for i in np.ndindex(x.shape):
-            xp, xm = x.copy(), x.copy()
-            xp[i] += h
-            xm[i] -= h
-            num[i] = ((ref_softmax(xp, 0.5, log=log) - ref_softmax(xm, 0.5, log=log)) * dy).sum()
-        np.testing.assert_allclose(ref_backward(x, dy, 0.5, log, jac), num / (2 * h), rtol=1e-6,
-                                   atol=1e-9)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("batch,q_len,k_len", [(2, 5, 5), (3, 4, 9), (2, 6, 3), (1, 7, 1100)])
+@pytest.mark.parametrize("log", [False, True], ids=["softmax", "log_softmax"])
+def test_causal_backward(device, dtype, batch, q_len, k_len, log):
+    """Masked positions take no part in the row sums and get dx = 0, whatever dy holds."""
+    rows = batch * q_len
+    x = random((rows, k_len), dtype, seed=5, low=-3, high=3)
+    dy = random((rows, k_len), dtype, seed=6)
+    mask = causal_mask(rows, q_len, k_len)
+    y = ref_softmax(x, 1.3, mask, log).astype(dtype)
+    dx = on(device, np.full((rows, k_len), 7, dtype))
+    plan_cls = gp.LogSoftmaxBackwardPlan if log else gp.SoftmaxBackwardPlan
+    run_plan(plan_cls, gp.SoftmaxDescriptor(rows, k_len, 1.3, True, q_len, dtype),
+             gp.SoftmaxBackwardArgs(on(device, y), on(device, dy), dx), device)
+    got = f64(dx)
+    np.testing.assert_array_equal(got[mask], 0.0)
+    assert_close(got, ref_backward(x, dy, 1.3, log, mask), dtype, scale=8 if log else 4)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("log", [False, True], ids=["softmax", "log_softmax"])
+def test_plans_through_check_plan(device, dtype, log):
+    """Results and every malformed operand the declaration implies, all four plans."""
+    rows, q_len, dim = 6, 3, 5
+    desc = gp.SoftmaxDescriptor(rows, dim, 0.7, True, q_len, dtype)
+    x = random((rows, dim), dtype, seed=7, low=-3, high=3)
+    mask = causal_mask(rows, q_len, dim)
+    fwd = gp.LogSoftmaxPlan if log else gp.SoftmaxPlan
+    bwd = gp.LogSoftmaxBackwardPlan if log else gp.SoftmaxBackwardPlan
+    ref = ref_softmax(x, 0.7, mask, log)
+    # (masked log-softmax outputs are -inf on both sides: assert_allclose accepts that)
+    check_plan(fwd, desc, {"x": x}, lambda x, y: ref, device=device, scale=16 if log else 2)
+    y = ref.astype(dtype)
+    dy = random((rows, dim), dtype, seed=8)
+    check_plan(bwd, desc, {"y": y, "dy": dy},
+               lambda y, dy, dx: ref_backward(x, dy, 0.7, log, mask), device=device,
+               scale=8 if log else 4)
 
 
 def test_extreme_inputs_host():
@@ -200,6 +245,8 @@ def test_functional_api(device, dtype):
     yd, dyd = f64(y), f64(dy)
     assert_close(dx, 0.5 * yd * (dyd - (dyd * yd).sum(-1, keepdims=True)), dtype, scale=4)
     assert np.all(f64(dx).reshape(30, 8)[mask] == 0)
+    cdx = gp.functional.softmax_backward(y, dy, scale=0.5, causal=True)
+    assert_close(cdx, f64(dx), dtype, scale=4)  # masked y = 0: the mask changes nothing
     ly = gp.functional.log_softmax(x)
     assert_close(ly.reshape(30, 8), ref_softmax(f64(x).reshape(30, 8), log=True), dtype, scale=4)
     ldx = gp.functional.log_softmax_backward(ly, dy)
