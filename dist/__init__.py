@@ -33,8 +33,11 @@ _LAZY = {
     "DataParallel": "dist.data_parallel",
     "allreduce_gradients": "dist.data_parallel",
     "save_checkpoint": "dist.checkpoint",
-    "ParallelGPT": "dist.models",
     "load_checkpoint": "dist.checkpoint",
+    "ParallelGPT": "dist.models",
+    "clip_grad_norm_": "dist.training",
+    "evaluate": "dist.training",
+    "gather_dense_state_dict": "dist.training",
 }
 
 __all__ = [

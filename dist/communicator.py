@@ -239,6 +239,10 @@ class Communicator:
     def all_gather_object(self, obj: Any) -> list[Any]:
         return self.mpi_comm.allgather(obj)
 
+    def gather_object(self, obj: Any, root: int = 0) -> list[Any] | None:
+        """Every rank's `obj`, in rank order, on `root`; None on the other ranks."""
+        return self.mpi_comm.gather(obj, root=root)
+
     # ---- helpers -----------------------------------------------------------------------
 
     def _exchange(self, send: Any, recv: Any, mpi_fn: Callable[[Any, Any], Any],

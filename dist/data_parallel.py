@@ -70,6 +70,13 @@ def allreduce_gradients(parameters: Iterable[Parameter], comm: Communicator | No
             offset += n
 
 
+def average_over(comm: Communicator | None, value: float) -> float:
+    """The mean of a float over the ranks of `comm` (the value itself for None)."""
+    if comm is None:
+        return value
+    return float(comm.all_reduce(np.array([value], np.float64), "mean")[0])
+
+
 def broadcast_parameters(parameters: Iterable[Parameter], comm: Communicator | None,
                          root: int = 0) -> None:
     """Overwrite every parameter with root's values (in place) so replicas start equal."""

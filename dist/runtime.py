@@ -34,9 +34,8 @@ def init(backend: str | None = None, *, set_device: bool = True,
         MPI.Init_thread(MPI.THREAD_MULTIPLE)
     world = MPI.COMM_WORLD
     local_rank()
-    if set_device and gpb.cuda_available():
-        cp = gpb.cupy_module()
-        cp.cuda.Device(local_rank() % cp.cuda.runtime.getDeviceCount()).use()
+    if set_device and gpb.device_count():
+        gpb.use_device(local_rank() % gpb.device_count())
     if abort_on_exception:
         install_abort_excepthook()
     _WORLD = Communicator(world, backend=backend)

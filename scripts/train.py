@@ -228,13 +228,17 @@ class Trainer:
             os.replace(tmp, self.ckpt / "run.json")
 
     def evaluate(self) -> float:
-        losses = [self.model.evaluate(*global_batch(self.corpus.val, self.ns,
-                                                    [self.ns.seed, 10**9 + i],
-                                                    self.mesh.dp_rank))
+        import dist
+
+        losses = [dist.evaluate(self.model, *global_batch(self.corpus.val, self.ns,
+                                                          [self.ns.seed, 10**9 + i],
+                                                          self.mesh.dp_rank))
                   for i in range(self.ns.eval_batches)]
         return float(np.mean(losses))
 
     def run(self) -> int:
+        import dist
+
         ns, rank = self.ns, self.world.rank
         if ns.resume:
             error = None
@@ -266,7 +270,7 @@ class Trainer:
             t0 = time.perf_counter()
             x, y = global_batch(self.corpus.train, ns, [ns.seed, step], self.mesh.dp_rank)
             loss = self.model.train_step(x, y)
-            gnorm = self.model.clip_grad_norm_(ns.clip) if ns.clip > 0 else 0.0
+            gnorm = dist.clip_grad_norm_(self.model, ns.clip) if ns.clip > 0 else 0.0
             lr = self.sched.get_last_lr()[0]
             self.opt.step()
             self.opt.zero_grad()
@@ -292,7 +296,7 @@ class Trainer:
                 print(f"stopped after step {stop} (--stop-after); continue with --resume",
                       flush=True)
             return 0
-        dense = self.model.gather_dense_state(self.world)
+        dense = dist.gather_dense_state_dict(self.model, self.world)
         if rank == 0:
             self.finish(dense)
         return 0

@@ -45,22 +45,29 @@ class CausalSelfAttention(Module):
     ``[q heads | k heads | v heads]`` (head h of q = columns ``h*Dh:(h+1)*Dh``), so a
     tensor-parallel split over heads is a column slice of each third;
     ``y = proj(concat_h softmax(q_h k_h^T / sqrt(Dh) + causal mask) v_h)``. Dropout acts on
-    the block's output only (``F.scaled_dot_product_attention`` has no attention dropout)."""
+    the block's output only (``F.scaled_dot_product_attention`` has no attention dropout).
+
+    The number of heads is read from the width of ``qkv``'s output (``3 H Dh``), so a
+    ``qkv``/``proj`` pair holding whole heads only (a tensor-parallel shard whose columns are
+    ``[q | k | v]`` of its heads, and the matching rows of ``proj``) runs unchanged."""
 
     def __init__(self, cfg: GPTConfig) -> None:
         super().__init__()
         self.n_head = cfg.n_head
+        self.head_dim = cfg.n_embd // cfg.n_head
         self.qkv = Linear(cfg.n_embd, 3 * cfg.n_embd, bias=cfg.bias, dtype=cfg.dtype, seed=0)
         self.proj = Linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias, dtype=cfg.dtype, seed=0)
         self.resid_drop = Dropout(cfg.dropout)
 
     def forward(self, x: Tensor) -> Tensor:
-        B, T, C = x.shape
-        H = self.n_head
-        q, k, v = ag.split(self.qkv(x), C, dim=-1)
-        q, k, v = (t.reshape(B, T, H, C // H).transpose(1, 2) for t in (q, k, v))
+        B, T, _ = x.shape
+        qkv = self.qkv(x)
+        width = qkv.shape[-1] // 3  # H * Dh for the heads this layer holds
+        H, Dh = width // self.head_dim, self.head_dim
+        q, k, v = ag.split(qkv, width, dim=-1)
+        q, k, v = (t.reshape(B, T, H, Dh).transpose(1, 2) for t in (q, k, v))
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # [B, H, T, Dh]
-        y = y.transpose(1, 2).reshape(B, T, C)
+        y = y.transpose(1, 2).reshape(B, T, width)
         return self.resid_drop(self.proj(y))
 
 
@@ -100,7 +107,13 @@ class GPT(Module):
     ``blocks.{i}.ln_1.*``, ``blocks.{i}.attn.qkv.weight [C, 3C]``,
     ``blocks.{i}.attn.proj.weight [C, C]``, ``blocks.{i}.ln_2.*``,
     ``blocks.{i}.mlp.fc.weight [C, 4C]``, ``blocks.{i}.mlp.proj.weight [4C, C]``,
-    ``ln_f.*`` and, untied only, ``head.weight [C, V]`` (tied: ``logits = x @ wte.weight^T``).
+    ``ln_f.*`` and, untied only, ``head.weight [C, V]`` (tied: ``logits = x @ wte.weight^T``,
+    and ``head`` is None).
+
+    ``forward`` is ``embed``, every module of ``blocks``, then ``logits``; `forward_stage` runs
+    a contiguous part of that chain, which is how a pipeline stage runs its share. A parallel
+    model is this module with layers substituted (``blocks`` holding a stage's blocks, ``wte``
+    and ``head`` vocabulary-parallel, ...): these methods run it unchanged.
 
     Init (GPT-2): matrices and embeddings N(0, 0.02), the residual projections
     (``attn.proj``, ``mlp.proj``) N(0, 0.02 / sqrt(2 n_layer)), biases 0, LayerNorm 1/0; drawn
@@ -116,8 +129,8 @@ class GPT(Module):
         self.drop = Dropout(cfg.dropout)
         self.blocks = ModuleList([Block(cfg) for _ in range(cfg.n_layer)])
         self.ln_f = LayerNorm(cfg.n_embd, bias=cfg.bias, dtype=cfg.dtype)
-        if not cfg.tie_weights:
-            self.head = Linear(cfg.n_embd, cfg.vocab_size, bias=False, dtype=cfg.dtype, seed=0)
+        self.head = (None if cfg.tie_weights else
+                     Linear(cfg.n_embd, cfg.vocab_size, bias=False, dtype=cfg.dtype, seed=0))
         self._init_weights()
 
     def _init_weights(self) -> None:
@@ -135,28 +148,42 @@ class GPT(Module):
                 values = rng.normal(0.0, 0.02, p.shape)
             p.data[...] = gp.to_device(values.astype(p.dtype), p.device)
 
-    def forward(self, idx: Any, targets: Any = None) -> Tensor | tuple[Tensor, Tensor]:
-        """``idx [B, T]`` int32/int64 (array or Tensor) -> logits ``[B, T, V]``; with
-        ``targets [B, T]``, returns ``(logits, mean cross-entropy over B*T)``."""
+    def embed(self, idx: Any) -> Tensor:
+        """``drop(wte[idx] + wpe[0:T])`` ``[B, T, C]`` for token ids ``idx [B, T]`` (int32 or
+        int64, array or Tensor)."""
         idx = idx.data if isinstance(idx, Tensor) else idx
-        B, T = idx.shape
+        T = idx.shape[1]
         if T > self.config.block_size:
             raise ValueError(f"GPT: sequence length {T} exceeds block_size "
                              f"{self.config.block_size}")
         pos = gp.asarray(np.arange(T, dtype=np.int64), device=gp.device_of(idx))
-        x = self.drop(self.wte(idx) + self.wpe(pos))
+        return self.drop(self.wte(idx) + self.wpe(pos))
+
+    def logits(self, x: Tensor) -> Tensor:
+        """``ln_f(x)`` projected on the vocabulary: ``head(ln_f(x))``, or with tied weights
+        (``head`` None) ``ln_f(x) @ wte.weight^T``; ``[B, T, C]`` -> ``[B, T, V]``."""
+        x = self.ln_f(x)
+        return x @ self.wte.weight.T if self.head is None else self.head(x)
+
+    def forward_stage(self, x: Any, first: bool = True, last: bool = True) -> Tensor:
+        """A contiguous part of the forward pass: `embed` first when ``first`` (``x`` is then
+        the token ids), every module of ``blocks`` in order, `logits` last when ``last``.
+        ``forward_stage(idx)`` is ``forward(idx)``."""
+        if first:
+            x = self.embed(x)
         for block in self.blocks:
             x = block(x)
-        x = self.ln_f(x)
-        if self.config.tie_weights:
-            logits = x @ self.wte.weight.T
-        else:
-            logits = self.head(x)
+        return self.logits(x) if last else x
+
+    def forward(self, idx: Any, targets: Any = None) -> Tensor | tuple[Tensor, Tensor]:
+        """``idx [B, T]`` int32/int64 (array or Tensor) -> logits ``[B, T, V]``; with
+        ``targets [B, T]``, returns ``(logits, mean cross-entropy over B*T)``."""
+        logits = self.forward_stage(idx)
         if targets is None:
             return logits
+        B, T, V = logits.shape
         targets = targets.data if isinstance(targets, Tensor) else targets
-        loss = F.cross_entropy(logits.reshape(B * T, self.config.vocab_size),
-                               targets.reshape(B * T))
+        loss = F.cross_entropy(logits.reshape(B * T, V), targets.reshape(B * T))
         return logits, loss
 
     def loss(self, idx: Any, targets: Any) -> Tensor:

@@ -31,7 +31,8 @@ class IncompatibleKeys(NamedTuple):
 
 class Module:
     """Base class: attributes that are Parameters, Modules or buffers are registered in
-    assignment order, which fixes the order of ``named_parameters`` and ``state_dict``."""
+    assignment order, which fixes the order of ``named_parameters`` and ``state_dict``;
+    assigning a new Parameter (Module) to a registered name keeps that name's place."""
 
     def __init__(self) -> None:
         object.__setattr__(self, "_parameters", OrderedDict())
@@ -49,12 +50,13 @@ class Module:
             self._buffers[name] = value
             object.__setattr__(self, name, value)
             return
+        target = (self._parameters if isinstance(value, Parameter) else
+                  self._modules if isinstance(value, Module) else None)
         for table in (self._parameters, self._buffers, self._modules):
-            table.pop(name, None)
-        if isinstance(value, Parameter):
-            self._parameters[name] = value
-        elif isinstance(value, Module):
-            self._modules[name] = value
+            if table is not target:
+                table.pop(name, None)
+        if target is not None:
+            target[name] = value  # replacing a registered entry keeps its place (PyTorch)
         object.__setattr__(self, name, value)
 
     def __delattr__(self, name: str) -> None:

@@ -1,9 +1,10 @@
 """Optimizers (fused SGD, AdamW), gradient clipping and learning-rate schedules."""
 
 from autograd.optim.adamw import AdamW
-from autograd.optim.clip_grad import clip_grad_norm_
+from autograd.optim.clip_grad import clip_grad_norm_, clip_grads_with_norm_, get_total_norm
 from autograd.optim.lr_scheduler import CosineWithWarmup, cosine_lr
 from autograd.optim.optimizer import Optimizer
 from autograd.optim.sgd import SGD
 
-__all__ = ["AdamW", "CosineWithWarmup", "Optimizer", "SGD", "clip_grad_norm_", "cosine_lr"]
+__all__ = ["AdamW", "CosineWithWarmup", "Optimizer", "SGD", "clip_grad_norm_",
+           "clip_grads_with_norm_", "cosine_lr", "get_total_norm"]

@@ -6,25 +6,49 @@ from collections.abc import Iterable
 from typing import Any
 
 import gpuplan as gp
+from autograd.tensor import Tensor
+
+
+def _as_list(parameters: Iterable[Any] | Any) -> list[Any]:
+    if hasattr(parameters, "data") and hasattr(parameters, "grad"):
+        return [parameters]
+    return list(parameters)
+
+
+def get_total_norm(tensors: Iterable[Any]) -> float:
+    """``sqrt(sum over tensors of sum(t**2))`` as a Python float, 0.0 for none
+    (``gp.functional.global_l2_norm``: accumulated in f32, f64 for f64 tensors). Takes
+    Tensors (e.g. the gradients) or arrays, like PyTorch's ``get_total_norm``."""
+    arrays = [t.data if isinstance(t, Tensor) else t for t in tensors]
+    if not arrays:
+        return 0.0
+    return float(gp.to_host(gp.functional.global_l2_norm(arrays)))
+
+
+def clip_grads_with_norm_(parameters: Iterable[Any] | Any, max_norm: float,
+                          total_norm: float, eps: float = 1e-6) -> None:
+    """Scale every ``p.grad`` in place by ``max_norm / (total_norm + eps)`` when that is
+    below 1 (PyTorch's ``clip_grads_with_norm_``); ``total_norm`` may come from anywhere,
+    e.g. a norm summed over the ranks of a model-parallel group."""
+    coef = float(max_norm) / (float(total_norm) + eps)
+    if coef >= 1.0:
+        return
+    for p in _as_list(parameters):
+        if p.grad is not None:
+            p.grad.data[...] = gp.functional.unary("scale", p.grad.data, alpha=coef)
 
 
 def clip_grad_norm_(parameters: Iterable[Any] | Any, max_norm: float,
                     eps: float = 1e-6) -> float:
     """Scale every ``p.grad`` in place by ``max_norm / (total + eps)`` when that is below 1.
 
-    ``total = sqrt(sum over parameters of sum(grad**2))`` (``gp.functional.global_l2_norm``,
-    accumulated in f32, f64 for f64 gradients); returns ``total`` as a Python float
-    (before clipping), like PyTorch's ``clip_grad_norm_``. Parameters without a gradient
-    are skipped; with none at all the norm is 0.0.
+    ``total = sqrt(sum over parameters of sum(grad**2))`` (`get_total_norm`); returns
+    ``total`` as a Python float (before clipping), like PyTorch's ``clip_grad_norm_``.
+    Parameters without a gradient are skipped; with none at all the norm is 0.0.
     """
-    if hasattr(parameters, "data") and hasattr(parameters, "grad"):
-        parameters = [parameters]
-    grads = [p.grad for p in parameters if p.grad is not None]
-    if not grads:
+    params = [p for p in _as_list(parameters) if p.grad is not None]
+    if not params:
         return 0.0
-    total = float(gp.to_host(gp.functional.global_l2_norm([g.data for g in grads])))
-    coef = float(max_norm) / (total + eps)
-    if coef < 1.0:
-        for g in grads:
-            g.data[...] = gp.functional.unary("scale", g.data, alpha=coef)
+    total = get_total_norm([p.grad for p in params])
+    clip_grads_with_norm_(params, max_norm, total, eps)
     return total

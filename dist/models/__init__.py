@@ -1,16 +1,7 @@
 """Models built from dist's parallel layers."""
 
-from dist.models.gpt import (
-    GPTEmbedding,
-    GPTHead,
-    GPTStage,
-    ParallelBlock,
-    ParallelGPT,
-    ParallelMLP,
-    ParallelSelfAttention,
-    ShardSpec,
-    consolidate,
-)
+from dist.models.gpt import GPTStage, ParallelGPT, VocabParallelHead, qkv_column_order
+from dist.models.sharding import ShardSpec, consolidate, dense_shapes
 
-__all__ = ["GPTEmbedding", "GPTHead", "GPTStage", "ParallelBlock", "ParallelGPT", "ParallelMLP",
-           "ParallelSelfAttention", "ShardSpec", "consolidate"]
+__all__ = ["GPTStage", "ParallelGPT", "ShardSpec", "VocabParallelHead", "consolidate",
+           "dense_shapes", "qkv_column_order"]

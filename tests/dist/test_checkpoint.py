@@ -66,7 +66,7 @@ def _train(pg, opt, sched, steps, start, dp_rank, dp):
         x = rng.integers(0, 29, (4 // dp, 8))
         y = rng.integers(0, 29, (4 // dp, 8))
         losses.append(pg.train_step(x, y))
-        pg.clip_grad_norm_(0.5)
+        dist.clip_grad_norm_(pg, 0.5)
         opt.step()
         opt.zero_grad()
         sched.step()

@@ -23,6 +23,21 @@ def test_init_is_idempotent_and_sets_local_rank():
     assert 0 <= dist.local_rank() < world.size
 
 
+def test_init_makes_the_local_rank_device_current_through_gpuplan():
+    from gpuplan import backend as gpb
+
+    dist.init()
+    count = gpb.device_count()
+    if count == 0:
+        assert gpb.use_device(0) is None  # no CUDA device: nothing to select
+        return
+    index = dist.local_rank() % count
+    assert gpb.cupy_module().cuda.Device().id == index
+    assert gpb.use_device(index) == index
+    with pytest.raises(ValueError, match="use_device"):
+        gpb.use_device(count)
+
+
 def _clean_env() -> dict[str, str]:
     """This process's environment minus any MPI launcher variables (no nested-job confusion)."""
     prefixes = ("PMI_", "PMIX_", "HYDRA_", "MPIR_", "OMPI_", "I_MPI_")

@@ -13,6 +13,7 @@ import autograd as ag
 import gpuplan as gp
 from autograd import nn, optim
 from gpuplan.dtypes import bfloat16
+from gpuplan.testing import layer_norm_reference
 
 SMALL = dict(vocab_size=13, block_size=8, n_layer=2, n_head=2, n_embd=8)
 _erf = np.vectorize(math.erf)
@@ -31,9 +32,7 @@ def batch(cfg, B, T, seed=0):
 # -- independent float64 NumPy model ----------------------------------------------------------
 
 def np_layer_norm(x, w, b, eps=1e-5):
-    mu = x.mean(-1, keepdims=True)
-    y = (x - mu) / np.sqrt(((x - mu) ** 2).mean(-1, keepdims=True) + eps)
-    return y * w + (0.0 if b is None else b)
+    return layer_norm_reference(x, w, b, eps)[0]
 
 
 def np_gpt(P, cfg, idx, targets=None):
@@ -194,6 +193,53 @@ def test_sequence_longer_than_block_size_is_rejected():
     model = nn.GPT(nn.GPTConfig(**SMALL))
     with pytest.raises(ValueError, match="block_size"):
         model(np.zeros((1, 9), np.int64))
+
+
+# -- the hooks a parallel model runs ----------------------------------------------------------
+
+@pytest.mark.parametrize("tie", [True, False])
+def test_forward_is_embed_blocks_logits_and_forward_stage_splits_it(tie):
+    cfg = nn.GPTConfig(**SMALL, tie_weights=tie, dtype=np.float64, seed=2)
+    model = nn.GPT(cfg)
+    idx, _ = batch(cfg, 2, 8)
+    want = host(model(idx))
+    x = model.embed(idx)
+    for block in model.blocks:
+        x = block(x)
+    np.testing.assert_array_equal(host(model.logits(x)), want)
+    np.testing.assert_array_equal(host(model.forward_stage(idx)), want)
+    # Two pipeline stages: each holds its own blocks.
+    blocks = list(model.blocks)
+    model.blocks = nn.ModuleList(blocks[:1])
+    x = model.forward_stage(idx, last=False)
+    model.blocks = nn.ModuleList(blocks[1:])
+    np.testing.assert_array_equal(host(model.forward_stage(x, first=False)), want)
+
+
+def test_attention_runs_on_a_subset_of_whole_heads():
+    """A qkv/proj pair holding some heads only ([q | k | v] columns of those heads, the
+    matching proj rows) gives their share of the output: over a split of the heads (proj
+    bias once) the shares sum to the dense output, which is what tensor parallelism uses."""
+    cfg = nn.GPTConfig(vocab_size=5, block_size=8, n_layer=1, n_head=4, n_embd=8,
+                       dtype=np.float64, seed=3)
+    dense = nn.GPT(cfg).blocks[0].attn
+    C, Dh = cfg.n_embd, cfg.n_embd // cfg.n_head
+    x = ag.tensor(np.random.default_rng(0).standard_normal((2, 8, C)))
+    total = 0.0
+    for heads in ([0], [1, 2, 3]):
+        cols = np.concatenate([np.arange(part * C + h * Dh, part * C + (h + 1) * Dh)
+                               for part in range(3) for h in heads])
+        rows = np.concatenate([np.arange(h * Dh, (h + 1) * Dh) for h in heads])
+        share = type(dense)(cfg)
+        share.qkv = nn.Linear(C, len(cols), dtype=np.float64)
+        share.qkv.weight.data[...] = dense.qkv.weight.data[:, cols]
+        share.qkv.bias.data[...] = dense.qkv.bias.data[cols]
+        share.proj = nn.Linear(len(rows), C, bias=heads[0] == 0, dtype=np.float64)
+        share.proj.weight.data[...] = dense.proj.weight.data[rows]
+        if share.proj.bias is not None:
+            share.proj.bias.data[...] = dense.proj.bias.data
+        total = total + host(share(x))
+    np.testing.assert_allclose(total, host(dense(x)), rtol=1e-12, atol=1e-14)
 
 
 # -- training ---------------------------------------------------------------------------------

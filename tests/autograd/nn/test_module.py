@@ -62,6 +62,10 @@ def test_shared_parameter_listed_once():
 
 def test_reassignment_replaces_registration():
     m = Outer()
+    m.first = nn.Linear(3, 4, dtype=float32)  # a replaced module keeps its place
+    m.gain = nn.Parameter(np.zeros((2,), float32))
+    assert [n for n, _ in m.named_parameters()] == ["gain", "first.weight", "first.bias",
+                                                    "second.weight"]
     m.gain = None
     assert "gain" not in dict(m.named_parameters())
     m.second = nn.Identity()

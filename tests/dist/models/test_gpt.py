@@ -61,16 +61,21 @@ def test_single_process_matches_dense_gpt(micro):
     x, y = batch()
     dense, loss, _ = dense_reference(cfg, x, y)
     pg = ParallelGPT(cfg, num_micro_batches=micro)
+    assert isinstance(pg, nn.GPT)  # the dense model with parallel layers substituted
+    assert [n for n, _ in pg.named_parameters()] == [n for n, _ in dense.named_parameters()]
     assert abs(pg.train_step(x, y) - loss) <= 1e-12 * abs(loss)
     assert check_against_dense(pg, dense) == len(list(dense.parameters()))
-    assert abs(pg.evaluate(x, y) - loss) <= 1e-12 * abs(loss)
+    assert abs(dist.evaluate(pg, x, y) - loss) <= 1e-12 * abs(loss)
 
 
 def test_untied_head_and_consolidation_round_trip():
     cfg = nn.GPTConfig(**{**CFG, "tie_weights": False})
-    dense = nn.GPT(cfg)
+    x, y = batch()
+    dense, loss, _ = dense_reference(cfg, x, y)
     pg = ParallelGPT(cfg)
-    state = pg.gather_dense_state(None)
+    assert pg.train_step(x, y) == loss
+    assert check_against_dense(pg, dense) == len(list(dense.parameters()))
+    state = dist.gather_dense_state_dict(pg, None)
     ref = dense.state_dict()
     assert list(state) == list(ref)
     for k in ref:
@@ -118,20 +123,43 @@ def test_layout_matches_single_process(world, layout, schedule):
     pg = ParallelGPT(cfg, mesh, num_micro_batches=2, schedule=schedule)
     got = pg.train_step(rows_of(x, mesh.dp_rank, dp), rows_of(y, mesh.dp_rank, dp))
     assert got == pytest.approx(loss, rel=1e-12)
-    got_norm = pg.clip_grad_norm_(0.05)
+    got_norm = dist.clip_grad_norm_(pg, 0.05)
     assert got_norm == pytest.approx(norm, rel=1e-10)
     check_against_dense(pg, dense)  # clipped gradients
+    for name, p in pg.named_parameters():  # dense names; the tied copy is the head's
+        assert name == (p.shard_spec.name if not p.shard_spec.duplicate else "head.weight")
     # One AdamW step on both: the shards stay exact slices of the dense weights.
     for model in (dense, pg):
         opt = optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
         opt.step()
     check_against_dense(pg, dense, what="value")
-    state = pg.gather_dense_state(world)
+    state = dist.gather_dense_state_dict(pg, world)
     if world.rank == 0:
         for k, v in dense.state_dict().items():
             np.testing.assert_allclose(state[k], v, rtol=RTOL, atol=ATOL, err_msg=k)
-    assert pg.evaluate(rows_of(x, mesh.dp_rank, dp), rows_of(y, mesh.dp_rank, dp)) == \
+    assert dist.evaluate(pg, rows_of(x, mesh.dp_rank, dp), rows_of(y, mesh.dp_rank, dp)) == \
         pytest.approx(float(dense.loss(x, y).item()), rel=1e-12)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("layout", ["tp", "pp", "pp2xtp2", "dp2xtp2"])
+def test_untied_head_layout_matches_single_process(world, layout):
+    """The untied head is split by vocab_range blocks (37 rows: uneven over 2 or 4 ranks)."""
+    dp, pp, tp = LAYOUTS[layout](world.size)
+    if dp * pp * tp != world.size:
+        pytest.skip(f"{layout} needs 4 ranks")
+    mesh = dist.ProcessMesh(dp=dp, pp=pp, tp=tp, world=world)
+    cfg = nn.GPTConfig(**{**CFG, "tie_weights": False})
+    x, y = batch(4)
+    dense, loss, norm = dense_reference(cfg, x, y, clip=0.05)
+    pg = ParallelGPT(cfg, mesh, num_micro_batches=2)
+    got = pg.train_step(rows_of(x, mesh.dp_rank, dp), rows_of(y, mesh.dp_rank, dp))
+    assert got == pytest.approx(loss, rel=1e-12)
+    assert dist.clip_grad_norm_(pg, 0.05) == pytest.approx(norm, rel=1e-10)
+    check_against_dense(pg, dense)
+    state = dist.gather_dense_state_dict(pg, world)
+    if world.rank == 0:
+        assert list(state) == list(dense.state_dict())
 
 
 @pytest.mark.mpi
@@ -170,7 +198,7 @@ def test_layout_on_the_emulated_device_matches_the_host(world, layout):
     pg = ParallelGPT(cfg, mesh, num_micro_batches=2, device="emulated")
     assert all(gp.device_of(p.data) == "emulated" for p in pg.parameters())
     assert pg.train_step(x, y) == pytest.approx(loss, rel=1e-10)
-    assert pg.clip_grad_norm_(0.05) == pytest.approx(norm, rel=1e-9)
+    assert dist.clip_grad_norm_(pg, 0.05) == pytest.approx(norm, rel=1e-9)
     ref = dict(dense.named_parameters())
     for name, p in pg.named_parameters():
         want = p.shard_spec.take(ref[p.shard_spec.name].grad.numpy())

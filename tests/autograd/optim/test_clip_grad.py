@@ -1,0 +1,49 @@
+"""clip_grad_norm_ is get_total_norm then clip_grads_with_norm_ (the split a model-parallel
+clip uses: a norm summed over ranks, then the same scaling)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+import autograd as ag
+from autograd import optim
+from autograd.nn import Parameter
+
+
+def params_with_grads(values: list[float]) -> list[Parameter]:
+    params = []
+    for i, v in enumerate(values):
+        p = Parameter(np.zeros((i + 2,), np.float64))
+        p.grad = ag.tensor(np.full((i + 2,), v))
+        params.append(p)
+    return params
+
+
+def test_get_total_norm_of_tensors_and_arrays():
+    params = params_with_grads([3.0, 4.0])
+    want = math.sqrt(9 * 2 + 16 * 3)
+    assert optim.get_total_norm([p.grad for p in params]) == pytest.approx(want, rel=1e-15)
+    assert optim.get_total_norm([p.grad.data for p in params]) == pytest.approx(want,
+                                                                               rel=1e-15)
+    assert optim.get_total_norm([]) == 0.0
+
+
+def test_clip_grads_with_norm_scales_only_below_one():
+    params = params_with_grads([3.0, 4.0])
+    optim.clip_grads_with_norm_(params, max_norm=10.0, total_norm=5.0)
+    assert all(np.all(p.grad.data == v) for p, v in zip(params, [3.0, 4.0], strict=True))
+    optim.clip_grads_with_norm_(params, max_norm=1.0, total_norm=4.0, eps=0.0)
+    np.testing.assert_array_equal(params[0].grad.data, np.full(2, 0.75))
+    np.testing.assert_array_equal(params[1].grad.data, np.full(3, 1.0))
+
+
+def test_clip_grad_norm_is_the_two_steps_bitwise():
+    a, b = params_with_grads([0.3, -1.7, 2.9]), params_with_grads([0.3, -1.7, 2.9])
+    total = optim.clip_grad_norm_(iter(a), 0.5)  # a generator is read once
+    assert total == optim.get_total_norm([p.grad for p in b])
+    optim.clip_grads_with_norm_(b, 0.5, total)
+    for p, q in zip(a, b, strict=True):
+        np.testing.assert_array_equal(p.grad.data, q.grad.data)
