@@ -140,8 +140,104 @@ def assert_gemm_close(actual: Any, expected: np.ndarray, desc: Any, c0: Any = No
             f"{expected[worst]}, bound {bound[worst]}")
 
 
+# -- float64 reference of the cross-entropy family (tests, kernel cases) -------------------
+
+
+def cross_entropy_reference(logits: Any, target: Any, smoothing: float = 0.0,
+                            ignore_index: int = -100) -> tuple[np.ndarray, np.ndarray]:
+    """(per-row loss, lse) in float64 from the definitions: -log p_t with p = exp(x) /
+    sum exp(x), smoothed with the mean of -log p_j; the loss is 0 on ignored rows."""
+    x = f64(logits)
+    out, lse = np.zeros(x.shape[0]), np.zeros(x.shape[0])
+    for n, t in enumerate(gp.to_host(target).tolist()):
+        m = x[n].max()
+        lse[n] = m + np.log(np.exp(x[n] - m).sum())
+        logp = x[n] - lse[n]
+        if t != ignore_index:
+            out[n] = (1 - smoothing) * -logp[t] + smoothing * np.mean(-logp)
+    return out, lse
+
+
+def cross_entropy_reduce_reference(rows: np.ndarray, target: Any, reduction: str,
+                                   ignore_index: int = -100) -> np.ndarray:
+    """The per-row losses reduced: as is ('none'), summed, or over the non-ignored rows."""
+    if reduction == "none":
+        return rows
+    total = rows.sum()
+    keep = np.count_nonzero(gp.to_host(target) != ignore_index)
+    return total if reduction == "sum" else total / keep
+
+
+def cross_entropy_grad_reference(logits: Any, target: Any, smoothing: float, dloss: Any,
+                                 reduction: str, ignore_index: int = -100) -> np.ndarray:
+    """d(reduced loss)/d logits in float64 by the chain rule, d(-log p_k)/dx_j = p_j - [j == k],
+    times dloss ([N] for 'none', else a scalar)."""
+    x, t, dloss = f64(logits), gp.to_host(target), f64(dloss)
+    p = np.exp(x - x.max(axis=1, keepdims=True))
+    p /= p.sum(axis=1, keepdims=True)
+    g = np.zeros_like(x)
+    for n, k in enumerate(t.tolist()):
+        if k == ignore_index:
+            continue
+        onehot = np.zeros(x.shape[1])
+        onehot[k] = 1
+        dn = (1 - smoothing) * (p[n] - onehot) + smoothing * (p[n] - 1.0 / x.shape[1])
+        w = dloss[n] if reduction == "none" else dloss
+        g[n] = w * dn / (np.count_nonzero(t != ignore_index) if reduction == "mean" else 1)
+    return g
+
+
+def cross_entropy_over_blocks(blocks: Sequence[Any], target: Any, ignore_index: int = -100,
+                              reduction: str = "mean") -> tuple[Any, Any]:
+    """(loss, lse) of the vocabulary-parallel stages (gpuplan/ops/cross_entropy_partial.py)
+    over column blocks [N, V_r] of one logits matrix, in one process: this function does the
+    all-reduces (max, then sum) a communicator would do, on the host."""
+    F = gp.functional
+    device = gp.device_of(blocks[0])
+    total = sum(b.shape[1] for b in blocks)
+    starts = np.cumsum([0] + [b.shape[1] for b in blocks[:-1]]).tolist()
+    m = np.maximum.reduce([gp.to_host(F.cross_entropy_partial_max(b)) for b in blocks])
+    m = gp.to_device(m, device)
+    stats = sum(gp.to_host(F.cross_entropy_partial(b, target, m, vocab_start=s,
+                                                   vocab_total=total))
+                for b, s in zip(blocks, starts, strict=True))
+    return F.cross_entropy_finish(target, m, gp.to_device(stats, device), vocab_total=total,
+                                  ignore_index=ignore_index, reduction=reduction)
+
+
+# -- float64 references of the optimizer families (tests, kernel cases) ------------------------
+
+
+def adamw_reference(p: Any, g: Any, m: Any, v: Any, *, lr: float, beta1: float, beta2: float,
+                    eps: float, weight_decay: float, step: int) -> tuple[np.ndarray, ...]:
+    """One PyTorch AdamW step (decoupled decay, bias corrections with `step` >= 1) in float64,
+    textbook form: (param, exp_avg, exp_avg_sq) after the step."""
+    p, g, m, v = (f64(x) for x in (p, g, m, v))
+    p = p * (1 - lr * weight_decay)
+    m = beta1 * m + (1 - beta1) * g
+    v = beta2 * v + (1 - beta2) * g * g
+    mhat, vhat = m / (1 - beta1**step), v / (1 - beta2**step)
+    return p - lr * mhat / (np.sqrt(vhat) + eps), m, v
+
+
+def sgd_reference(p: Any, g: Any, buf: Any, *, lr: float, momentum: float = 0.0,
+                  dampening: float = 0.0, weight_decay: float = 0.0, nesterov: bool = False,
+                  first_step: bool = False) -> tuple[np.ndarray, Any]:
+    """One PyTorch SGD step (torch.optim.sgd._single_tensor_sgd) in float64: (param, momentum
+    buffer); the buffer is ignored on the first step and stays None without momentum."""
+    p, g = f64(p), f64(g)
+    d = g + weight_decay * p
+    if momentum:
+        buf = d.copy() if first_step else momentum * f64(buf) + (1 - dampening) * d
+        d = d + momentum * buf if nesterov else buf
+    return p - lr * d, buf
+
+
+
 __all__ = [
     "TOLERANCES", "assert_close", "assert_gemm_close", "assert_rejected", "f64",
     "gemm_operands", "gemm_reference", "on",
     "random", "run_plan", "stream_for", "tol", "float16", "float32", "float64", "bfloat16",
+    "cross_entropy_reference", "cross_entropy_reduce_reference", "cross_entropy_grad_reference",
+    "cross_entropy_over_blocks",
 ]

@@ -7,6 +7,7 @@ from typing import Any
 import numpy as np
 
 import autograd.nn.functional as F
+import gpuplan.functional as GF
 from autograd.function import Function
 from autograd.nn import Embedding, Module, Parameter
 from autograd.tensor import Tensor
@@ -14,7 +15,6 @@ from dist.communicator import Communicator
 from dist.tensor_parallel.layers import TensorParallelConfig, shared_seed
 from dist.tensor_parallel.mappings import reduce_from_tensor_parallel_region
 from gpuplan import backend
-from gpuplan.dtypes import accumulator
 from gpuplan.errors import InvalidProblem, describe
 
 
@@ -84,52 +84,32 @@ class VocabParallelEmbedding(Module):
 class _VocabParallelCrossEntropy(Function):
     """loss_n = lse_n - x[n, t_n] over logits [N, V] split by columns across the TP group.
 
-    lse_n = m_n + log sum_v exp(x[n, v] - m_n), m_n = max_v x[n, v]: one all-reduce (max)
-    of the local row maxima, one all-reduce (sum) of [local sum of exps; local target
-    logit]. Backward: dx[n, v] = g_n (softmax(x)[n, v] - [v == t_n]) on the local block.
+    lse_n = m_n + log sum_v exp(x[n, v] - m_n), m_n = max_v x[n, v]: the local row maxima
+    all-reduced (max), then [local sum of exps; local target logit] all-reduced (sum); the
+    math is gpuplan's cross_entropy_partial stages. Backward: dx[n, v] = g_n (softmax(x)[n, v]
+    - [v == t_n]) on the local block, no collective.
     """
 
     @staticmethod
-    def forward(ctx, logits, target, comm, vocab_start, ignore_index, reduction):
-        xp = backend.array_namespace(logits)
-        acc = accumulator(logits.dtype)
-        x = logits.astype(acc)
-        n, width = x.shape
-        m = x.max(axis=1) if width else xp.full(n, -np.inf, acc)
-        m = comm.all_reduce(m, "max") if comm is not None else m
-        local_t = target.astype(np.int64) - vocab_start
-        mine = (local_t >= 0) & (local_t < width)
-        picked = xp.where(mine, x[xp.arange(n), xp.clip(local_t, 0, max(width - 1, 0))]
-                          if width else xp.zeros(n, acc), 0).astype(acc)
-        stats = xp.stack([xp.exp(x - m[:, None]).sum(axis=1), picked])
-        stats = comm.all_reduce(stats) if comm is not None else stats
-        lse = m + xp.log(stats[0])
-        valid = target != ignore_index
-        loss = xp.where(valid, lse - stats[1], 0).astype(acc)
-        count = int(valid.sum())
-        ctx.save_for_backward(x, lse, local_t, mine, valid)
-        ctx.reduction, ctx.count, ctx.dtype = reduction, count, logits.dtype
-        if reduction == "none":
-            return loss
-        total = loss.sum(dtype=acc)
-        return (total / count if count else xp.asarray(np.nan, acc)) if reduction == "mean" \
-            else total
+    def forward(ctx, logits, target, comm, vocab_start, vocab_total, ignore_index, reduction):
+        block = dict(vocab_start=vocab_start, vocab_total=vocab_total)
+        row_max = _all_reduce(comm, GF.cross_entropy_partial_max(logits), "max")
+        stats = _all_reduce(comm, GF.cross_entropy_partial(logits, target, row_max, **block),
+                            "sum")
+        ctx.opts = dict(block, ignore_index=ignore_index, reduction=reduction)
+        loss, lse = GF.cross_entropy_finish(target, row_max, stats, vocab_total=vocab_total,
+                                            ignore_index=ignore_index, reduction=reduction)
+        ctx.save_for_backward(logits, target, lse)
+        return loss
 
     @staticmethod
     def backward(ctx, dloss):
-        x, lse, local_t, mine, valid = ctx.saved
-        xp = backend.array_namespace(x)
-        g = dloss.astype(x.dtype)
-        if ctx.reduction == "mean":
-            g = xp.broadcast_to(g / max(ctx.count, 1), valid.shape)
-        elif ctx.reduction == "sum":
-            g = xp.broadcast_to(g, valid.shape)
-        g = xp.where(valid, g, 0).astype(x.dtype)
-        dx = xp.exp(x - lse[:, None])
-        rows = xp.nonzero(mine)[0]
-        dx[rows, local_t[rows]] -= 1
-        dx *= g[:, None]
-        return dx.astype(ctx.dtype), None
+        logits, target, lse = ctx.saved
+        return GF.cross_entropy_partial_backward(logits, target, lse, dloss, **ctx.opts), None
+
+
+def _all_reduce(comm: Communicator | None, x: Any, op: str) -> Any:
+    return x if comm is None else comm.all_reduce(x, op, out=x)
 
 
 REDUCTIONS = ("mean", "sum", "none")
@@ -165,8 +145,10 @@ def vocab_parallel_cross_entropy(logits: Tensor, target: Any,
     if widths != [b - a for a, b in (vocab_range(total, r, size) for r in range(size))]:
         raise InvalidProblem(describe("vocab_parallel_cross_entropy", "logits",
                                       "vocab blocks of vocab_range over the group", widths))
+    if t.dtype not in (np.int32, np.int64):
+        t = t.astype(np.int64)
     comm = None if size == 1 else comm
     return _VocabParallelCrossEntropy.apply(logits, t, comm=comm,
-                                            vocab_start=sum(widths[:rank]),
+                                            vocab_start=sum(widths[:rank]), vocab_total=total,
                                             ignore_index=int(ignore_index),
                                             reduction=reduction)

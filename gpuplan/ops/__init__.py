@@ -14,6 +14,7 @@ FAMILIES: tuple[str, ...] = (
     "normalization",
     "softmax",
     "cross_entropy",
+    "cross_entropy_partial",
     "dropout",
     "optimizer",
 )

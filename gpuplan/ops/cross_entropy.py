@@ -11,31 +11,27 @@ g_n = dloss[n] ("none"), dloss ("sum") or dloss / count ("mean"); ignored rows g
 A target outside [0, V) that is not ignore_index: on the host `can_implement` inspects the
 targets and raises InvalidProblem; on a GPU (where inspecting would synchronize) the kernel
 never reads out of bounds and such a row's loss and gradient are NaN.
+
+The reductions are one table, `REDUCTIONS`: the descriptor's choices and, upper-cased, the
+CUDA enumerators of cross_entropy.cu (-DGPUPLAN_ENUM_Reduction). The vocabulary-parallel
+stages (gpuplan/ops/cross_entropy_partial.py) share this module's kernels and helpers.
 """
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from gpuplan import backend
-from gpuplan.dtypes import FLOAT_DTYPES, accumulator, as_dtype, cuda_name, short_name
-from gpuplan.errors import InvalidProblem, Unsupported, describe
-from gpuplan.execute import execute
+from gpuplan.dtypes import FLOAT_DTYPES, accumulator, as_dtype, cuda_name
+from gpuplan.dtypes import short_name as sn
+from gpuplan.errors import InvalidProblem, describe
+from gpuplan.execute import call
 from gpuplan.nvrtc import CudaModule, cdiv, launch
-from gpuplan.plan import (
-    BackendKind,
-    Candidate,
-    Plan,
-    check_dtype,
-    check_index_dtype,
-    check_operand,
-    check_writable_distinct,
-    host_candidate,
-)
+from gpuplan.plan import BackendKind, Candidate, Plan, host_candidate
+from gpuplan.spec import INDEX, Choice, DType, Extent, In, Index, OpSpec, Out, Real
 from gpuplan.stream import Stream, Workspace
 
 __all__ = [
@@ -44,70 +40,173 @@ __all__ = [
 ]
 __functional__ = ["cross_entropy", "cross_entropy_backward"]
 
-REDUCTIONS = ("none", "mean", "sum")
-_INDEX_TYPES = ("int", "long long")
+REDUCTIONS: tuple[str, ...] = ("none", "mean", "sum")
+RED_INDEX = {name: i for i, name in enumerate(REDUCTIONS)}
+#: CUDA index type of a target array, by its itemsize.
+INDEX_CTYPE = {4: "int", 8: "long long"}
+_UNSIGNED = {4: np.uint32, 8: np.uint64}
 _BOOL = ("false", "true")
 _ACC_TYPES = ("float", "double")
-_MODULE = CudaModule(
+_REDUCED = [RED_INDEX[r] for r in REDUCTIONS if r != "none"]
+MODULE = CudaModule(
     __file__,
     "cross_entropy.cu",
-    [f"ce_forward<{cuda_name(t)}, {i}, {w}>" for t in FLOAT_DTYPES for i in _INDEX_TYPES
+    [f"ce_forward<{cuda_name(t)}, {i}, {w}>" for t in FLOAT_DTYPES for i in INDEX_CTYPE.values()
      for w in _BOOL]
-    + [f"ce_backward<{cuda_name(t)}, {i}>" for t in FLOAT_DTYPES for i in _INDEX_TYPES]
-    + [f"ce_reduce<{a}, {i}>" for a in _ACC_TYPES for i in _INDEX_TYPES]
-    + [f"ce_count<{i}>" for i in _INDEX_TYPES],
+    + [f"ce_reduce<{a}, {i}, {r}>" for a in _ACC_TYPES for i in INDEX_CTYPE.values()
+       for r in _REDUCED]
+    + [f"ce_count<{i}>" for i in INDEX_CTYPE.values()]
+    + [f"ce_backward<{cuda_name(t)}, {i}, {r}>" for t in FLOAT_DTYPES
+       for i in INDEX_CTYPE.values() for r in range(len(REDUCTIONS))]
+    + [f"ce_partial_max<{cuda_name(t)}>" for t in FLOAT_DTYPES]
+    + [f"ce_partial<{cuda_name(t)}, {i}>" for t in FLOAT_DTYPES for i in INDEX_CTYPE.values()]
+    + [f"ce_finish<{a}, {i}>" for a in _ACC_TYPES for i in INDEX_CTYPE.values()],
+    enums={"Reduction": REDUCTIONS},
 )
 
 #: Vocabularies up to this size go one row per warp in the forward; larger get a block.
 WARP_ROW_MAX_VOCAB = 1024
 _WARPS_PER_BLOCK = 4
-_MAX_GRID = 1 << 20
-_REDUCE_THREADS = 1024
+MAX_GRID = 1 << 20
+REDUCE_THREADS = 1024
 
 
-def _index_ctype(target: Any) -> str:
-    return "int" if target.dtype == np.int32 else "long long"
-
-
-def _row_threads(vocab: int, per_thread: int) -> int:
+def row_threads(vocab: int, per_thread: int) -> int:
+    """Threads of a one-row-per-block launch: ~per_thread columns each, 32 to 1024."""
     return min(1024, max(32, cdiv(cdiv(vocab, per_thread), 32) * 32))
 
 
-@dataclass(frozen=True)
-class CrossEntropyDescriptor:
-    n: int
-    vocab: int
-    ignore_index: int = -100
-    reduction: str = "mean"
-    label_smoothing: float = 0.0
-    dtype: Any = np.float32
+def loss_shape(d: Any) -> tuple[int, ...]:
+    return (d.n,) if d.reduction == "none" else ()
 
 
-@dataclass(frozen=True)
-class CrossEntropyArgs:
-    logits: Any  # [n, vocab]
-    target: Any  # [n] int32 / int64
-    loss: Any    # [n] ("none") or 0-d, float32 (float64 for f64 logits)
-    lse: Any     # [n], float32 (float64 for f64 logits)
+def acc_dtype(d: Any) -> np.dtype:
+    """Loss, lse and statistics: float32 (float64 for f64 logits)."""
+    return accumulator(d.dtype)
 
 
-@dataclass(frozen=True)
-class CrossEntropyBackwardDescriptor:
-    n: int
-    vocab: int
-    ignore_index: int = -100
-    reduction: str = "mean"
-    label_smoothing: float = 0.0
-    dtype: Any = np.float32
+def kernels(name: Callable[[str], str]) -> dict[int, str]:
+    """Kernel instance names per target itemsize: {4: name("int"), 8: name("long long")}."""
+    return {k: name(c) for k, c in INDEX_CTYPE.items()}
 
 
-@dataclass(frozen=True)
-class CrossEntropyBackwardArgs:
-    logits: Any   # [n, vocab]
-    target: Any   # [n] int32 / int64
-    lse: Any      # [n] saved by the forward
-    dloss: Any    # [n] ("none") or 0-d, float32 (float64 for f64 logits)
-    dlogits: Any  # [n, vocab] written
+def check_targets(op: str, target: Any, ignore_index: int, vocab: int) -> None:
+    """(host arrays) InvalidProblem unless every target is in [0, vocab) or ignore_index."""
+    # Fast path: as unsigned, negative targets are huge, so one compare finds every target
+    # outside [0, vocab); they are fine if they are all ignore_index.
+    out = np.count_nonzero(target.view(_UNSIGNED[target.dtype.itemsize]) >= vocab)
+    if not out or (not 0 <= ignore_index < vocab
+                   and out == np.count_nonzero(target == ignore_index)):
+        return
+    t = target.astype(np.int64, copy=False)
+    bad = (t != ignore_index) & ((t < 0) | (t >= vocab))
+    if bad.any():
+        k = int(np.argmax(bad))
+        raise InvalidProblem(describe(op, "target",
+                                      f"values in [0, {vocab}) or ignore_index={ignore_index}",
+                                      f"target[{k}] = {int(t[k])}"))
+
+
+def host_backward(d: Any, args: Any, start: int, total: int, smoothing: float) -> None:
+    """dlogits of the columns [start, start + d.vocab) of rows `total` wide (see the module
+    docstring), in the accumulator dtype."""
+    acc = accumulator(d.dtype)
+    t = args.target.astype(np.int64, copy=False)
+    keep = t != d.ignore_index
+    g = args.dloss.astype(acc)
+    if d.reduction == "none":
+        g = g[:, None]
+    elif d.reduction == "mean":
+        # With no non-ignored row every gradient row is zeroed below: avoid 0 / 0.
+        g = g / acc.type(max(1, np.count_nonzero(keep)))
+    e = acc.type(smoothing)
+    grad = args.logits.astype(acc, copy=False) - args.lse.astype(acc, copy=False)[:, None]
+    np.exp(grad, out=grad)
+    if smoothing != 0.0:
+        grad -= e / acc.type(total)
+    local = t - start
+    rows = np.nonzero(keep & (local >= 0) & (local < d.vocab))[0]
+    grad[rows, local[rows]] -= acc.type(1) - e
+    grad *= g
+    if not keep.all():
+        grad[~keep] = 0
+    args.dlogits[...] = grad
+
+
+def launch_reduce(plan: Plan, stream: Stream, row_loss: Any, args: Any) -> None:
+    """loss = the mean or sum of row_loss over the non-ignored rows (one block)."""
+    d = plan.desc
+    fn = MODULE.function(plan._reduce[args.target.dtype.itemsize], stream.device_id)
+    launch(stream, fn, 1, REDUCE_THREADS,
+           (row_loss, args.target, args.loss, np.int64(d.n), np.int64(d.ignore_index)))
+
+
+class BlockBackward:
+    """Plan mixin: the gradient over the columns [start, start + vocab) of rows `total`
+    wide, from the saved lse (the dense backward is the block (0, vocab)). The plan gives
+    `_block() -> (start, total, label_smoothing)`."""
+
+    @classmethod
+    def _candidates(cls, desc: Any, stream: Stream) -> list[Candidate]:
+        d = as_dtype(desc.dtype)
+        if stream.is_host:
+            return [host_candidate(d)]
+        ws = 8 if desc.reduction == "mean" else 0  # the non-ignored row count (int64)
+        # Elementwise given lse; the count is an exact integer sum: bit-stable.
+        return [Candidate("rowwise", BackendKind.NVRTC, True, True, sn(d), sn(accumulator(d)),
+                          ws)]
+
+    def _prepare(self) -> None:
+        d = self.desc
+        self._start, self._total, self._smoothing = self._block()
+        t, red = cuda_name(d.dtype), RED_INDEX[d.reduction]
+        self._backward = kernels(lambda i: f"ce_backward<{t}, {i}, {red}>")
+        self._count = kernels(lambda i: f"ce_count<{i}>")
+        self._launch = (min(d.n, MAX_GRID), row_threads(d.vocab, 8))
+        self._count_scalars = (np.int64(d.n), np.int64(d.ignore_index))
+        self._scalars = (np.int64(d.n), np.int64(d.vocab), np.int64(self._start),
+                         np.int64(self._total), np.int64(d.ignore_index),
+                         np.float64(self._smoothing))
+
+    def _run_numpy(self, stream: Stream, ws: Workspace, args: Any) -> None:
+        host_backward(self.desc, args, self._start, self._total, self._smoothing)
+
+    def _run_rowwise(self, stream: Stream, ws: Workspace, args: Any) -> None:
+        itemsize = args.target.dtype.itemsize
+        count = None
+        if self.desc.reduction == "mean":
+            count = ws.view(np.int64, 1)
+            fn = MODULE.function(self._count[itemsize], stream.device_id)
+            launch(stream, fn, 1, REDUCE_THREADS, (args.target, count, *self._count_scalars))
+        fn = MODULE.function(self._backward[itemsize], stream.device_id)
+        launch(stream, fn, *self._launch, (args.logits, args.target, args.lse, args.dloss, count,
+                                           args.dlogits, *self._scalars))
+
+
+_FIELDS = (Extent("n"), Extent("vocab"), Index("ignore_index", default=-100),
+           Choice("reduction", choices=REDUCTIONS, default="mean"),
+           Real("label_smoothing", default=0.0), DType("dtype", FLOAT_DTYPES, default=np.float32))
+_LOGITS, _TARGET = In("logits", ("n", "vocab")), In("target", ("n",), INDEX)
+FORWARD = OpSpec("cross_entropy", fields=_FIELDS, operands=(
+    _LOGITS, _TARGET, Out("loss", loss_shape, acc_dtype, distinct=("logits", "target", "lse")),
+    Out("lse", ("n",), acc_dtype)))
+BACKWARD = OpSpec("cross_entropy_backward", fields=_FIELDS, operands=(
+    _LOGITS, _TARGET, In("lse", ("n",), acc_dtype), In("dloss", loss_shape, acc_dtype),
+    Out("dlogits", ("n", "vocab"))))
+
+CrossEntropyDescriptor = FORWARD.descriptor(
+    "CrossEntropyDescriptor",
+    "Cross entropy of logits [n, vocab] (dtype) against targets [n]: ignore_index, reduction "
+    "('none', 'mean', 'sum') and label_smoothing in [0, 1].")
+#: forward and backward share the descriptor (same fields).
+CrossEntropyBackwardDescriptor = CrossEntropyDescriptor
+BACKWARD.descriptor_cls = CrossEntropyDescriptor
+CrossEntropyArgs = FORWARD.args(
+    "CrossEntropyArgs", "logits [n, vocab], target [n] int32/int64; written: loss ([n] for "
+    "'none', else 0-d) and lse [n], float32 (float64 for f64 logits).")
+CrossEntropyBackwardArgs = BACKWARD.args(
+    "CrossEntropyBackwardArgs", "logits, target, the saved lse [n], dloss (shaped like loss); "
+    "written: dlogits [n, vocab].")
 
 
 class _CrossEntropyBase(Plan):
@@ -116,67 +215,51 @@ class _CrossEntropyBase(Plan):
     @classmethod
     def _check_descriptor(cls, desc: Any) -> None:
         super()._check_descriptor(desc)
-        if desc.reduction not in REDUCTIONS:
-            raise Unsupported(describe(cls.op, "reduction", " or ".join(REDUCTIONS),
-                                       repr(desc.reduction)))
         e = desc.label_smoothing
-        if not (math.isfinite(e) and 0.0 <= e <= 1.0):
+        if not 0.0 <= e <= 1.0:
             raise InvalidProblem(describe(cls.op, "label_smoothing", "a value in [0, 1]", e))
         if desc.vocab < 1:
             raise InvalidProblem(describe(cls.op, "vocab", "a vocabulary size >= 1", desc.vocab))
 
-    def _loss_shape(self) -> tuple[int, ...]:
-        return (self.desc.n,) if self.desc.reduction == "none" else ()
-
-    def _check_target(self, target: Any) -> None:
-        d = self.desc
-        self._index_dtype = short_name(check_index_dtype(self.op, "target", target))
-        check_operand(self.op, "target", target, (d.n,), target.dtype)
-        if backend.is_host_array(target) and d.n:
-            t = target.astype(np.int64)
-            bad = (t != d.ignore_index) & ((t < 0) | (t >= d.vocab))
-            if bad.any():
-                k = int(np.argmax(bad))
-                raise InvalidProblem(describe(
-                    self.op, "target", f"values in [0, {d.vocab}) or ignore_index="
-                    f"{d.ignore_index}", f"target[{k}] = {int(t[k])}"))
-
-    def _is_empty(self) -> bool:
-        return self.desc.n == 0 and self.desc.reduction == "none"
+    def _check_args(self, args: Any) -> None:
+        if self._stream.is_host:
+            check_targets(self.op, args.target, self.desc.ignore_index, self.desc.vocab)
 
 
 class CrossEntropyPlan(_CrossEntropyBase):
     """Forward: loss (per reduction) and the saved lse[N] (see the module docstring)."""
 
     op = "cross_entropy"
+    spec = FORWARD
 
     @classmethod
-    def _candidates(cls, desc: CrossEntropyDescriptor, on_device: bool) -> list[Candidate]:
-        d = check_dtype(cls.op, "dtype", desc.dtype, FLOAT_DTYPES)
-        if not on_device:
+    def _candidates(cls, desc: Any, stream: Stream) -> list[Candidate]:
+        d = as_dtype(desc.dtype)
+        if stream.is_host:
             return [host_candidate(d)]
         acc = accumulator(d)
         ws = 0 if desc.reduction == "none" else desc.n * acc.itemsize
         variant = "warp_row" if desc.vocab <= WARP_ROW_MAX_VOCAB else "block_row"
         # Per-row losses then a one-block fixed-order reduction: deterministic; the tree
         # reductions follow the launch shape, so not bit-stable.
-        return [Candidate(variant, BackendKind.NVRTC, True, False, short_name(d),
-                          short_name(acc), ws)]
+        return [Candidate(variant, BackendKind.NVRTC, True, False, sn(d), sn(acc), ws)]
 
-    def _check_args(self, args: CrossEntropyArgs) -> None:
+    def _prepare(self) -> None:
         d = self.desc
-        acc = accumulator(d.dtype)
-        check_operand(self.op, "logits", args.logits, (d.n, d.vocab), d.dtype)
-        self._check_target(args.target)
-        check_operand(self.op, "loss", args.loss, self._loss_shape(), acc)
-        check_operand(self.op, "lse", args.lse, (d.n,), acc)
-        check_writable_distinct(self.op, {"loss": args.loss, "lse": args.lse},
-                                {"logits": args.logits, "target": args.target})
-        check_writable_distinct(self.op, {"loss": args.loss}, {"lse": args.lse})
+        self._acc = accumulator(d.dtype)
+        warp = self._cand.variant == "warp_row"
+        t, a, red = cuda_name(d.dtype), cuda_name(self._acc), RED_INDEX[d.reduction]
+        self._forward = kernels(lambda i: f"ce_forward<{t}, {i}, {_BOOL[warp]}>")
+        self._reduce = kernels(lambda i: f"ce_reduce<{a}, {i}, {red}>")
+        if warp:
+            self._launch = (min(cdiv(d.n, _WARPS_PER_BLOCK), MAX_GRID), 32 * _WARPS_PER_BLOCK)
+        else:
+            self._launch = (min(d.n, MAX_GRID), row_threads(d.vocab, 16))
+        self._scalars = (np.int64(d.n), np.int64(d.vocab), np.int64(d.ignore_index),
+                         np.float64(d.label_smoothing))
 
-    def _run_numpy(self, stream: Stream, ws: Workspace, args: CrossEntropyArgs) -> None:
-        d = self.desc
-        acc = accumulator(d.dtype)
+    def _run_numpy(self, stream: Stream, ws: Workspace, args: Any) -> None:
+        d, acc = self.desc, self._acc
         x = args.logits.astype(acc, copy=False)
         t = args.target.astype(np.int64, copy=False)
         ignored = t == d.ignore_index
@@ -200,102 +283,28 @@ class CrossEntropyPlan(_CrossEntropyBase):
                 args.loss[...] = loss.sum(dtype=acc) / acc.type(np.count_nonzero(~ignored))
         args.lse[...] = lse
 
-    def _run_warp_row(self, stream: Stream, ws: Workspace, args: CrossEntropyArgs) -> None:
+    def _run_warp_row(self, stream: Stream, ws: Workspace, args: Any) -> None:
         d = self.desc
-        acc = accumulator(d.dtype)
-        it = _index_ctype(args.target)
         # With n == 0 there is no workspace; the reduction then reads no row.
-        row_loss = args.loss if d.reduction == "none" or d.n == 0 else ws.view(acc, d.n)
+        row_loss = args.loss if d.reduction == "none" or d.n == 0 else ws.view(self._acc, d.n)
         if d.n:
-            warp = self._cand.variant == "warp_row"
-            if warp:
-                grid = min(cdiv(d.n, _WARPS_PER_BLOCK), _MAX_GRID)
-                block = 32 * _WARPS_PER_BLOCK
-            else:
-                grid, block = min(d.n, _MAX_GRID), _row_threads(d.vocab, 16)
-            fn = _MODULE.function(f"ce_forward<{cuda_name(d.dtype)}, {it}, {_BOOL[warp]}>",
-                                  stream.device_id)
-            launch(stream, fn, grid, block,
-                   (args.logits, args.target, row_loss, args.lse, np.int64(d.n),
-                    np.int64(d.vocab), np.int64(d.ignore_index), np.float64(d.label_smoothing)))
+            fn = MODULE.function(self._forward[args.target.dtype.itemsize], stream.device_id)
+            launch(stream, fn, *self._launch,
+                   (args.logits, args.target, row_loss, args.lse, *self._scalars))
         if d.reduction != "none":
-            fn = _MODULE.function(f"ce_reduce<{cuda_name(acc)}, {it}>", stream.device_id)
-            launch(stream, fn, 1, _REDUCE_THREADS,
-                   (row_loss, args.target, args.loss, np.int64(d.n), np.int64(d.ignore_index),
-                    np.int32(d.reduction == "mean")))
+            launch_reduce(self, stream, row_loss, args)
 
     _run_block_row = _run_warp_row
 
 
-class CrossEntropyBackwardPlan(_CrossEntropyBase):
+class CrossEntropyBackwardPlan(BlockBackward, _CrossEntropyBase):
     """dlogits from logits, target, the saved lse and dloss (see the module docstring)."""
 
     op = "cross_entropy_backward"
+    spec = BACKWARD
 
-    @classmethod
-    def _candidates(cls, desc: CrossEntropyBackwardDescriptor,
-                    on_device: bool) -> list[Candidate]:
-        d = check_dtype(cls.op, "dtype", desc.dtype, FLOAT_DTYPES)
-        if not on_device:
-            return [host_candidate(d)]
-        ws = 8 if desc.reduction == "mean" else 0  # the non-ignored row count (int64)
-        # Elementwise given lse; the count is an exact integer sum: bit-stable.
-        return [Candidate("rowwise", BackendKind.NVRTC, True, True, short_name(d),
-                          short_name(accumulator(d)), ws)]
-
-    def _check_args(self, args: CrossEntropyBackwardArgs) -> None:
-        d = self.desc
-        acc = accumulator(d.dtype)
-        check_operand(self.op, "logits", args.logits, (d.n, d.vocab), d.dtype)
-        self._check_target(args.target)
-        check_operand(self.op, "lse", args.lse, (d.n,), acc)
-        check_operand(self.op, "dloss", args.dloss, self._loss_shape(), acc)
-        check_operand(self.op, "dlogits", args.dlogits, (d.n, d.vocab), d.dtype)
-        check_writable_distinct(self.op, {"dlogits": args.dlogits},
-                                {"logits": args.logits, "target": args.target, "lse": args.lse,
-                                 "dloss": args.dloss})
-
-    def _is_empty(self) -> bool:
-        return self.desc.n == 0
-
-    def _run_numpy(self, stream: Stream, ws: Workspace, args: CrossEntropyBackwardArgs) -> None:
-        d = self.desc
-        acc = accumulator(d.dtype)
-        t = args.target.astype(np.int64, copy=False)
-        ignored = t == d.ignore_index
-        g = args.dloss.astype(acc)
-        if d.reduction == "none":
-            g = g[:, None]
-        elif d.reduction == "mean":
-            # With no non-ignored row every gradient row is zeroed below: avoid 0 / 0.
-            g = g / acc.type(max(1, np.count_nonzero(~ignored)))
-        e = acc.type(d.label_smoothing)
-        # grad = g * (softmax(logits) - (1 - e) * onehot(target) - e / vocab), 0 on ignored rows
-        grad = args.logits.astype(acc, copy=False) - args.lse.astype(acc, copy=False)[:, None]
-        np.exp(grad, out=grad)
-        if d.label_smoothing != 0.0:
-            grad -= e / acc.type(d.vocab)
-        rows = np.nonzero(~ignored)[0]
-        grad[rows, t[rows]] -= acc.type(1) - e
-        grad *= g
-        if rows.size < d.n:
-            grad[ignored] = 0
-        args.dlogits[...] = grad
-
-    def _run_rowwise(self, stream: Stream, ws: Workspace, args: CrossEntropyBackwardArgs) -> None:
-        d = self.desc
-        it = _index_ctype(args.target)
-        count = None
-        if d.reduction == "mean":
-            count = ws.view(np.int64, 1)
-            fn = _MODULE.function(f"ce_count<{it}>", stream.device_id)
-            launch(stream, fn, 1, _REDUCE_THREADS,
-                   (args.target, count, np.int64(d.n), np.int64(d.ignore_index)))
-        fn = _MODULE.function(f"ce_backward<{cuda_name(d.dtype)}, {it}>", stream.device_id)
-        launch(stream, fn, min(d.n, _MAX_GRID), _row_threads(d.vocab, 8),
-               (args.logits, args.target, args.lse, args.dloss, count, args.dlogits,
-                np.int64(d.n), np.int64(d.vocab), np.int64(d.ignore_index),
-                np.float64(d.label_smoothing), np.int32(d.reduction == "none")))
+    def _block(self) -> tuple[int, int, float]:
+        return 0, self.desc.vocab, self.desc.label_smoothing
 
 
 # -- functional API ------------------------------------------------------------------------
@@ -304,33 +313,27 @@ class CrossEntropyBackwardPlan(_CrossEntropyBase):
 def cross_entropy(logits: Any, target: Any, *, ignore_index: int = -100,
                   reduction: str = "mean", label_smoothing: float = 0.0) -> tuple[Any, Any]:
     """(loss, lse) of logits [N, V] against target [N]; loss [N] for "none", else 0-d."""
-    xp = backend.array_namespace(logits)
-    acc = accumulator(logits.dtype)
-    n, v = (int(s) for s in logits.shape)
-    loss = xp.empty((n,) if reduction == "none" else (), dtype=acc)
-    lse = xp.empty(n, dtype=acc)
-    desc = CrossEntropyDescriptor(n, v, int(ignore_index), reduction, float(label_smoothing),
-                                  as_dtype(logits.dtype))
-    execute(CrossEntropyPlan, desc,
-            CrossEntropyArgs(xp.ascontiguousarray(logits), xp.ascontiguousarray(target), loss,
-                             lse), like=logits)
-    return loss, lse
+    n, v = logits.shape
+    desc = CrossEntropyDescriptor(n, v, ignore_index, reduction, label_smoothing, logits.dtype)
+    return call(CrossEntropyPlan, desc, like=logits, logits=backend.ascontiguous(logits),
+                target=backend.ascontiguous(target))
 
 
 def cross_entropy_backward(logits: Any, target: Any, lse: Any, dloss: Any, *,
                            ignore_index: int = -100, reduction: str = "mean",
                            label_smoothing: float = 0.0) -> Any:
     """dlogits [N, V]; dloss is 0-d ("mean"/"sum") or [N] ("none"), cast to the loss dtype."""
+    n, v = logits.shape
+    desc = CrossEntropyDescriptor(n, v, ignore_index, reduction, label_smoothing, logits.dtype)
+    return call(CrossEntropyBackwardPlan, desc, like=logits,
+                logits=backend.ascontiguous(logits), target=backend.ascontiguous(target),
+                lse=backend.ascontiguous(lse), dloss=loss_like(logits, dloss, reduction))
+
+
+def loss_like(logits: Any, dloss: Any, reduction: str) -> Any:
+    """dloss as a contiguous array of the loss dtype and shape ([N] or 0-d)."""
     xp = backend.array_namespace(logits)
-    acc = accumulator(logits.dtype)
-    n, v = (int(s) for s in logits.shape)
-    dlogits = xp.empty((n, v), dtype=logits.dtype)
-    shape = (n,) if reduction == "none" else ()
-    dl = xp.asarray(dloss, dtype=acc).reshape(shape)
-    dl = dl if dl.flags.c_contiguous else dl.copy()  # ascontiguousarray makes 0-d 1-d
-    desc = CrossEntropyBackwardDescriptor(n, v, int(ignore_index), reduction,
-                                          float(label_smoothing), as_dtype(logits.dtype))
-    execute(CrossEntropyBackwardPlan, desc,
-            CrossEntropyBackwardArgs(xp.ascontiguousarray(logits), xp.ascontiguousarray(target),
-                                     xp.ascontiguousarray(lse), dl, dlogits), like=logits)
-    return dlogits
+    dl = xp.asarray(dloss, dtype=accumulator(logits.dtype))
+    if reduction != "none":
+        dl = dl.reshape(())
+    return dl if dl.flags.c_contiguous else dl.copy()  # ascontiguousarray makes 0-d 1-d

@@ -1,7 +1,9 @@
 """Cross-entropy forward (loss per reduction and the saved lse; warp-per-row for vocab <= 1024,
 block-per-row beyond, and the fixed-order mean/sum reduction) and backward (dlogits, with the
 ignored-row count for "mean") on the emulated device, int32 and int64 targets, against the
-family's NumPy implementation run in float64 on the same rounded inputs."""
+family's NumPy implementation run in float64 on the same rounded inputs; and the
+vocabulary-parallel stages (row max, exp-sum and target logit, finish, block backward) over
+column blocks of one logits matrix against gpuplan.testing's float64 cross-entropy reference."""
 
 from __future__ import annotations
 
@@ -9,6 +11,12 @@ import numpy as np
 
 import gpuplan as gp
 from gpuplan.dtypes import accumulator
+from gpuplan.testing import (
+    cross_entropy_grad_reference,
+    cross_entropy_over_blocks,
+    cross_entropy_reduce_reference,
+    cross_entropy_reference,
+)
 from kernel_cases.common import (
     DTYPES,
     Case,
@@ -79,6 +87,38 @@ def backward(dtype, index_dtype, n, v, reduction: str, smoothing: float) -> None
     check(dlogits, ref, dtype, f"cross_entropy_backward dlogits ({reduction})", scale=4.0)
 
 
+def partial(dtype, index_dtype, n, v, count, reduction: str) -> None:
+    """The partial stages over `count` column blocks (the host does the all-reduces)."""
+    logits = random((n, v), dtype, seed=7, low=-6, high=6)
+    target = _targets(n, v, index_dtype, seed=2)
+    acc = accumulator(dtype)
+    widths = [len(c) for c in np.array_split(np.arange(v), count)]
+    starts = np.cumsum([0] + widths[:-1]).tolist()
+    blocks = [emu(np.ascontiguousarray(logits[:, s:s + w]))
+              for s, w in zip(starts, widths, strict=True)]
+    t = emu(target)
+    for b in blocks:  # ce_partial_max: exact
+        np.testing.assert_array_equal(f64(gp.functional.cross_entropy_partial_max(b)),
+                                      f64(b).max(axis=1) if b.shape[1] else -np.inf)
+    loss, lse = cross_entropy_over_blocks(blocks, t, IGNORE, reduction)
+    rows, rlse = cross_entropy_reference(logits, target, 0.0, IGNORE)
+    check(lse, rlse, acc, "cross_entropy_finish lse", scale=4.0)
+    check(loss, cross_entropy_reduce_reference(rows, target, reduction, IGNORE), acc,
+          f"cross_entropy_finish loss ({reduction})", scale=8.0)
+    dloss = random((n,), acc, seed=3) if reduction == "none" else np.asarray(1.7, acc)
+    ref = cross_entropy_grad_reference(logits, target, 0.0, dloss, reduction, IGNORE)
+    for b, s in zip(blocks, starts, strict=True):
+        dl = gp.functional.cross_entropy_partial_backward(
+            b, t, lse, emu(dloss), vocab_start=s, vocab_total=v, ignore_index=IGNORE,
+            reduction=reduction)
+        check(dl, ref[:, s:s + b.shape[1]], dtype,
+              f"cross_entropy_partial_backward block at {s} ({reduction})", scale=4.0)
+
+
+# (n, vocab, blocks): 3 columns over 4 blocks leave one empty.
+PARTS = [(7, 33, 3), (6, 1025, 2), (5, 3, 4)]
+
+
 def _it(index_dtype) -> str:
     return np.dtype(index_dtype).name
 
@@ -94,4 +134,10 @@ CASES = (
             lambda t=t, i=i, n=n, v=v, red=red, ls=ls: backward(t, i, n, v, red, ls))
        for t in DTYPES for i in (np.int32, np.int64) for n, v, _ in SHAPES
        for red, ls in (("none", 0.2), ("mean", 0.0), ("sum", 0.2))]
+    # The vocabulary-parallel stages: ce_partial_max, ce_partial, ce_finish (+ ce_reduce)
+    # and ce_backward with a block offset.
+    + [Case(f"partial {n}x{v}/{k} {red} [{dtype_id(t)},{_it(i)}]",
+            lambda t=t, i=i, n=n, v=v, k=k, red=red: partial(t, i, n, v, k, red))
+       for t in DTYPES for i in (np.int32, np.int64) for (n, v, k), red in
+       zip(PARTS, ("mean", "none", "sum"), strict=True)]
 )

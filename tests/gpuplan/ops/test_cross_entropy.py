@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+import autograd as ag
 import gpuplan as gp
 from gpuplan.dtypes import accumulator
 from tests.plan_testing import (
@@ -12,6 +13,10 @@ from tests.plan_testing import (
     INDEX_DTYPES,
     assert_close,
     assert_rejected,
+    cross_entropy_grad_reference,
+    cross_entropy_over_blocks,
+    cross_entropy_reduce_reference,
+    cross_entropy_reference,
     f64,
     on,
     random,
@@ -31,44 +36,15 @@ def _targets(n, v, dtype, seed=0):
 
 
 def ref_loss_rows(logits, target, smoothing):
-    """Per-row loss (0 on ignored rows) and lse, in float64, from the definitions:
-    -log p_t with p = exp(x) / sum exp(x), smoothed with the mean of -log p_j."""
-    x = f64(logits)
-    out, lse = np.zeros(x.shape[0]), np.zeros(x.shape[0])
-    for n, t in enumerate(np.asarray(target).tolist()):
-        m = x[n].max()
-        lse[n] = m + np.log(np.exp(x[n] - m).sum())
-        logp = x[n] - lse[n]
-        if t != IGNORE:
-            out[n] = (1 - smoothing) * -logp[t] + smoothing * np.mean(-logp)
-    return out, lse
+    return cross_entropy_reference(logits, target, smoothing, IGNORE)
 
 
 def ref_reduce(rows, target, reduction):
-    if reduction == "none":
-        return rows
-    total = rows.sum()
-    return total if reduction == "sum" else total / np.count_nonzero(np.asarray(target) != IGNORE)
+    return cross_entropy_reduce_reference(rows, target, reduction, IGNORE)
 
 
 def ref_grad(logits, target, smoothing, dloss, reduction):
-    """d(reduced loss)/d logits by the chain rule: d(-log p_k)/dx_j = p_j - [j == k]."""
-    x = f64(logits)
-    keep = np.asarray(target) != IGNORE
-    p = np.exp(x - x.max(axis=1, keepdims=True))
-    p /= p.sum(axis=1, keepdims=True)
-    g = np.zeros_like(x)
-    for n, t in enumerate(np.asarray(target).tolist()):
-        if t == IGNORE:
-            continue
-        onehot = np.zeros(x.shape[1])
-        onehot[t] = 1
-        dn = (1 - smoothing) * (p[n] - onehot) + smoothing * (p[n] - 1.0 / x.shape[1])
-        w = dloss[n] if reduction == "none" else dloss
-        if reduction == "mean":
-            w = w / keep.sum()
-        g[n] = w * dn
-    return g
+    return cross_entropy_grad_reference(logits, target, smoothing, dloss, reduction, IGNORE)
 
 
 def _forward(device, logits, target, reduction, smoothing, dtype):
@@ -123,26 +99,25 @@ def test_backward(device, dtype, index_dtype, n, v, reduction, smoothing):
     np.testing.assert_array_equal(f64(dlogits)[np.asarray(target) == IGNORE], 0.0)
 
 
-def test_reference_gradient_matches_finite_differences():
-    rng = np.random.default_rng(0)
-    x = rng.normal(size=(4, 5))
+class _Reference(ag.Function):
+    """The float64 reference as an autograd Function: reduced loss forward, ref_grad back."""
+
+    @staticmethod
+    def forward(ctx, x, target, smoothing, reduction):
+        ctx.args = (x, target, smoothing, reduction)
+        return np.asarray(ref_reduce(ref_loss_rows(x, target, smoothing)[0], target, reduction))
+
+    @staticmethod
+    def backward(ctx, dloss):
+        return ref_grad(*ctx.args[:3], dloss, ctx.args[3]), None
+
+
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
+def test_reference_gradient_passes_gradcheck(reduction):
+    x = ag.tensor(np.random.default_rng(0).normal(size=(4, 5)), requires_grad=True)
     t = np.array([1, IGNORE, 4, 0])
-    for reduction in ("none", "mean", "sum"):
-        dloss = rng.normal(size=4) if reduction == "none" else 0.8
-        h = 1e-6
-
-        def objective(xx, reduction=reduction, dloss=dloss):
-            red = ref_reduce(ref_loss_rows(xx, t, 0.3)[0], t, reduction)
-            return float(np.sum(red * dloss))
-
-        num = np.zeros_like(x)
-        for i in np.ndindex(x.shape):
-            xp, xm = x.copy(), x.copy()
-            xp[i] += h
-            xm[i] -= h
-            num[i] = (objective(xp) - objective(xm)) / (2 * h)
-        np.testing.assert_allclose(ref_grad(x, t, 0.3, np.asarray(dloss), reduction), num,
-                                   rtol=1e-6, atol=1e-9)
+    assert ag.gradcheck(lambda z: _Reference.apply(z, t, smoothing=0.3, reduction=reduction),
+                        [x], rtol=1e-6, atol=1e-9)
 
 
 def test_all_ignored_rows(device):
@@ -287,3 +262,117 @@ def test_device_skus_and_determinism():
     for _ in range(3):
         np.testing.assert_array_equal(gp.to_host(gp.functional.cross_entropy(logits, target)[0]),
                                       first)
+
+
+# -- the vocabulary-parallel stages (gpuplan/ops/cross_entropy_partial.py) ----------------
+
+PARTS = [(7, 33, 3), (6, 1025, 2), (5, 3, 4)]  # (n, vocab, blocks): 3 over 4 leaves one empty
+
+
+def _split(x, count):
+    """Contiguous column blocks of x (balanced, the first ones wider) and their starts."""
+    widths = [len(c) for c in np.array_split(np.arange(x.shape[1]), count)]
+    starts = np.cumsum([0] + widths[:-1]).tolist()
+    return [gp.backend.ascontiguous(x[:, s:s + w]) for s, w in zip(starts, widths,
+                                                                  strict=True)], starts
+
+
+def _partial_backward(blocks, starts, target, lse, dloss, reduction):
+    total = sum(b.shape[1] for b in blocks)
+    return [gp.functional.cross_entropy_partial_backward(
+        b, target, lse, dloss, vocab_start=s, vocab_total=total, ignore_index=IGNORE,
+        reduction=reduction) for b, s in zip(blocks, starts, strict=True)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("index_dtype", INDEX_DTYPES)
+@pytest.mark.parametrize("n,v,count", PARTS)
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
+def test_partial_stages_match_dense(device, dtype, index_dtype, n, v, count, reduction):
+    logits = random((n, v), dtype, seed=7, low=-6, high=6)
+    target = _targets(n, v, index_dtype, seed=2)
+    acc = accumulator(dtype)
+    blocks, starts = _split(on(device, logits), count)
+    t = on(device, target)
+    x = f64(logits)
+    m = gp.functional.cross_entropy_partial_max(blocks[0])
+    assert m.dtype == acc
+    np.testing.assert_array_equal(f64(m), x[:, :blocks[0].shape[1]].max(axis=1))
+    stats = gp.functional.cross_entropy_partial(blocks[0], t, m, vocab_start=0, vocab_total=v)
+    x0 = x[:, :blocks[0].shape[1]]
+    picked = [x0[i, k] if 0 <= k < x0.shape[1] else 0.0 for i, k in enumerate(target.tolist())]
+    assert_close(stats, [np.exp(x0 - f64(m)[:, None]).sum(axis=1), picked], acc, scale=4)
+
+    loss, lse = cross_entropy_over_blocks(blocks, t, IGNORE, reduction)
+    rows, rlse = ref_loss_rows(logits, target, 0.0)
+    assert loss.dtype == acc and lse.dtype == acc
+    assert_close(lse, rlse, acc, scale=4)
+    assert_close(loss, ref_reduce(rows, target, reduction), acc, scale=8)
+    dloss = random((n,), acc, seed=3) if reduction == "none" else np.asarray(1.7, acc)
+    ref = ref_grad(logits, target, 0.0, dloss, reduction)
+    for b, s, dl in zip(blocks, starts, _partial_backward(blocks, starts, t, lse,
+                                                          on(device, dloss), reduction),
+                        strict=True):
+        assert dl.shape == b.shape and dl.dtype == dtype
+        assert_close(dl, ref[:, s:s + b.shape[1]], dtype, scale=4)
+
+
+class _OverBlocks(ag.Function):
+    """Cross entropy of x [N, V] through the partial stages over `count` column blocks."""
+
+    @staticmethod
+    def forward(ctx, x, target, count, reduction):
+        blocks, starts = _split(x, count)
+        loss, lse = cross_entropy_over_blocks(blocks, target, IGNORE, reduction)
+        ctx.state = (blocks, starts, target, lse, reduction)
+        return loss
+
+    @staticmethod
+    def backward(ctx, dloss):
+        blocks, starts, target, lse, reduction = ctx.state
+        grads = _partial_backward(blocks, starts, target, lse, dloss, reduction)
+        return gp.backend.concatenate(grads, axis=1), None
+
+
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
+def test_partial_backward_passes_gradcheck(device, reduction):
+    x = ag.tensor(random((4, 7), np.float64, seed=8, low=-3, high=3), device=device,
+                  requires_grad=True)
+    t = on(device, np.array([6, IGNORE, 0, 3]))
+    assert ag.gradcheck(lambda z: _OverBlocks.apply(z, t, count=3, reduction=reduction), [x])
+
+
+def test_partial_errors():
+    s = gp.Stream.host()
+    desc = gp.CrossEntropyPartialDescriptor
+    with pytest.raises(gp.InvalidProblem, match="cross_entropy_partial: argument 'vocab_start'"):
+        gp.CrossEntropyPartialPlan.select(s, desc(2, 3, 5, 7))
+    with pytest.raises(gp.InvalidProblem, match="cross_entropy_finish: argument 'vocab_total'"):
+        gp.CrossEntropyFinishPlan.select(s, desc(2, 0, 0, 0))
+    with pytest.raises(gp.Unsupported, match="partial_backward: argument 'reduction'"):
+        gp.CrossEntropyPartialBackwardPlan.select(s, desc(2, 3, 0, 3, reduction="avg"))
+    logits, m = random((3, 2), np.float32), np.zeros(3, np.float32)
+    stats = np.full((2, 3), 9, np.float32)
+    plan = gp.CrossEntropyPartialPlan.select(s, desc(3, 2, 2, 5))
+
+    def run(target, row_max=m):
+        return lambda: plan.run(s, None, gp.CrossEntropyPartialArgs(logits, target, row_max,
+                                                                    stats))
+
+    # A target beyond the full vocabulary is rejected on the host (NaN on a device).
+    assert_rejected(run(np.array([0, 5, 4])), gp.InvalidProblem, [stats],
+                    "cross_entropy_partial", "'target'", "target[1] = 5", "[0, 5)")
+    assert_rejected(run(np.array([0, 1, 4]), m[:2]), gp.BufferTooSmall, [stats], "'row_max'")
+    assert_rejected(run(np.array([0, 1, 4]), stats), gp.InvalidProblem, [stats], "'row_max'")
+
+
+@pytest.mark.gpu
+def test_partial_out_of_range_target_gives_nan_on_device():
+    blocks, starts = _split(on("cuda", random((3, 4), np.float32)), 2)
+    t = on("cuda", np.array([0, 9, -5], np.int64))
+    loss, lse = cross_entropy_over_blocks(blocks, t, IGNORE, "none")
+    host = gp.to_host(loss)
+    assert np.isfinite(host[0]) and np.isnan(host[1]) and np.isnan(host[2])
+    dl = gp.to_host(_partial_backward(blocks, starts, t, lse, on("cuda", np.ones(3, np.float32)),
+                                      "none")[1])
+    assert np.all(np.isfinite(dl[0])) and np.all(np.isnan(dl[1:]))
