@@ -90,6 +90,24 @@ def assert_rejected(call: Callable[[], Any], error: type[gp.GpuPlanError],
     return info.value
 
 
+def layer_norm_reference(x: Any, weight: Any = None, bias: Any = None, eps: float = 1e-5,
+                         rms: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """LayerNorm (RMSNorm when `rms`: no centring, no bias) over the last axis in float64:
+    (y, mean, rstd), mean zeros for RMSNorm, rstd = 1 / sqrt(mean((x - mean)^2) + eps); a
+    D = 0 row has mean 0 and rstd 1 / sqrt(eps) (the kernels' convention)."""
+    x = f64(x)
+    n = max(x.shape[-1], 1)
+    mean = np.zeros(x.shape[:-1]) if rms else x.sum(axis=-1) / n
+    c = x - mean[..., None]
+    rstd = 1.0 / np.sqrt((c * c).sum(axis=-1) / n + eps)
+    y = c * rstd[..., None]
+    if weight is not None:
+        y = y * f64(weight)
+    if bias is not None:
+        y = y + f64(bias)
+    return y, mean, rstd
+
+
 def gemm_operands(desc: Any, seed: int = 0) -> tuple[np.ndarray, ...]:
     """A, B, C0 and (with has_bias) the bias of a GemmDescriptor, drawn in its dtype."""
     a = random(desc.a_shape(), desc.dtype, seed=seed)
@@ -236,7 +254,7 @@ def sgd_reference(p: Any, g: Any, buf: Any, *, lr: float, momentum: float = 0.0,
 
 __all__ = [
     "TOLERANCES", "assert_close", "assert_gemm_close", "assert_rejected", "f64",
-    "gemm_operands", "gemm_reference", "on",
+    "gemm_operands", "gemm_reference", "layer_norm_reference", "on",
     "random", "run_plan", "stream_for", "tol", "float16", "float32", "float64", "bfloat16",
     "cross_entropy_reference", "cross_entropy_reduce_reference", "cross_entropy_grad_reference",
     "cross_entropy_over_blocks",

@@ -40,11 +40,7 @@ class LayerNorm(Function):
         need_x, need_w, need_b = ctx.needs_input_grad
         dx = dx.reshape(dy.shape) if need_x else None
         dw = dw.reshape(weight.shape) if need_w else None
-        if need_b:
-            db = (F.reduce("sum", dy2, axes=0) if db is None else db).reshape(ctx.bias_shape)
-        else:
-            db = None
-        return dx, dw, db
+        return dx, dw, (db.reshape(ctx.bias_shape) if need_b else None)
 
 
 class RMSNorm(Function):

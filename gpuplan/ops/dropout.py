@@ -22,8 +22,6 @@ float64. p == 0 copies; p == 1 drops everything (zeros, as PyTorch).
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -31,17 +29,10 @@ import numpy as np
 from gpuplan import backend
 from gpuplan.dtypes import FLOAT_DTYPES, accumulator, as_dtype, cuda_name, float64, short_name
 from gpuplan.errors import InvalidProblem, describe
-from gpuplan.execute import execute
+from gpuplan.execute import call
 from gpuplan.nvrtc import CudaModule, cdiv, launch, on_stream
-from gpuplan.plan import (
-    BackendKind,
-    Candidate,
-    Plan,
-    check_dtype,
-    check_operand,
-    check_writable_distinct,
-    host_candidate,
-)
+from gpuplan.plan import BackendKind, Candidate, Plan, host_candidate
+from gpuplan.spec import DType, Extent, In, OpSpec, Out, Real, Scalar
 from gpuplan.stream import Stream, Workspace
 
 __all__ = [
@@ -124,45 +115,62 @@ def _scale(p: float, dtype: Any) -> np.floating:
     return np.float64(s) if as_dtype(dtype) == float64 else np.float32(s)
 
 
-def _is_real(p: Any) -> bool:
-    return isinstance(p, (int, float, np.floating, np.integer)) and not isinstance(p, bool)
-
-
-def _check_p(op: str, p: float) -> None:
-    if not _is_real(p) or not (math.isfinite(float(p)) and 0.0 <= float(p) <= 1.0):
-        raise InvalidProblem(describe(op, "p", "a probability 0 <= p <= 1", p))
-
-
-def _check_u64(op: str, name: str, v: Any) -> int:
-    if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not 0 <= int(v) < _U64:
-        raise InvalidProblem(describe(op, name, "an integer in [0, 2**64)", repr(v)))
-    return int(v)
-
-
 def _grid(n: int) -> int:
     return max(1, min(cdiv(philox_counters(n), _THREADS), _MAX_BLOCKS))
 
 
-def _aligned(*arrays: Any) -> np.int32:
-    return np.int32(all(a.data.ptr % (4 * a.dtype.itemsize) == 0 for a in arrays))
+# -- declarations ---------------------------------------------------------------------------
+
+_N = ("n",)
+_FIELDS = (Extent("n"), Real("p"), DType("dtype", FLOAT_DTYPES, default=np.float32))
+#: the per-call counter stream: a new (seed, offset) every step never selects a new plan.
+_RNG = (Scalar("seed"), Scalar("offset", 0))
+FORWARD = OpSpec("dropout", fields=_FIELDS, operands=(In("x", _N), Out("y", _N)), scalars=_RNG)
+BACKWARD = OpSpec("dropout_backward", fields=_FIELDS, operands=(In("dy", _N), Out("dx", _N)),
+                  scalars=_RNG)
+MASK = OpSpec("dropout_mask", fields=(Extent("n"), Real("p")),
+              operands=(Out("mask", _N, np.bool_),), scalars=_RNG)
+
+DropoutDescriptor = FORWARD.descriptor(
+    "DropoutDescriptor", "Dropout of `n` elements with drop probability `p` (0 <= p <= 1); "
+                         "forward and backward share it.")
+DropoutBackwardDescriptor = DropoutDescriptor
+BACKWARD.descriptor_cls = DropoutDescriptor
+DropoutArgs = FORWARD.args(
+    "DropoutArgs", "x, y [n]; seed, offset: the Philox key and first counter, each in "
+                   "[0, 2**64).")
+DropoutBackwardArgs = BACKWARD.args(
+    "DropoutBackwardArgs", "dy, dx [n]; the forward's seed and offset.")
+DropoutMaskDescriptor = MASK.descriptor("DropoutMaskDescriptor", "Keep mask of `n` elements.")
+DropoutMaskArgs = MASK.args("DropoutMaskArgs", "mask [n] bool, written; seed, offset.")
 
 
-@dataclass(frozen=True)
-class DropoutDescriptor:
-    n: int            # number of elements (the functional API flattens x)
-    p: float          # drop probability, 0 <= p <= 1
-    dtype: Any = np.float32
+class _RandomPlan(Plan):
+    """Shared checks and launch constants of the Philox plans."""
+
+    @classmethod
+    def _check_descriptor(cls, desc: Any) -> None:
+        super()._check_descriptor(desc)
+        if not 0.0 <= desc.p <= 1.0:
+            raise InvalidProblem(describe(cls.op, "p", "a probability 0 <= p <= 1", desc.p))
+
+    def _check_args(self, args: Any) -> None:
+        for name in ("seed", "offset"):
+            v = getattr(args, name)
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or \
+                    not 0 <= v < _U64:
+                raise InvalidProblem(describe(self.op, name, "an integer in [0, 2**64)",
+                                              repr(v)))
+
+    def _prepare(self) -> None:
+        d = self.desc
+        self._p = float(d.p)
+        self._grid = _grid(d.n)
+        self._consts = (np.int64(d.n),)
+        self._p32 = np.float32(self._p)
 
 
-@dataclass(frozen=True)
-class DropoutArgs:
-    x: Any            # [n]
-    y: Any            # [n], written
-    seed: int         # 0 <= seed < 2**64
-    offset: int = 0   # first Philox counter, 0 <= offset < 2**64
-
-
-class DropoutPlan(Plan):
+class DropoutPlan(_RandomPlan):
     """y[i] = keep_i * x[i] / (1 - p) with the Philox keep mask of the module docstring.
 
     SKUs: ``numpy`` (host) and ``philox`` (one thread per counter, four elements each,
@@ -173,160 +181,108 @@ class DropoutPlan(Plan):
 
     op = "dropout"
     category = "elementwise"
+    spec = FORWARD
     _in, _out = "x", "y"
 
     @classmethod
-    def _check_descriptor(cls, desc: Any) -> None:
-        super()._check_descriptor(desc)
-        _check_p(cls.op, desc.p)
-
-    @classmethod
-    def _candidates(cls, desc: Any, on_device: bool) -> list[Candidate]:
-        d = check_dtype(cls.op, "dtype", desc.dtype, FLOAT_DTYPES)
-        if not on_device:
+    def _candidates(cls, desc: Any, stream: Stream) -> list[Candidate]:
+        d = as_dtype(desc.dtype)
+        if stream.is_host:
             return [host_candidate(d)]
         acc = short_name(accumulator(d))
         return [Candidate("philox", BackendKind.NVRTC, True, True, short_name(d), acc)]
 
-    def _check_args(self, args: Any) -> None:
-        d = self.desc
-        x, y = getattr(args, self._in), getattr(args, self._out)
-        check_operand(self.op, self._in, x, (d.n,), d.dtype)
-        check_operand(self.op, self._out, y, (d.n,), d.dtype)
-        check_writable_distinct(self.op, {self._out: y}, {self._in: x})
-        _check_u64(self.op, "seed", args.seed)
-        _check_u64(self.op, "offset", args.offset)
-
-    def _is_empty(self) -> bool:
-        return self.desc.n == 0
+    def _prepare(self) -> None:
+        super()._prepare()
+        dtype = self.desc.dtype
+        self._acc = accumulator(dtype)
+        self._scale = _scale(self._p, dtype)
+        self._kernel = f"dropout_apply<{cuda_name(dtype)}>"
 
     def _run_numpy(self, stream: Stream, ws: Workspace, args: Any) -> None:
-        d = self.desc
         x, y = getattr(args, self._in), getattr(args, self._out)
-        if d.p == 0:
+        if self._p == 0:
             y[...] = x
             return
-        keep = keep_mask_host(d.n, d.p, int(args.seed), int(args.offset))
-        prod = x.astype(accumulator(d.dtype)) * _scale(d.p, d.dtype)
-        y[...] = np.where(keep, prod, 0).astype(d.dtype)
+        keep = keep_mask_host(self.desc.n, self._p, int(args.seed), int(args.offset))
+        prod = x.astype(self._acc) * self._scale
+        y[...] = np.where(keep, prod, 0).astype(self.desc.dtype)
 
     def _run_philox(self, stream: Stream, ws: Workspace, args: Any) -> None:
-        d = self.desc
         x, y = getattr(args, self._in), getattr(args, self._out)
-        if d.p == 0:
+        if self._p == 0:
             with on_stream(stream):
                 y[...] = x
             return
-        fn = _MODULE.function(f"dropout_apply<{cuda_name(d.dtype)}>", stream.device_id)
-        launch(stream, fn, _grid(d.n), _THREADS,
-               (x, y, np.int64(d.n), np.uint64(args.seed), np.uint64(args.offset),
-                np.float32(d.p), _scale(d.p, d.dtype), _aligned(x, y)))
-
-
-@dataclass(frozen=True)
-class DropoutBackwardDescriptor:
-    n: int
-    p: float
-    dtype: Any = np.float32
-
-
-@dataclass(frozen=True)
-class DropoutBackwardArgs:
-    dy: Any           # [n]
-    dx: Any           # [n], written
-    seed: int         # the forward's seed and offset
-    offset: int = 0
+        fn = _MODULE.function(self._kernel, stream.device_id)
+        aligned = np.int32(all(a.data.ptr % (4 * a.dtype.itemsize) == 0 for a in (x, y)))
+        launch(stream, fn, self._grid, _THREADS,
+               (x, y, *self._consts, np.uint64(args.seed), np.uint64(args.offset), self._p32,
+                self._scale, aligned))
 
 
 class DropoutBackwardPlan(DropoutPlan):
     """dx[i] = keep_i * dy[i] / (1 - p), the forward's mask regenerated from (seed, offset)."""
 
     op = "dropout_backward"
+    spec = BACKWARD
     _in, _out = "dy", "dx"
 
 
-@dataclass(frozen=True)
-class DropoutMaskDescriptor:
-    n: int
-    p: float
-
-
-@dataclass(frozen=True)
-class DropoutMaskArgs:
-    mask: Any         # [n] bool, written: True where the element is kept
-    seed: int
-    offset: int = 0
-
-
-class DropoutMaskPlan(Plan):
+class DropoutMaskPlan(_RandomPlan):
     """mask[i] = keep_i (bool), the mask DropoutPlan applies for the same (p, seed, offset)."""
 
     op = "dropout_mask"
     category = "random"
+    spec = MASK
 
     @classmethod
-    def _check_descriptor(cls, desc: Any) -> None:
-        super()._check_descriptor(desc)
-        _check_p(cls.op, desc.p)
-
-    @classmethod
-    def _candidates(cls, desc: Any, on_device: bool) -> list[Candidate]:
-        if not on_device:
-            return [Candidate("numpy", BackendKind.NUMPY, True, True, "f32", "f32")]
-        return [Candidate("philox", BackendKind.NVRTC, True, True, "f32", "f32")]
+    def _candidates(cls, desc: Any, stream: Stream) -> list[Candidate]:
+        backend_kind = BackendKind.NUMPY if stream.is_host else BackendKind.NVRTC
+        return [Candidate("numpy" if stream.is_host else "philox", backend_kind, True, True,
+                          "f32", "f32")]
 
     def _sku_dtype(self) -> Any:
         return np.bool_
 
-    def _check_args(self, args: DropoutMaskArgs) -> None:
-        check_operand(self.op, "mask", args.mask, (self.desc.n,), np.bool_)
-        _check_u64(self.op, "seed", args.seed)
-        _check_u64(self.op, "offset", args.offset)
+    def _run_numpy(self, stream: Stream, ws: Workspace, args: Any) -> None:
+        args.mask[...] = keep_mask_host(self.desc.n, self._p, int(args.seed), int(args.offset))
 
-    def _is_empty(self) -> bool:
-        return self.desc.n == 0
-
-    def _run_numpy(self, stream: Stream, ws: Workspace, args: DropoutMaskArgs) -> None:
-        args.mask[...] = keep_mask_host(self.desc.n, self.desc.p, int(args.seed),
-                                        int(args.offset))
-
-    def _run_philox(self, stream: Stream, ws: Workspace, args: DropoutMaskArgs) -> None:
-        d = self.desc
+    def _run_philox(self, stream: Stream, ws: Workspace, args: Any) -> None:
         fn = _MODULE.function("dropout_keep_mask", stream.device_id)
-        aligned = np.int32(args.mask.data.ptr % 4 == 0)
-        launch(stream, fn, _grid(d.n), _THREADS,
-               (args.mask, np.int64(d.n), np.uint64(args.seed), np.uint64(args.offset),
-                np.float32(d.p), aligned))
+        launch(stream, fn, self._grid, _THREADS,
+               (args.mask, *self._consts, np.uint64(args.seed), np.uint64(args.offset),
+                self._p32, np.int32(args.mask.data.ptr % 4 == 0)))
 
 
 # -- functional API ------------------------------------------------------------------------
 
 
-def _apply(plan_cls: type[Plan], desc_cls: type, args_cls: type, a: Any, p: float, seed: int,
-           offset: int) -> Any:
-    flat = backend.ascontiguous(a).reshape(-1)
-    out = backend.array_namespace(a).empty(flat.shape, dtype=a.dtype)
-    desc = desc_cls(int(flat.shape[0]), float(p) if _is_real(p) else p, a.dtype)
-    execute(plan_cls, desc, args_cls(flat, out, seed, offset), like=a)
-    return out.reshape(a.shape)
+def _flat(a: Any) -> Any:
+    return backend.ascontiguous(a).reshape(-1)
 
 
 def dropout(x: Any, p: float, seed: int, offset: int = 0) -> Any:
     """y = x * keep / (1 - p), same shape and dtype as x (p == 0: a copy; p == 1: zeros)."""
-    return _apply(DropoutPlan, DropoutDescriptor, DropoutArgs, x, p, seed, offset)
+    flat = _flat(x)
+    y = call(DropoutPlan, DropoutDescriptor(flat.size, p, x.dtype), like=x, x=flat, seed=seed,
+             offset=offset)
+    return y.reshape(x.shape)
 
 
 def dropout_backward(dy: Any, p: float, seed: int, offset: int = 0) -> Any:
     """dx = dy * keep / (1 - p) with the forward's mask, regenerated from (seed, offset)."""
-    return _apply(DropoutBackwardPlan, DropoutBackwardDescriptor, DropoutBackwardArgs, dy, p,
-                  seed, offset)
+    flat = _flat(dy)
+    dx = call(DropoutBackwardPlan, DropoutDescriptor(flat.size, p, dy.dtype), like=dy, dy=flat,
+              seed=seed, offset=offset)
+    return dx.reshape(dy.shape)
 
 
 def dropout_mask(shape: Any, p: float, seed: int, offset: int = 0, device: str = "cpu") -> Any:
-    """The keep mask (bool, `shape`, on 'cpu' or 'cuda') that dropout applies."""
+    """The keep mask (bool, `shape`, on 'cpu', 'cuda' or 'emulated') that dropout applies."""
     shape = (int(shape),) if isinstance(shape, (int, np.integer)) else tuple(int(s) for s in shape)
     mask = backend.empty(shape, np.bool_, device)
     flat = mask.reshape(-1)
-    desc = DropoutMaskDescriptor(int(flat.shape[0]), float(p) if _is_real(p) else p)
-    execute(DropoutMaskPlan, desc, DropoutMaskArgs(flat, seed, offset), like=mask)
+    call(DropoutMaskPlan, DropoutMaskDescriptor(flat.size, p), like=mask, mask=flat, seed=seed,
+         offset=offset)
     return mask

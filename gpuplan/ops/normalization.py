@@ -15,7 +15,6 @@ mean 0 and rstd 1/sqrt(eps).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -23,17 +22,10 @@ import numpy as np
 from gpuplan import backend
 from gpuplan.dtypes import FLOAT_DTYPES, accumulator, as_dtype, cuda_name, short_name
 from gpuplan.errors import InvalidProblem, describe
-from gpuplan.execute import execute
+from gpuplan.execute import cached_plan
 from gpuplan.nvrtc import CudaModule, cdiv, launch
-from gpuplan.plan import (
-    BackendKind,
-    Candidate,
-    Plan,
-    check_dtype,
-    check_operand,
-    check_writable_distinct,
-    host_candidate,
-)
+from gpuplan.plan import BackendKind, Candidate, Plan, host_candidate
+from gpuplan.spec import DType, Extent, Flag, In, OpSpec, Out, Real
 from gpuplan.stream import Stream, Workspace
 
 __all__ = [
@@ -64,33 +56,79 @@ _PG_COLS, _PG_ROWS = 32, 8  # NORM_PG_COLS, NORM_PG_ROWS in normalization.cu
 _MAX_PARTS = 256           # row chunks of the parameter-gradient reduction
 
 
-def _row_variant(dim: int) -> str:
-    return "warp_row" if dim <= WARP_ROW_MAX_DIM else "block_row"
+# -- declarations ---------------------------------------------------------------------------
+
+
+def _acc(desc: Any) -> np.dtype:
+    """dtype of the saved statistics (mean, rstd): the accumulator of the data dtype."""
+    return accumulator(desc.dtype)
+
+
+_X, _VEC, _STAT = ("rows", "dim"), ("dim",), ("rows",)
+_DTYPE = DType("dtype", FLOAT_DTYPES, default=np.float32)
+_W, _B = Flag("has_weight", default=True), Flag("has_bias", default=True)
+_PARAMS = ("x", "weight", "bias")  # inputs of the forward
+
+LAYER_NORM = OpSpec(
+    "layer_norm",
+    fields=(Extent("rows"), Extent("dim"), Real("eps", default=1e-5), _W, _B, _DTYPE),
+    operands=(In("x", _X), In("weight", _VEC, present="has_weight"),
+              In("bias", _VEC, present="has_bias"), Out("y", _X, distinct=_PARAMS),
+              Out("mean", _STAT, _acc, distinct=(*_PARAMS, "y")),
+              Out("rstd", _STAT, _acc, distinct=(*_PARAMS, "y", "mean"))))
+RMS_NORM = OpSpec(
+    "rms_norm",
+    fields=(Extent("rows"), Extent("dim"), Real("eps", default=1e-6), _W, _DTYPE),
+    operands=(In("x", _X), In("weight", _VEC, present="has_weight"),
+              Out("y", _X, distinct=("x", "weight")),
+              Out("rstd", _STAT, _acc, distinct=("x", "weight", "y"))))
+_BW_INPUTS = ("dy", "x", "mean", "rstd", "weight")
+LAYER_NORM_BACKWARD = OpSpec(
+    "layer_norm_backward",
+    fields=(Extent("rows"), Extent("dim"), _W, _B, _DTYPE),
+    operands=(In("dy", _X), In("x", _X), In("weight", _VEC, present="has_weight"),
+              In("mean", _STAT, _acc), In("rstd", _STAT, _acc),
+              Out("dx", _X, distinct=_BW_INPUTS),
+              Out("dweight", _VEC, present="has_weight", distinct=(*_BW_INPUTS, "dx")),
+              Out("dbias", _VEC, present="has_bias",
+                  distinct=(*_BW_INPUTS, "dx", "dweight"))))
+RMS_NORM_BACKWARD = OpSpec(
+    "rms_norm_backward",
+    fields=(Extent("rows"), Extent("dim"), _W, _DTYPE),
+    operands=(In("dy", _X), In("x", _X), In("weight", _VEC, present="has_weight"),
+              In("rstd", _STAT, _acc), Out("dx", _X, distinct=("dy", "x", "rstd", "weight")),
+              Out("dweight", _VEC, present="has_weight",
+                  distinct=("dy", "x", "rstd", "weight", "dx"))))
+
+LayerNormDescriptor = LAYER_NORM.descriptor("LayerNormDescriptor", "LayerNorm of [rows, dim].")
+LayerNormArgs = LAYER_NORM.args(
+    "LayerNormArgs", "x, y [rows, dim]; weight, bias [dim] or None; mean, rstd [rows] (acc).")
+RMSNormDescriptor = RMS_NORM.descriptor("RMSNormDescriptor", "RMSNorm of [rows, dim].")
+RMSNormArgs = RMS_NORM.args("RMSNormArgs", "x, y [rows, dim]; weight [dim] or None; rstd [rows].")
+LayerNormBackwardDescriptor = LAYER_NORM_BACKWARD.descriptor(
+    "LayerNormBackwardDescriptor", "LayerNorm gradients (has_*: the parameter grads written).")
+LayerNormBackwardArgs = LAYER_NORM_BACKWARD.args(
+    "LayerNormBackwardArgs", "dy, x, dx [rows, dim]; mean, rstd [rows] from the forward; "
+                             "weight, dweight, dbias [dim] or None.")
+RMSNormBackwardDescriptor = RMS_NORM_BACKWARD.descriptor(
+    "RMSNormBackwardDescriptor", "RMSNorm gradients (has_weight: dweight written).")
+RMSNormBackwardArgs = RMS_NORM_BACKWARD.args(
+    "RMSNormBackwardArgs", "dy, x, dx [rows, dim]; rstd [rows]; weight, dweight [dim] or None.")
+
+
+# -- launch geometry and the host math ------------------------------------------------------
 
 
 def _row_launch(variant: str, rows: int, dim: int) -> tuple[int, int]:
     """(grid, block) for the row-wise kernels."""
     if variant == "warp_row":
-        return min(cdiv(rows, _WARPS_PER_BLOCK), _MAX_GRID), 32 * _WARPS_PER_BLOCK
+        return max(1, min(cdiv(rows, _WARPS_PER_BLOCK), _MAX_GRID)), 32 * _WARPS_PER_BLOCK
     threads = min(512, max(128, cdiv(cdiv(dim, 8), 32) * 32))
-    return min(rows, _MAX_GRID), threads
+    return max(1, min(rows, _MAX_GRID)), threads
 
 
 def _n_parts(rows: int) -> int:
     return max(1, min(_MAX_PARTS, cdiv(rows, 32)))
-
-
-def _check_eps(op: str, eps: float) -> None:
-    if not (math.isfinite(eps) and eps >= 0):
-        raise InvalidProblem(describe(op, "eps", "a finite value >= 0", eps))
-
-
-def _device_candidate(dtype: Any, dim: int, workspace: int = 0) -> Candidate:
-    d = as_dtype(dtype)
-    # Row sums are tree reductions whose shape follows the launch: deterministic for a
-    # given launch, but not bit-stable.
-    return Candidate(_row_variant(dim), BackendKind.NVRTC, True, False, short_name(d),
-                     short_name(accumulator(d)), workspace)
 
 
 def _stats(x: np.ndarray, rms: bool, eps: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -107,8 +145,7 @@ def _stats(x: np.ndarray, rms: bool, eps: float) -> tuple[np.ndarray, np.ndarray
         mean = a.sum(axis=1)
         mean *= inv
         c = a - mean[:, None]
-    sq = np.square(c)
-    rstd = sq.sum(axis=1)
+    rstd = np.square(c).sum(axis=1)
     rstd *= inv
     rstd += acc.type(eps)
     np.sqrt(rstd, out=rstd)
@@ -116,87 +153,76 @@ def _stats(x: np.ndarray, rms: bool, eps: float) -> tuple[np.ndarray, np.ndarray
     return mean, rstd, c
 
 
+class _NormPlan(Plan):
+    """Shared by the four families: SKUs (NumPy on the host; one row per warp or per block
+    on a device) and the per-plan constants."""
+
+    category = "normalization"
+    rms: bool = False
+    _param_buffers = 0  # parameter-gradient partial-sum buffers in the workspace
+
+    @classmethod
+    def _candidates(cls, desc: Any, stream: Stream) -> list[Candidate]:
+        d = as_dtype(desc.dtype)
+        if stream.is_host:
+            return [host_candidate(d)]
+        acc = accumulator(d)
+        n_bufs = cls._param_buffers and (int(desc.has_weight)
+                                         + int(getattr(desc, "has_bias", False)))
+        ws = n_bufs * _n_parts(desc.rows) * desc.dim * acc.itemsize
+        # Row sums are tree reductions whose shape follows the launch: deterministic for a
+        # given launch, but not bit-stable.
+        variant = "warp_row" if desc.dim <= WARP_ROW_MAX_DIM else "block_row"
+        return [Candidate(variant, BackendKind.NVRTC, True, False,
+                          short_name(d), short_name(acc), ws)]
+
+    def _prepare(self) -> None:
+        d = self.desc
+        self._acc = accumulator(d.dtype)
+        self._has_bias = getattr(d, "has_bias", False)
+        self._t, self._r = cuda_name(d.dtype), _BOOL[self.rms]
+        variant = self._cand.variant
+        self._warp = _BOOL[variant == "warp_row"]
+        self._rows_launch = _row_launch(variant, d.rows, d.dim)
+        self._extents = (np.int64(d.rows), np.int64(d.dim))
+        # The spec's checks of the inputs alone, for `_call` (it allocates the outputs).
+        self._input_check = self.spec.resolve(self.op, d)
+        self._input_check.rows = tuple(r for r in self._input_check.rows
+                                       if r[0] in self.spec.inputs)
+        self._input_check.distinct = ()
+
+    @classmethod
+    def _call(cls, desc: Any, like: Any, **inputs: Any) -> Any:
+        """`gpuplan.execute.call` for the functional API, returning the args: select
+        (cached), allocate every output, check the inputs against the spec, run. Outputs
+        allocated here are right by construction and cannot overlap an input, so their
+        checks (with the overlap pairs, 2/3 of the Python cost of a call) are skipped."""
+        stream = Stream.for_array(like)
+        plan = cached_plan(cls, stream, desc)
+        for name in plan._resolved.allocatable:
+            inputs[name] = plan.alloc(name)
+        args = cls.spec.args_cls(**inputs)
+        plan._input_check.check(args, stream)
+        if not plan._resolved.empty:
+            nbytes = plan._cand.workspace_bytes
+            plan._run_impl(stream, Workspace.allocate(stream, nbytes) if nbytes else None, args)
+        return args
+
+
 # -- forward ------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class LayerNormDescriptor:
-    rows: int
-    dim: int
-    eps: float = 1e-5
-    has_weight: bool = True
-    has_bias: bool = True
-    dtype: Any = np.float32
-
-
-@dataclass(frozen=True)
-class LayerNormArgs:
-    x: Any               # [rows, dim]
-    weight: Any | None   # [dim] or None
-    bias: Any | None     # [dim] or None
-    y: Any               # [rows, dim]
-    mean: Any            # [rows], float32 (float64 for f64)
-    rstd: Any            # [rows], float32 (float64 for f64)
-
-
-@dataclass(frozen=True)
-class RMSNormDescriptor:
-    rows: int
-    dim: int
-    eps: float = 1e-6
-    has_weight: bool = True
-    dtype: Any = np.float32
-
-
-@dataclass(frozen=True)
-class RMSNormArgs:
-    x: Any               # [rows, dim]
-    weight: Any | None   # [dim] or None
-    y: Any               # [rows, dim]
-    rstd: Any            # [rows], float32 (float64 for f64)
-
-
-class _NormForwardPlan(Plan):
-    category = "normalization"
-    rms: bool = False
-
+class _NormForwardPlan(_NormPlan):
     @classmethod
     def _check_descriptor(cls, desc: Any) -> None:
         super()._check_descriptor(desc)
-        _check_eps(cls.op, desc.eps)
+        if desc.eps < 0:
+            raise InvalidProblem(describe(cls.op, "eps", "a finite value >= 0", desc.eps))
 
-    @classmethod
-    def _candidates(cls, desc: Any, on_device: bool) -> list[Candidate]:
-        d = check_dtype(cls.op, "dtype", desc.dtype, FLOAT_DTYPES)
-        return [_device_candidate(d, desc.dim)] if on_device else [host_candidate(d)]
-
-    def _check_args(self, args: Any) -> None:
-        d = self.desc
-        acc = accumulator(d.dtype)
-        check_operand(self.op, "x", args.x, (d.rows, d.dim), d.dtype)
-        params = {"weight": (args.weight, d.has_weight)}
-        if not self.rms:
-            params["bias"] = (args.bias, d.has_bias)
-        for name, (a, wanted) in params.items():
-            if wanted:
-                check_operand(self.op, name, a, (d.dim,), d.dtype)
-            elif a is not None:
-                raise InvalidProblem(describe(self.op, name, f"None (has_{name}=False)",
-                                              "an array"))
-        check_operand(self.op, "y", args.y, (d.rows, d.dim), d.dtype)
-        outs = {"y": args.y, "rstd": args.rstd}
-        if not self.rms:
-            check_operand(self.op, "mean", args.mean, (d.rows,), acc)
-            outs["mean"] = args.mean
-        check_operand(self.op, "rstd", args.rstd, (d.rows,), acc)
-        ins = {k: v for k, (v, _) in params.items()} | {"x": args.x}
-        check_writable_distinct(self.op, outs, ins)
-        for a, b in (("y", "rstd"), ("y", "mean"), ("mean", "rstd")):
-            if a in outs and b in outs:
-                check_writable_distinct(self.op, {a: outs[a]}, {b: outs[b]})
-
-    def _is_empty(self) -> bool:
-        return self.desc.rows == 0
+    def _prepare(self) -> None:
+        super()._prepare()
+        self._kernel = f"norm_forward<{self._t}, {self._r}, {self._warp}>"
+        self._eps = np.float64(self.desc.eps)
 
     def _run_numpy(self, stream: Stream, ws: Workspace, args: Any) -> None:
         mean, rstd, y = _stats(args.x, self.rms, self.desc.eps)
@@ -204,7 +230,7 @@ class _NormForwardPlan(Plan):
         y *= rstd[:, None]
         if args.weight is not None:
             y *= args.weight.astype(acc, copy=False)
-        if getattr(args, "bias", None) is not None:
+        if self._has_bias:
             y += args.bias.astype(acc, copy=False)
         args.y[...] = y
         if not self.rms:
@@ -212,16 +238,11 @@ class _NormForwardPlan(Plan):
         args.rstd[...] = rstd
 
     def _run_warp_row(self, stream: Stream, ws: Workspace, args: Any) -> None:
-        d = self.desc
-        variant = self._cand.variant
-        rms, warp = _BOOL[self.rms], _BOOL[variant == "warp_row"]
-        fn = _MODULE.function(f"norm_forward<{cuda_name(d.dtype)}, {rms}, {warp}>",
-                              stream.device_id)
-        grid, block = _row_launch(variant, d.rows, d.dim)
-        launch(stream, fn, grid, block,
-               (args.x, args.weight, getattr(args, "bias", None), args.y,
-                None if self.rms else args.mean, args.rstd, np.int64(d.rows), np.int64(d.dim),
-                np.float64(d.eps)))
+        fn = _MODULE.function(self._kernel, stream.device_id)
+        bias, mean = (None, None) if self.rms else (args.bias, args.mean)
+        launch(stream, fn, *self._rows_launch,
+               (args.x, args.weight, bias, args.y, mean, args.rstd, *self._extents,
+                self._eps))
 
     _run_block_row = _run_warp_row
 
@@ -230,165 +251,77 @@ class LayerNormPlan(_NormForwardPlan):
     """LayerNorm forward: y, mean, rstd from x (see the module docstring for the math)."""
 
     op = "layer_norm"
+    spec = LAYER_NORM
 
 
 class RMSNormPlan(_NormForwardPlan):
     """RMSNorm forward: y, rstd from x (see the module docstring for the math)."""
 
     op = "rms_norm"
+    spec = RMS_NORM
     rms = True
 
 
 # -- backward -----------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class LayerNormBackwardDescriptor:
-    rows: int
-    dim: int
-    has_weight: bool = True
-    has_bias: bool = True
-    dtype: Any = np.float32
+class _NormBackwardPlan(_NormPlan):
+    _param_buffers = 1
 
-
-@dataclass(frozen=True)
-class LayerNormBackwardArgs:
-    dy: Any                # [rows, dim]
-    x: Any                 # [rows, dim] forward input
-    weight: Any | None     # [dim] if has_weight
-    mean: Any              # [rows] saved by the forward
-    rstd: Any              # [rows] saved by the forward
-    dx: Any                # [rows, dim] written
-    dweight: Any | None    # [dim] written if has_weight
-    dbias: Any | None      # [dim] written if has_bias
-
-
-@dataclass(frozen=True)
-class RMSNormBackwardDescriptor:
-    rows: int
-    dim: int
-    has_weight: bool = True
-    dtype: Any = np.float32
-
-
-@dataclass(frozen=True)
-class RMSNormBackwardArgs:
-    dy: Any                # [rows, dim]
-    x: Any                 # [rows, dim] forward input
-    weight: Any | None     # [dim] if has_weight
-    rstd: Any              # [rows] saved by the forward
-    dx: Any                # [rows, dim] written
-    dweight: Any | None    # [dim] written if has_weight
-
-
-class _NormBackwardPlan(Plan):
-    category = "normalization"
-    rms: bool = False
-
-    @classmethod
-    def _candidates(cls, desc: Any, on_device: bool) -> list[Candidate]:
-        d = check_dtype(cls.op, "dtype", desc.dtype, FLOAT_DTYPES)
-        if not on_device:
-            return [host_candidate(d)]
-        n_bufs = int(desc.has_weight) + int(getattr(desc, "has_bias", False))
-        ws = n_bufs * _n_parts(desc.rows) * desc.dim * accumulator(d).itemsize
-        return [_device_candidate(d, desc.dim, ws)]
-
-    def _has_bias(self) -> bool:
-        return (not self.rms) and self.desc.has_bias
-
-    def _check_args(self, args: Any) -> None:
+    def _prepare(self) -> None:
+        super()._prepare()
         d = self.desc
-        acc = accumulator(d.dtype)
-        check_operand(self.op, "dy", args.dy, (d.rows, d.dim), d.dtype)
-        check_operand(self.op, "x", args.x, (d.rows, d.dim), d.dtype)
-        opt = [("weight", args.weight, d.has_weight), ("dweight", args.dweight, d.has_weight)]
-        if not self.rms:
-            opt.append(("dbias", args.dbias, d.has_bias))
-        for name, a, wanted in opt:
-            if wanted:
-                check_operand(self.op, name, a, (d.dim,), d.dtype)
-            elif a is not None:
-                flag = "has_bias" if name == "dbias" else "has_weight"
-                raise InvalidProblem(describe(self.op, name, f"None ({flag}=False)", "an array"))
-        if not self.rms:
-            check_operand(self.op, "mean", args.mean, (d.rows,), acc)
-        check_operand(self.op, "rstd", args.rstd, (d.rows,), acc)
-        check_operand(self.op, "dx", args.dx, (d.rows, d.dim), d.dtype)
-        ins = {"dy": args.dy, "x": args.x, "weight": args.weight, "rstd": args.rstd,
-               "mean": getattr(args, "mean", None)}
-        outs = {"dx": args.dx, "dweight": args.dweight, "dbias": getattr(args, "dbias", None)}
-        check_writable_distinct(self.op, outs, ins)
-        check_writable_distinct(self.op, {"dx": args.dx},
-                                {"dweight": args.dweight, "dbias": outs["dbias"]})
-        check_writable_distinct(self.op, {"dweight": args.dweight}, {"dbias": outs["dbias"]})
-
-    def _is_empty(self) -> bool:
-        return self.desc.dim == 0
+        self._dx_kernel = f"norm_backward_dx<{self._t}, {self._r}, {self._warp}>"
+        self._partial_kernel = f"norm_param_grad_partial<{self._t}, {self._r}>"
+        self._final_kernel = f"norm_param_grad_final<{self._t}>"
+        parts = _n_parts(d.rows)
+        self._parts = (parts, parts * d.dim)  # count, elements of one partial-sum buffer
+        self._partial_grid = (cdiv(d.dim, _PG_COLS), parts)
+        self._final_grid = max(1, min(cdiv(d.dim, 256), _MAX_GRID))
+        self._chunk = np.int64(max(1, cdiv(d.rows, parts)))
 
     def _run_numpy(self, stream: Stream, ws: Workspace, args: Any) -> None:
-        d = self.desc
-        acc = accumulator(d.dtype)
         # dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), g = dy * weight (mean(g) = 0
         # for RMSNorm); dweight = sum over rows of dy * xhat; dbias = sum over rows of dy.
+        acc, inv = self._acc, self._acc.type(1.0 / self.desc.dim)
         dy = args.dy.astype(acc, copy=False)
         rstd = args.rstd.astype(acc, copy=False)[:, None]
-        x = args.x.astype(acc, copy=False)
-        xhat = x * rstd if self.rms else (x - args.mean.astype(acc, copy=False)[:, None])
+        xhat = args.x.astype(acc)
         if not self.rms:
-            xhat *= rstd
-        g = dy * args.weight.astype(acc, copy=False) if args.weight is not None else dy
-        inv = acc.type(1.0 / d.dim)
-        t = g * xhat
-        proj = t.sum(axis=1, keepdims=True)
-        proj *= inv
+            xhat -= args.mean.astype(acc, copy=False)[:, None]
+        xhat *= rstd
+        g = dy if args.weight is None else dy * args.weight.astype(acc, copy=False)
         if args.dweight is not None:
-            if g is not dy:
-                np.multiply(dy, xhat, out=t)
-            args.dweight[...] = t.sum(axis=0)
-        if self.rms:
-            centred = g.copy() if g is dy else g
-        else:
-            mean_g = g.sum(axis=1, keepdims=True)
-            mean_g *= inv
-            centred = g - mean_g
-        xhat *= proj
-        centred -= xhat
-        centred *= rstd
-        args.dx[...] = centred
-        if self._has_bias():
+            args.dweight[...] = (dy * xhat).sum(axis=0)
+        if self._has_bias:
             args.dbias[...] = dy.sum(axis=0)
+        proj = (g * xhat).sum(axis=1, keepdims=True)
+        proj *= inv
+        dx = g.copy() if self.rms else g - g.sum(axis=1, keepdims=True) * inv
+        xhat *= proj
+        dx -= xhat
+        dx *= rstd
+        args.dx[...] = dx
 
     def _run_device(self, stream: Stream, ws: Workspace, args: Any) -> None:
-        d = self.desc
-        t, rms = cuda_name(d.dtype), _BOOL[self.rms]
-        variant = self._cand.variant
+        dev = stream.device_id
         mean = None if self.rms else args.mean
-        if d.rows > 0:
-            fn = _MODULE.function(
-                f"norm_backward_dx<{t}, {rms}, {_BOOL[variant == 'warp_row']}>",
-                stream.device_id)
-            grid, block = _row_launch(variant, d.rows, d.dim)
-            launch(stream, fn, grid, block,
-                   (args.dy, args.x, args.weight, mean, args.rstd, args.dx, np.int64(d.rows),
-                    np.int64(d.dim)))
-        has_bias = self._has_bias()
-        if args.dweight is None and not has_bias:
+        if self.desc.rows > 0:
+            launch(stream, _MODULE.function(self._dx_kernel, dev), *self._rows_launch,
+                   (args.dy, args.x, args.weight, mean, args.rstd, args.dx, *self._extents))
+        dbias = args.dbias if self._has_bias else None
+        if args.dweight is None and dbias is None:
             return
-        acc = accumulator(d.dtype)
-        parts = _n_parts(d.rows)
-        n = parts * d.dim
-        part_w = ws.view(acc, n, 0) if args.dweight is not None else None
-        b_off = 0 if part_w is None else n * acc.itemsize
-        part_b = ws.view(acc, n, b_off) if has_bias else None
-        fn = _MODULE.function(f"norm_param_grad_partial<{t}, {rms}>", stream.device_id)
-        launch(stream, fn, (cdiv(d.dim, _PG_COLS), parts), (_PG_COLS, _PG_ROWS),
-               (args.dy, args.x, mean, args.rstd, part_w, part_b, np.int64(d.rows),
-                np.int64(d.dim), np.int64(max(1, cdiv(d.rows, parts)))))
-        fn = _MODULE.function(f"norm_param_grad_final<{t}>", stream.device_id)
-        launch(stream, fn, min(cdiv(d.dim, 256), _MAX_GRID), 256,
-               (part_w, part_b, args.dweight, args.dbias if has_bias else None,
-                np.int64(parts), np.int64(d.dim)))
+        parts, n = self._parts
+        part_w = ws.view(self._acc, n, 0) if args.dweight is not None else None
+        part_b = None
+        if dbias is not None:
+            part_b = ws.view(self._acc, n, 0 if part_w is None else n * self._acc.itemsize)
+        launch(stream, _MODULE.function(self._partial_kernel, dev), self._partial_grid,
+               (_PG_COLS, _PG_ROWS),
+               (args.dy, args.x, mean, args.rstd, part_w, part_b, *self._extents, self._chunk))
+        launch(stream, _MODULE.function(self._final_kernel, dev), self._final_grid, 256,
+               (part_w, part_b, args.dweight, dbias, np.int64(parts), self._extents[1]))
 
     _run_warp_row = _run_device
     _run_block_row = _run_device
@@ -398,79 +331,68 @@ class LayerNormBackwardPlan(_NormBackwardPlan):
     """LayerNorm backward: dx, and dweight / dbias as the descriptor asks."""
 
     op = "layer_norm_backward"
+    spec = LAYER_NORM_BACKWARD
 
 
 class RMSNormBackwardPlan(_NormBackwardPlan):
     """RMSNorm backward: dx, and dweight when has_weight."""
 
     op = "rms_norm_backward"
+    spec = RMS_NORM_BACKWARD
     rms = True
 
 
 # -- functional API ------------------------------------------------------------------------
 
 
-def _rows_view(a: Any) -> Any:
+def _rows(a: Any) -> Any:
     """A C-contiguous [rows, dim] view (or copy) of a [..., dim] array."""
-    xp = backend.array_namespace(a)
-    dim = int(a.shape[-1])
-    rows = int(np.prod(a.shape[:-1], dtype=np.int64))
-    return xp.ascontiguousarray(a).reshape(rows, dim)
+    if not a.flags.c_contiguous:
+        a = backend.ascontiguous(a)
+    if a.ndim == 2:
+        return a
+    return a.reshape(math.prod(a.shape[:-1]), a.shape[-1])
 
 
 def layer_norm(x: Any, weight: Any | None, bias: Any | None,
                eps: float = 1e-5) -> tuple[Any, Any, Any]:
     """LayerNorm over the last axis of x [..., D]: returns (y [..., D], mean [...], rstd [...])."""
-    xp = backend.array_namespace(x)
-    x2 = _rows_view(x)
+    x2 = _rows(x)
     rows, dim = x2.shape
-    acc = accumulator(x.dtype)
-    y = xp.empty_like(x2)
-    mean, rstd = xp.empty(rows, dtype=acc), xp.empty(rows, dtype=acc)
-    desc = LayerNormDescriptor(rows, dim, float(eps), weight is not None, bias is not None,
-                               as_dtype(x.dtype))
-    execute(LayerNormPlan, desc, LayerNormArgs(x2, weight, bias, y, mean, rstd), like=x)
-    lead = tuple(x.shape[:-1])
-    return y.reshape(x.shape), mean.reshape(lead), rstd.reshape(lead)
+    desc = LayerNormDescriptor(rows, dim, eps, weight is not None, bias is not None, x.dtype)
+    a = LayerNormPlan._call(desc, x, x=x2, weight=weight, bias=bias)
+    if x.ndim == 2:
+        return a.y, a.mean, a.rstd
+    lead = x.shape[:-1]
+    return a.y.reshape(x.shape), a.mean.reshape(lead), a.rstd.reshape(lead)
 
 
 def layer_norm_backward(dy: Any, x: Any, weight: Any | None, mean: Any,
                         rstd: Any) -> tuple[Any, Any | None, Any]:
     """(dx [..., D], dweight [D] or None, dbias [D]) of LayerNorm; dbias = sum of dy over rows
     is always returned (callers ignore it when the forward had no bias)."""
-    xp = backend.array_namespace(x)
-    x2, dy2 = _rows_view(x), _rows_view(dy)
+    x2 = _rows(x)
     rows, dim = x2.shape
-    dx = xp.empty_like(x2)
-    dweight = None if weight is None else xp.empty(dim, dtype=x.dtype)
-    dbias = xp.empty(dim, dtype=x.dtype)
-    desc = LayerNormBackwardDescriptor(rows, dim, weight is not None, True, as_dtype(x.dtype))
-    args = LayerNormBackwardArgs(dy2, x2, weight, mean.reshape(rows), rstd.reshape(rows), dx,
-                                 dweight, dbias)
-    execute(LayerNormBackwardPlan, desc, args, like=x)
-    return dx.reshape(x.shape), dweight, dbias
+    desc = LayerNormBackwardDescriptor(rows, dim, weight is not None, True, x.dtype)
+    a = LayerNormBackwardPlan._call(desc, x, dy=_rows(dy), x=x2, weight=weight,
+                                    mean=mean.reshape(rows), rstd=rstd.reshape(rows))
+    return a.dx.reshape(x.shape), a.dweight, a.dbias
 
 
 def rms_norm(x: Any, weight: Any | None, eps: float = 1e-6) -> tuple[Any, Any]:
     """RMSNorm over the last axis of x [..., D]: returns (y [..., D], rstd [...])."""
-    xp = backend.array_namespace(x)
-    x2 = _rows_view(x)
+    x2 = _rows(x)
     rows, dim = x2.shape
-    y = xp.empty_like(x2)
-    rstd = xp.empty(rows, dtype=accumulator(x.dtype))
-    desc = RMSNormDescriptor(rows, dim, float(eps), weight is not None, as_dtype(x.dtype))
-    execute(RMSNormPlan, desc, RMSNormArgs(x2, weight, y, rstd), like=x)
-    return y.reshape(x.shape), rstd.reshape(tuple(x.shape[:-1]))
+    desc = RMSNormDescriptor(rows, dim, eps, weight is not None, x.dtype)
+    a = RMSNormPlan._call(desc, x, x=x2, weight=weight)
+    return a.y.reshape(x.shape), a.rstd.reshape(x.shape[:-1])
 
 
 def rms_norm_backward(dy: Any, x: Any, weight: Any | None, rstd: Any) -> tuple[Any, Any | None]:
     """(dx [..., D], dweight [D] or None) of RMSNorm."""
-    xp = backend.array_namespace(x)
-    x2, dy2 = _rows_view(x), _rows_view(dy)
+    x2 = _rows(x)
     rows, dim = x2.shape
-    dx = xp.empty_like(x2)
-    dweight = None if weight is None else xp.empty(dim, dtype=x.dtype)
-    desc = RMSNormBackwardDescriptor(rows, dim, weight is not None, as_dtype(x.dtype))
-    args = RMSNormBackwardArgs(dy2, x2, weight, rstd.reshape(rows), dx, dweight)
-    execute(RMSNormBackwardPlan, desc, args, like=x)
-    return dx.reshape(x.shape), dweight
+    desc = RMSNormBackwardDescriptor(rows, dim, weight is not None, x.dtype)
+    a = RMSNormBackwardPlan._call(desc, x, dy=_rows(dy), x=x2, weight=weight,
+                                  rstd=rstd.reshape(rows))
+    return a.dx.reshape(x.shape), a.dweight

@@ -18,8 +18,9 @@ def _setup(dtype) -> dict:
                    .astype(dtype))
     n = ROWS * COLS
     stream = gp.Stream.current()
-    plan = gp.DropoutPlan.select(stream, gp.DropoutDescriptor(n, P, dtype))
-    bplan = gp.DropoutBackwardPlan.select(stream, gp.DropoutBackwardDescriptor(n, P, dtype))
+    desc = gp.DropoutDescriptor(n, P, dtype)  # forward and backward share it
+    plan = gp.DropoutPlan.select(stream, desc)
+    bplan = gp.DropoutBackwardPlan.select(stream, desc)
     mplan = gp.DropoutMaskPlan.select(stream, gp.DropoutMaskDescriptor(n, P))
     return {"x": x.reshape(-1), "y": cp.empty(n, dtype=dtype), "mask": cp.empty(n, dtype=cp.bool_),
             "plan": plan, "bplan": bplan, "mplan": mplan, "stream": stream}

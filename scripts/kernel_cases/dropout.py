@@ -34,28 +34,29 @@ def _on_device(a: np.ndarray, misaligned: bool):
 
 
 def apply(dtype, backward: bool, misaligned: bool) -> None:
-    plan_cls, desc_cls, args_cls = (
-        (gp.DropoutBackwardPlan, gp.DropoutBackwardDescriptor, gp.DropoutBackwardArgs)
-        if backward else (gp.DropoutPlan, gp.DropoutDescriptor, gp.DropoutArgs))
+    # forward and backward share the descriptor; (seed, offset) are run arguments
+    plan_cls, args_cls = ((gp.DropoutBackwardPlan, gp.DropoutBackwardArgs) if backward
+                          else (gp.DropoutPlan, gp.DropoutArgs))
+    desc = gp.DropoutDescriptor(N, P, dtype)
     x = random((N,), dtype, seed=1 + backward, low=0.25, high=2.0)  # no zeros: mask readable
     x[1::2] *= -1
     y = _on_device(np.full((N,), 7, dtype), misaligned)
-    plan = run_emulated(plan_cls, desc_cls(N, P, dtype),
-                        args_cls(_on_device(x, misaligned), y, SEED, OFFSET))
+    plan = run_emulated(plan_cls, desc,
+                        args_cls(_on_device(x, misaligned), y, seed=SEED, offset=OFFSET))
     assert plan.sku().variant == "philox", plan.sku()
     keep = keep_mask_host(N, P, SEED, OFFSET)
     what = "dropout backward" if backward else "dropout"
     np.testing.assert_array_equal(host(y) != 0, keep, err_msg=f"{what}: keep mask differs")
     check(y, np.where(keep, f64(x) / (1.0 - P), 0.0), dtype, what)
     expect = np.zeros((N,), dtype)
-    run_plan(plan_cls, desc_cls(N, P, dtype), args_cls(x, expect, SEED, OFFSET), "cpu")
+    run_plan(plan_cls, desc, args_cls(x, expect, seed=SEED, offset=OFFSET), "cpu")
     _bits_equal(y, expect, what)
 
 
 def mask(misaligned: bool) -> None:
     m = _on_device(np.zeros((N,), np.bool_), misaligned)
     plan = run_emulated(gp.DropoutMaskPlan, gp.DropoutMaskDescriptor(N, P),
-                        gp.DropoutMaskArgs(m, SEED, OFFSET))
+                        gp.DropoutMaskArgs(m, seed=SEED, offset=OFFSET))
     assert plan.sku().variant == "philox", plan.sku()
     np.testing.assert_array_equal(host(m), keep_mask_host(N, P, SEED, OFFSET),
                                   err_msg="dropout mask differs from the host Philox mask")

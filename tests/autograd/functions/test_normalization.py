@@ -8,17 +8,18 @@ import pytest
 import autograd as ag
 from autograd.nn import functional as F
 from tests.autograd.functions.helpers import check_dtypes, gradcheck_on
-from tests.plan_testing import DTYPES
+from tests.plan_testing import DTYPES, layer_norm_reference
 
 
 def _x(*shape, seed=0):
     return np.random.default_rng(seed).uniform(-1, 1, shape)
 
 
-def _ref_layer_norm(x, w, b, nd, eps):
-    axes = tuple(range(x.ndim - nd, x.ndim))
-    y = (x - x.mean(axes, keepdims=True)) / np.sqrt(x.var(axes, keepdims=True) + eps)
-    return y * (1 if w is None else w) + (0 if b is None else b)
+def _ref_norm(x, w, b, nd, eps, rms=False):
+    """The float64 reference over the trailing `nd` dims of x."""
+    d = int(np.prod(x.shape[x.ndim - nd:]))
+    flat = [None if a is None else a.reshape(d) for a in (w, b)]
+    return layer_norm_reference(x.reshape(-1, d), *flat, eps, rms=rms)[0].reshape(x.shape)
 
 
 @pytest.mark.parametrize("affine", ["both", "weight", "bias", "none"])
@@ -35,8 +36,8 @@ def test_layer_norm(device, affine):
 
     gradcheck_on(device, fn, *args)
     y = fn(*[ag.tensor(a, device=device) for a in args])
-    np.testing.assert_allclose(y.numpy(), _ref_layer_norm(x, w if use_w else None,
-                                                          b if use_b else None, 1, 1e-5),
+    np.testing.assert_allclose(y.numpy(), _ref_norm(x, w if use_w else None,
+                                                    b if use_b else None, 1, 1e-5),
                                rtol=1e-10, atol=1e-10)
 
 
@@ -45,8 +46,7 @@ def test_layer_norm_two_trailing_dims(device):
     gradcheck_on(device, lambda t, p, q: F.layer_norm(t, (3, 4), p, q), x, w, b)
     y = F.layer_norm(ag.tensor(x, device=device), (3, 4), ag.tensor(w, device=device),
                      ag.tensor(b, device=device))
-    np.testing.assert_allclose(y.numpy(), _ref_layer_norm(x, w, b, 2, 1e-5), rtol=1e-10,
-                               atol=1e-10)
+    np.testing.assert_allclose(y.numpy(), _ref_norm(x, w, b, 2, 1e-5), rtol=1e-10, atol=1e-10)
 
 
 @pytest.mark.parametrize("with_weight", [True, False])
@@ -58,7 +58,7 @@ def test_rms_norm(device, with_weight):
         gradcheck_on(device, lambda t: F.rms_norm(t, [5]), x)
     y = F.rms_norm(ag.tensor(x, device=device), 5,
                    ag.tensor(w, device=device) if with_weight else None, eps=1e-6)
-    ref = x / np.sqrt((x * x).mean(-1, keepdims=True) + 1e-6) * (w if with_weight else 1)
+    ref = _ref_norm(x, w if with_weight else None, None, 1, 1e-6, rms=True)
     np.testing.assert_allclose(y.numpy(), ref, rtol=1e-10, atol=1e-10)
 
 

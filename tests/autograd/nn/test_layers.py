@@ -11,6 +11,7 @@ import autograd as ag
 import gpuplan as gp
 from autograd import nn
 from gpuplan.dtypes import FLOAT_DTYPES, bfloat16, float16, float32, float64
+from gpuplan.testing import layer_norm_reference
 
 DTYPES = [pytest.param(d, id=gp.dtypes.short_name(d)) for d in FLOAT_DTYPES]
 TOL = {float64: (1e-12, 1e-12), float32: (3e-5, 3e-6), float16: (4e-3, 2e-3),
@@ -137,15 +138,11 @@ def test_embedding_seed_is_deterministic():
 # -- LayerNorm / RMSNorm ----------------------------------------------------------------------
 
 def ref_layer_norm(x, w, b, eps):
-    mu = x.mean(-1, keepdims=True)
-    var = ((x - mu) ** 2).mean(-1, keepdims=True)
-    y = (x - mu) / np.sqrt(var + eps)
-    return y * (1 if w is None else w) + (0 if b is None else b)
+    return layer_norm_reference(x, w, b, eps)[0]
 
 
 def ref_rms_norm(x, w, eps):
-    y = x / np.sqrt((x * x).mean(-1, keepdims=True) + eps)
-    return y * (1 if w is None else w)
+    return layer_norm_reference(x, w, None, eps, rms=True)[0]
 
 
 def perturb_affine(module, seed=3):

@@ -28,7 +28,7 @@ from gpuplan.emulator import DEVICE_ID, EmulatedModule, KernelFault
 from gpuplan.emulator.build import local_sources
 from gpuplan.ops import gemm as gemm_family
 from gpuplan.ops import normalization as norm_family
-from gpuplan.testing import random, tol
+from gpuplan.testing import layer_norm_reference, random, tol
 
 OPS_DIR = Path(gemm_family._MODULE.path).parent
 
@@ -216,10 +216,7 @@ def run_layer_norm(dtype: Any, rows: int, dim: int) -> Outcome:
     x = x.astype(dtype)
     w, bias = random((dim,), dtype, seed=4), random((dim,), dtype, seed=5)
     y, mean, rstd = gp.functional.layer_norm(dev(x), dev(w), dev(bias), eps=1e-5)
-    x64 = x.astype(np.float64)
-    rmean = x64.mean(axis=1)
-    rrstd = 1.0 / np.sqrt(((x64 - rmean[:, None]) ** 2).mean(axis=1) + 1e-5)
-    ry = (x64 - rmean[:, None]) * rrstd[:, None] * w.astype(np.float64) + bias.astype(np.float64)
+    ry, rmean, rrstd = layer_norm_reference(x, w, bias, 1e-5)
     rtol, atol = tol(dtype, scale=4)
     return Outcome([("y", f64(y), ry, rtol, atol), ("mean", f64(mean), rmean, rtol, atol),
                     ("rstd", f64(rstd), rrstd, rtol, atol)])

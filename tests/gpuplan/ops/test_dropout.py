@@ -3,11 +3,14 @@ statistics, forward/backward against float64 references, host/device bit-identit
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
 import gpuplan as gp
 from gpuplan.ops import dropout as dmod
+from gpuplan.spec_check import check_plan
 from tests.plan_testing import DTYPES, assert_close, assert_rejected, f64, on, random, run_plan
 
 U32 = 0xFFFFFFFF
@@ -116,7 +119,7 @@ def test_forward_and_backward_match_reference(device, dtype, n, p):
     assert plan.precision_guarantee().deterministic and plan.precision_guarantee().bit_stable
     dy = random((n,), dtype, seed=2)
     dx = on(device, np.full((n,), 7, dtype))
-    run_plan(gp.DropoutBackwardPlan, gp.DropoutBackwardDescriptor(n, p, dtype),
+    run_plan(gp.DropoutBackwardPlan, gp.DropoutDescriptor(n, p, dtype),
              gp.DropoutBackwardArgs(on(device, dy), dx, seed, offset), device)
     assert_close(dx, ref_dropout(dy, mask, p), dtype)
     if device == "cuda":  # same bits as the host implementation
@@ -205,6 +208,42 @@ def test_argument_errors_leave_outputs_untouched(device):
                     gp.Unsupported, [mask], "'mask'", "bool", "uint8")
     if device == "cuda":
         assert_rejected(run(x=gp.to_host(x)), gp.InvalidProblem, [y], "'x'")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("backward", [False, True], ids=["forward", "backward"])
+def test_declared_operands(device, dtype, backward):
+    """check_plan: results against the reference, then every malformed operand the
+    declaration implies rejected with nothing written."""
+    n, p, seed, offset = 37, 0.3, 2**64 - 1, 2**64 - 5
+    mask = dmod.keep_mask_host(n, p, seed, offset)
+    src, dst = ("dy", "dx") if backward else ("x", "y")
+    plan_cls = gp.DropoutBackwardPlan if backward else gp.DropoutPlan
+    check_plan(plan_cls, gp.DropoutDescriptor(n, p, dtype),
+               {src: random((n,), dtype, seed=5), "seed": seed, "offset": offset},
+               lambda seed, offset, **a: {dst: ref_dropout(a[src], mask, p)}, device=device)
+    check_plan(gp.DropoutMaskPlan, gp.DropoutMaskDescriptor(n, p), {"seed": seed},
+               lambda seed, offset, mask: dmod.keep_mask_host(n, p, seed, offset),
+               device=device, tolerance_dtype=np.float64)
+
+
+def test_seed_and_offset_are_run_arguments(device, monkeypatch):
+    """A new (seed, offset) every step is an args scalar: it never selects a new plan."""
+    assert gp.DropoutBackwardDescriptor is gp.DropoutDescriptor
+    for cls in (gp.DropoutDescriptor, gp.DropoutMaskDescriptor):
+        assert not {"seed", "offset"} & {f.name for f in dataclasses.fields(cls)}
+    made = []
+    prepare = gp.DropoutPlan._prepare
+    monkeypatch.setattr(gp.DropoutPlan, "_prepare", lambda plan: made.append(prepare(plan)))
+    x = on(device, random((5, 7), np.float32))
+    gp.functional.dropout(x, 0.25, seed=1)
+    gp.functional.dropout_backward(x, 0.25, seed=1)
+    made.clear()
+    masks = [gp.to_host(gp.functional.dropout(x, 0.25, seed=s, offset=3 * s)) != 0
+             for s in range(2, 6)]
+    gp.functional.dropout_backward(x, 0.25, seed=9, offset=4)
+    assert made == []  # every call reused the plans selected above
+    assert all((a != b).any() for a, b in zip(masks, masks[1:], strict=False))  # new masks
 
 
 def test_sku():

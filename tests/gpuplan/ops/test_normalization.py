@@ -5,13 +5,16 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+import autograd as ag
 import gpuplan as gp
 from gpuplan.dtypes import accumulator
+from gpuplan.spec_check import check_plan
 from tests.plan_testing import (
     DTYPES,
     assert_close,
     assert_rejected,
     f64,
+    layer_norm_reference,
     on,
     random,
     run_plan,
@@ -26,21 +29,13 @@ AFFINE = [pytest.param(True, True, id="w+b"), pytest.param(True, False, id="w"),
 
 def ref_forward(x, w, b, eps, rms):
     """float64 y, mean, rstd of rows of x."""
-    x = f64(x)
-    mean = np.zeros(x.shape[0]) if rms else x.mean(axis=1)
-    var = (x * x).mean(axis=1) if rms else ((x - mean[:, None]) ** 2).mean(axis=1)
-    rstd = 1.0 / np.sqrt(var + eps)
-    y = (x - mean[:, None]) * rstd[:, None]
-    if w is not None:
-        y = y * f64(w)
-    if b is not None:
-        y = y + f64(b)
-    return y, mean, rstd
+    return layer_norm_reference(x, w, b, eps, rms=rms)
 
 
 def ref_backward(dy, x, w, eps, rms):
-    """float64 (dx, dw, db) by the chain rule through ref_forward's formulas, written
-    per row as the Jacobian J[k, i] = dy_k / dx_i (independent of the kernels' closed form)."""
+    """float64 (dx, dw, db) by the chain rule through the reference forward's formulas,
+    written per row as the Jacobian J[k, i] = dy_k / dx_i (independent of the kernels'
+    closed form)."""
     x, dy = f64(x), f64(dy)
     wv = np.ones(x.shape[1]) if w is None else f64(w)
     _, mean, rstd = ref_forward(x, None, None, eps, rms)
@@ -132,24 +127,60 @@ def test_backward(device, dtype, rows, dim, has_w, has_b, rms):
     assert plan.precision_guarantee().deterministic
 
 
-def test_reference_backward_matches_finite_differences():
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rms", [False, True], ids=["layer", "rms"])
+def test_declared_operands(device, dtype, rms):
+    """check_plan on all four plans: results against the references, then every malformed
+    operand the declarations imply rejected with nothing written."""
+    rows, dim, eps = 5, 33, 1e-5
+    acc = accumulator(dtype)
+    x, w, b = _inputs(rows, dim, dtype, True, not rms)
+    inputs = {"x": x, "weight": w} | ({} if rms else {"bias": b})
+
+    def forward_ref(x, weight, bias=None, **outputs):
+        y, mean, rstd = ref_forward(x, weight, bias, eps, rms)
+        return {"y": y, "rstd": rstd} | ({} if rms else {"mean": mean})
+
+    fwd, desc = ((gp.RMSNormPlan, gp.RMSNormDescriptor(rows, dim, eps, True, dtype)) if rms else
+                 (gp.LayerNormPlan, gp.LayerNormDescriptor(rows, dim, eps, True, True, dtype)))
+    check_plan(fwd, desc, inputs, forward_ref, device=device, scale=4)
+    _, mean, rstd = ref_forward(x, None, None, eps, rms)
+    inputs = {"dy": random((rows, dim), dtype, seed=4), "x": x, "weight": w,
+              "rstd": rstd.astype(acc)} | ({} if rms else {"mean": mean.astype(acc)})
+
+    def backward_ref(dy, x, weight, **saved_and_outputs):
+        dx, dw, db = ref_backward(dy, x, weight, eps, rms)
+        return {"dx": dx, "dweight": dw} | ({} if rms else {"dbias": db})
+
+    bwd, desc = ((gp.RMSNormBackwardPlan, gp.RMSNormBackwardDescriptor(rows, dim, True, dtype))
+                 if rms else (gp.LayerNormBackwardPlan,
+                              gp.LayerNormBackwardDescriptor(rows, dim, True, True, dtype)))
+    check_plan(bwd, desc, inputs, backward_ref, device=device, scale=8)
+
+
+class _ReferenceNorm(ag.Function):
+    """The float64 references as an autograd Function: forward layer_norm_reference,
+    backward ref_backward, so that ag.gradcheck can check one against the other."""
+
+    @staticmethod
+    def forward(ctx, x, w, b, rms):
+        ctx.saved = (x, w, rms)
+        return ref_forward(x, w, b, 1e-5, rms)[0]
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, w, rms = ctx.saved
+        dx, dw, db = ref_backward(dy, x, w, 1e-5, rms)
+        return dx, dw, (None if rms else db)
+
+
+@pytest.mark.parametrize("rms", [False, True], ids=["layer", "rms"])
+def test_reference_backward_passes_gradcheck(rms):
     rng = np.random.default_rng(0)
-    x, dy, w = rng.normal(size=(2, 5)), rng.normal(size=(2, 5)), rng.normal(size=5)
-    for rms in (False, True):
-        dx, dw, _ = ref_backward(dy, x, w, 1e-5, rms)
-        h = 1e-6
-        num = np.zeros_like(x)
-        for i in np.ndindex(x.shape):
-            xp, xm = x.copy(), x.copy()
-            xp[i] += h
-            xm[i] -= h
-            num[i] = ((ref_forward(xp, w, None, 1e-5, rms)[0]
-                       - ref_forward(xm, w, None, 1e-5, rms)[0]) * dy).sum() / (2 * h)
-        np.testing.assert_allclose(dx, num, rtol=1e-6, atol=1e-8)
-        numw = np.array([((ref_forward(x, w + h * e, None, 1e-5, rms)[0]
-                           - ref_forward(x, w - h * e, None, 1e-5, rms)[0]) * dy).sum() / (2 * h)
-                         for e in np.eye(5)])
-        np.testing.assert_allclose(dw, numw, rtol=1e-6, atol=1e-8)
+    x, w, b = rng.normal(size=(3, 5)), rng.normal(size=5), rng.normal(size=5)
+    inputs = [ag.tensor(a, requires_grad=True) for a in (x, w, b)]
+    assert ag.gradcheck(lambda x, w, b: _ReferenceNorm.apply(x, w, None if rms else b, rms=rms),
+                        inputs, rtol=1e-6, atol=1e-8)
 
 
 @pytest.mark.parametrize("rows,dim", [(0, 8), (4, 0), (0, 0)])
@@ -264,6 +295,20 @@ def test_functional_api(device, dtype):
     rdx, rdw, _ = ref_backward(f64(dy).reshape(6, 40), f64(x).reshape(6, 40), w, 1e-6, True)
     assert_close(dx.reshape(6, 40), rdx, dtype, scale=8)
     assert_close(dw, rdw, dtype, scale=8)
+
+
+def test_functional_checks_its_inputs(device):
+    x = on(device, random((4, 6), np.float32))
+    w = on(device, np.ones(6, np.float32))
+    with pytest.raises(gp.BufferTooSmall, match="layer_norm: argument 'weight'"):
+        gp.functional.layer_norm(x, w[:-1], None)
+    with pytest.raises(gp.Unsupported, match="rms_norm: argument 'weight'"):
+        gp.functional.rms_norm(x, w.astype(np.float64))
+    _, mean, rstd = gp.functional.layer_norm(x, w, None)
+    with pytest.raises(gp.Unsupported, match="layer_norm_backward: argument 'mean'"):
+        gp.functional.layer_norm_backward(x, x, w, mean.astype(np.float16), rstd)
+    with pytest.raises(gp.InvalidProblem, match="rms_norm: argument 'eps'"):
+        gp.functional.rms_norm(x, w, eps=-1.0)
 
 
 @pytest.mark.gpu
