@@ -273,6 +273,18 @@ class Plan:
                          stream)
             )
         self.can_implement(args)
+        self._dispatch(stream, ws, args)
+
+    def _run_fresh(self, stream: Stream, ws: Workspace | None, args: Any) -> None:
+        """`run` for `execute.call`: `stream` is the plan's own and every allocatable output
+        was just allocated from this plan's shapes, so only the given operands are checked."""
+        index = self._resolved.check(args, stream, fresh=True)
+        if index is not None:
+            self._index_dtype = index
+        self._check_args(args)
+        self._dispatch(stream, ws, args)
+
+    def _dispatch(self, stream: Stream, ws: Workspace | None, args: Any) -> None:
         need = self._cand.workspace_bytes
         if ws is None:
             ws = _NO_WORKSPACE

@@ -307,7 +307,8 @@ class Resolved:
     (name, shape, dtype or None, allowed dtypes, required, present, contiguous, alignment).
     """
 
-    __slots__ = ("op", "spec", "rows", "shapes", "dtypes", "distinct", "empty", "allocatable")
+    __slots__ = ("op", "spec", "rows", "shapes", "dtypes", "distinct", "empty", "allocatable",
+                 "given_rows", "given_distinct")
 
     def __init__(self, op: str, spec: OpSpec, desc: Any) -> None:
         self.op, self.spec = op, spec
@@ -340,6 +341,10 @@ class Resolved:
         #: outputs `call` allocates when not passed: required, of one known dtype.
         self.allocatable = tuple(r[0] for r in rows if r[0] in spec.outputs and r[4] is True
                                  and r[2] is not None)
+        # What is left to check when `call` allocated every allocatable output itself (right
+        # by construction, overlapping nothing): the operands the caller gave.
+        self.given_rows = tuple(r for r in self.rows if r[0] not in self.allocatable)
+        self.given_distinct = tuple(p for p in self.distinct if p[0] not in self.allocatable)
 
     @staticmethod
     def _allowed(o: Operand, desc: Any) -> tuple:
@@ -369,9 +374,11 @@ class Resolved:
         raise KeyError(name)
 
     # -- the per-call check ----------------------------------------------------------------
-    def check(self, args: Any, stream: Any) -> str | None:
+    def check(self, args: Any, stream: Any, fresh: bool = False) -> str | None:
         """Raise the first operand error of `args` for a plan on `stream`; return the index
-        dtype's short name when an INDEX operand is present (else None).
+        dtype's short name when an INDEX operand is present (else None). ``fresh``: the
+        allocatable outputs were just allocated from this plan's shapes (`execute.call`);
+        only the other operands are checked.
 
         The common case (right array type, shape, dtype object and layout) costs a few
         attribute reads per operand; anything else goes through `_explain`, which raises
@@ -381,7 +388,8 @@ class Resolved:
         cuda, device_id = stream.kind == "cuda", stream.device_id
         array_type = _array_type(stream.kind)
         index = None
-        for name, shape, dtype, allowed, present, contiguous, align in self.rows:
+        for name, shape, dtype, allowed, present, contiguous, align in (
+                self.given_rows if fresh else self.rows):
             try:
                 a = getattr(args, name)
             except AttributeError:
@@ -410,7 +418,7 @@ class Resolved:
             elif not a.size or a.data.ptr % (align or a.dtype.itemsize) == 0:
                 continue
             _check_alignment(self.op, name, a, align)
-        for out, inputs in self.distinct:
+        for out, inputs in self.given_distinct if fresh else self.distinct:
             o = getattr(args, out)
             if o is None or not o.size:
                 continue

@@ -22,7 +22,7 @@ import numpy as np
 from gpuplan import backend
 from gpuplan.dtypes import FLOAT_DTYPES, accumulator, as_dtype, cuda_name, short_name
 from gpuplan.errors import InvalidProblem, describe
-from gpuplan.execute import cached_plan
+from gpuplan.execute import call
 from gpuplan.nvrtc import CudaModule, cdiv, launch
 from gpuplan.plan import BackendKind, Candidate, Plan, host_candidate
 from gpuplan.spec import DType, Extent, Flag, In, OpSpec, Out, Real
@@ -185,28 +185,6 @@ class _NormPlan(Plan):
         self._warp = _BOOL[variant == "warp_row"]
         self._rows_launch = _row_launch(variant, d.rows, d.dim)
         self._extents = (np.int64(d.rows), np.int64(d.dim))
-        # The spec's checks of the inputs alone, for `_call` (it allocates the outputs).
-        self._input_check = self.spec.resolve(self.op, d)
-        self._input_check.rows = tuple(r for r in self._input_check.rows
-                                       if r[0] in self.spec.inputs)
-        self._input_check.distinct = ()
-
-    @classmethod
-    def _call(cls, desc: Any, like: Any, **inputs: Any) -> Any:
-        """`gpuplan.execute.call` for the functional API, returning the args: select
-        (cached), allocate every output, check the inputs against the spec, run. Outputs
-        allocated here are right by construction and cannot overlap an input, so their
-        checks (with the overlap pairs, 2/3 of the Python cost of a call) are skipped."""
-        stream = Stream.for_array(like)
-        plan = cached_plan(cls, stream, desc)
-        for name in plan._resolved.allocatable:
-            inputs[name] = plan.alloc(name)
-        args = cls.spec.args_cls(**inputs)
-        plan._input_check.check(args, stream)
-        if not plan._resolved.empty:
-            nbytes = plan._cand.workspace_bytes
-            plan._run_impl(stream, Workspace.allocate(stream, nbytes) if nbytes else None, args)
-        return args
 
 
 # -- forward ------------------------------------------------------------------------------
@@ -360,11 +338,11 @@ def layer_norm(x: Any, weight: Any | None, bias: Any | None,
     x2 = _rows(x)
     rows, dim = x2.shape
     desc = LayerNormDescriptor(rows, dim, eps, weight is not None, bias is not None, x.dtype)
-    a = LayerNormPlan._call(desc, x, x=x2, weight=weight, bias=bias)
+    y, mean, rstd = call(LayerNormPlan, desc, like=x, x=x2, weight=weight, bias=bias)
     if x.ndim == 2:
-        return a.y, a.mean, a.rstd
+        return y, mean, rstd
     lead = x.shape[:-1]
-    return a.y.reshape(x.shape), a.mean.reshape(lead), a.rstd.reshape(lead)
+    return y.reshape(x.shape), mean.reshape(lead), rstd.reshape(lead)
 
 
 def layer_norm_backward(dy: Any, x: Any, weight: Any | None, mean: Any,
@@ -374,9 +352,9 @@ def layer_norm_backward(dy: Any, x: Any, weight: Any | None, mean: Any,
     x2 = _rows(x)
     rows, dim = x2.shape
     desc = LayerNormBackwardDescriptor(rows, dim, weight is not None, True, x.dtype)
-    a = LayerNormBackwardPlan._call(desc, x, dy=_rows(dy), x=x2, weight=weight,
-                                    mean=mean.reshape(rows), rstd=rstd.reshape(rows))
-    return a.dx.reshape(x.shape), a.dweight, a.dbias
+    dx, dweight, dbias = call(LayerNormBackwardPlan, desc, like=x, dy=_rows(dy), x=x2,
+                              weight=weight, mean=mean.reshape(rows), rstd=rstd.reshape(rows))
+    return dx.reshape(x.shape), dweight, dbias
 
 
 def rms_norm(x: Any, weight: Any | None, eps: float = 1e-6) -> tuple[Any, Any]:
@@ -384,8 +362,8 @@ def rms_norm(x: Any, weight: Any | None, eps: float = 1e-6) -> tuple[Any, Any]:
     x2 = _rows(x)
     rows, dim = x2.shape
     desc = RMSNormDescriptor(rows, dim, eps, weight is not None, x.dtype)
-    a = RMSNormPlan._call(desc, x, x=x2, weight=weight)
-    return a.y.reshape(x.shape), a.rstd.reshape(x.shape[:-1])
+    y, rstd = call(RMSNormPlan, desc, like=x, x=x2, weight=weight)
+    return y.reshape(x.shape), rstd.reshape(x.shape[:-1])
 
 
 def rms_norm_backward(dy: Any, x: Any, weight: Any | None, rstd: Any) -> tuple[Any, Any | None]:
@@ -393,6 +371,6 @@ def rms_norm_backward(dy: Any, x: Any, weight: Any | None, rstd: Any) -> tuple[A
     x2 = _rows(x)
     rows, dim = x2.shape
     desc = RMSNormBackwardDescriptor(rows, dim, weight is not None, x.dtype)
-    a = RMSNormBackwardPlan._call(desc, x, dy=_rows(dy), x=x2, weight=weight,
-                                  rstd=rstd.reshape(rows))
-    return a.dx.reshape(x.shape), a.dweight
+    dx, dweight = call(RMSNormBackwardPlan, desc, like=x, dy=_rows(dy), x=x2, weight=weight,
+                       rstd=rstd.reshape(rows))
+    return dx.reshape(x.shape), dweight
