@@ -7,5 +7,5 @@ Together the cases must launch every kernel instance the families declare; the h
 counts the instances that ran (gpuplan.emulator.device.EXECUTED), it does not trust a list.
 """
 
-FAMILIES = ("embedding", "quantize", "gemm", "activation", "elementwise", "reduction",
+FAMILIES = ("embedding", "quantize", "gemm", "activation", "binary", "cast", "reduction",
             "normalization", "softmax", "cross_entropy", "dropout", "optimizer")

@@ -11,7 +11,16 @@ import pytest
 import gpuplan as gp
 from gpuplan.host_math import erf
 from gpuplan.ops.activation import UNARY_OPS
-from tests.plan_testing import DTYPES, assert_close, f64, on, random, run_plan
+from tests.plan_testing import (
+    DTYPES,
+    assert_close,
+    assert_rejected,
+    f64,
+    on,
+    random,
+    run_plan,
+    stream_for,
+)
 
 SIZES = [1, 37, 4099]  # odd sizes: scalar tails after the 16-byte packs
 _ERF = np.vectorize(math.erf)
@@ -119,6 +128,42 @@ def test_descriptor_and_scalar_errors():
     with pytest.raises(gp.InvalidProblem, match="unary_backward: argument 'alpha'"):
         relu.run(s, None, gp.UnaryBackwardArgs(x, x, y, alpha=2.0))
     assert (y == 7).all()  # rejected calls wrote nothing
+
+
+def test_empty_extents(device, monkeypatch):
+    """numel 0: `run` returns before any kernel or NumPy body (both replaced by a failure)."""
+    def launched(*_):
+        raise AssertionError("an empty unary problem launched")
+
+    for plan_cls in (gp.UnaryPlan, gp.UnaryBackwardPlan):
+        for name in dir(plan_cls):
+            if name.startswith("_run_"):
+                monkeypatch.setattr(plan_cls, name, launched)
+    z = on(device, np.zeros((0,), np.float32))
+    run_plan(gp.UnaryPlan, gp.UnaryDescriptor("relu", 0), gp.UnaryArgs(z, z.copy()), device)
+    run_plan(gp.UnaryBackwardPlan, gp.UnaryDescriptor("gelu", 0),
+             gp.UnaryBackwardArgs(z, z.copy(), z.copy()), device)
+
+
+def test_argument_errors_leave_outputs_untouched(device):
+    s = stream_for(device)
+    x = on(device, random((8,), np.float32))
+    y = on(device, np.full((8,), 9, np.float32))
+    unary = gp.UnaryPlan.select(s, gp.UnaryDescriptor("silu", 8))
+    none = gp.Workspace.none()
+
+    def run_unary(**kw):
+        a = dict(x=x, y=y) | kw
+        return lambda: unary.run(s, none, gp.UnaryArgs(**a))
+
+    assert_rejected(run_unary(x=x.astype(np.float16)), gp.Unsupported, [y], "unary", "'x'",
+                    "f32", "f16")
+    assert_rejected(run_unary(y=on(device, np.zeros(7, np.float32))), gp.BufferTooSmall, [y],
+                    "'y'", "8", "7")
+    assert_rejected(run_unary(x=x.reshape(2, 4)), gp.InvalidProblem, [y], "'x'", "(8,)")
+    assert_rejected(run_unary(y=x), gp.InvalidProblem, [x], "'y'", "distinct")
+    if device == "cuda":
+        assert_rejected(run_unary(x=gp.to_host(x)), gp.InvalidProblem, [y], "'x'")
 
 
 def test_alpha_is_a_run_argument_not_a_new_plan():

@@ -1,5 +1,5 @@
-"""Elementwise benchmarks: unary, binary (same-shape and broadcast), binary backward with a
-broadcast reduction, bias add and casts on 8192x8192 bf16/f32, in GB/s against CuPy."""
+"""Binary benchmarks: add (same shape), mul (broadcast row), mul backward with a broadcast
+reduction and bias add on 8192x8192 bf16/f32, in GB/s against CuPy."""
 
 from __future__ import annotations
 
@@ -14,33 +14,6 @@ N = ROWS * COLS
 
 def _size(dtype) -> int:
     return np.dtype(dtype).itemsize
-
-
-def _unary(op: str, dtype, backward: bool = False) -> Case:
-    tag = f"{op}_{'bwd' if backward else 'fwd'}_{gp.dtypes.short_name(dtype)}_{ROWS}x{COLS}"
-
-    def setup() -> dict:
-        import cupy as cp
-
-        x = device_array(random_host((N,), dtype))
-        if backward:
-            dy = device_array(random_host((N,), dtype, seed=1))
-            dx = cp.empty(N, dtype=dtype)
-            return plan_state(gp.UnaryBackwardPlan, gp.UnaryBackwardDescriptor(op, N, dtype),
-                              gp.UnaryBackwardArgs(x, dy, dx), x=x, y=dx)
-        y = cp.empty(N, dtype=dtype)
-        return plan_state(gp.UnaryPlan, gp.UnaryDescriptor(op, N, dtype), gp.UnaryArgs(x, y),
-                          x=x, y=y)
-
-    def baseline(s: dict) -> None:
-        import cupy as cp
-
-        cp.tanh(s["x"], out=s["y"])
-
-    moved = (3 if backward else 2) * N * _size(dtype)
-    return Case(tag, setup, run_plan_state, bytes_moved=moved,
-                baseline=baseline if op == "tanh" and not backward else None,
-                baseline_name="cupy.tanh")
 
 
 def _binary(op: str, dtype, b_shape: tuple) -> Case:
@@ -112,30 +85,11 @@ def _bias_add(dtype) -> Case:
                 bytes_moved=2 * N * _size(dtype), baseline=baseline, baseline_name="cupy add")
 
 
-def _cast(src, dst) -> Case:
-    def setup() -> dict:
-        import cupy as cp
-
-        x = device_array(random_host((N,), src))
-        y = cp.empty(N, dtype=dst)
-        return plan_state(gp.CastPlan, gp.CastDescriptor(N, src, dst), gp.CastArgs(x, y),
-                          x=x, y=y)
-
-    def baseline(s: dict) -> None:
-        s["y"][...] = s["x"]
-
-    return Case(f"cast_{gp.dtypes.short_name(src)}_to_{gp.dtypes.short_name(dst)}_{N}", setup,
-                run_plan_state, bytes_moved=N * (_size(src) + _size(dst)), baseline=baseline,
-                baseline_name="cupy astype copy")
-
-
 def _cases() -> list[Case]:
     cases: list[Case] = []
     for dtype in (gp.bfloat16, np.float32):
-        cases += [_unary("gelu", dtype), _unary("tanh", dtype), _unary("gelu", dtype, True),
-                  _binary("add", dtype, (ROWS, COLS)), _binary("mul", dtype, (COLS,)),
+        cases += [_binary("add", dtype, (ROWS, COLS)), _binary("mul", dtype, (COLS,)),
                   _binary_backward(dtype), _bias_add(dtype)]
-    cases += [_cast(np.float32, gp.bfloat16), _cast(gp.bfloat16, np.float32)]
     return cases
 
 

@@ -1,5 +1,5 @@
-"""Elementwise plans (binary with broadcasting and their gradients, bias add, cast)
-against float64 NumPy references, on host and device."""
+"""Binary plans (broadcasting add/sub/mul/div and their gradients, bias add) against float64
+NumPy references, on host and device."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import gpuplan as gp
-from gpuplan.ops.elementwise import broadcast_dims
+from gpuplan.ops.binary import BINARY_OP_NAMES, broadcast_dims
 from tests.plan_testing import (
     DTYPES,
     assert_close,
@@ -18,11 +18,6 @@ from tests.plan_testing import (
     run_plan,
     stream_for,
 )
-
-SIZES = [1, 37, 4099]  # odd sizes: scalar tails after the 16-byte packs
-
-
-# -- binary --------------------------------------------------------------------------------
 
 SHAPE_PAIRS = [
     ((7,), (7,)),
@@ -65,8 +60,12 @@ def _sum_to(g, shape):
     return g.sum(axis=axes, keepdims=True).reshape(shape)
 
 
+def test_the_table_is_the_op_list():
+    assert BINARY_OP_NAMES == ("add", "sub", "mul", "div")
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("op", ["add", "sub", "mul", "div"])
+@pytest.mark.parametrize("op", BINARY_OP_NAMES)
 @pytest.mark.parametrize("a_shape,b_shape", SHAPE_PAIRS)
 def test_binary_and_backward(device, dtype, op, a_shape, b_shape):
     a, b = _operands(a_shape, b_shape, dtype)
@@ -102,14 +101,23 @@ def test_binary_backward_optional_operands_and_outputs(device, op):
 
 
 def test_broadcast_dims_collapse():
-    assert broadcast_dims("binary", (4, 5, 6), (4, 5, 6)) == ((4, 5, 6), [(120, 1, 1)])
-    assert broadcast_dims("binary", (8, 3, 4), (4,)) == ((8, 3, 4), [(24, 4, 0), (4, 1, 1)])
+    assert broadcast_dims("binary", (4, 5, 6), (4, 5, 6)) == ((4, 5, 6), ((120, 1, 1),))
+    assert broadcast_dims("binary", (8, 3, 4), (4,)) == ((8, 3, 4), ((24, 4, 0), (4, 1, 1)))
     assert broadcast_dims("binary", (3, 1, 5), (4, 1)) == (
-        (3, 4, 5), [(3, 5, 0), (4, 0, 1), (5, 1, 0)])
-    assert broadcast_dims("binary", (1, 1), ()) == ((1, 1), [])
+        (3, 4, 5), ((3, 5, 0), (4, 0, 1), (5, 1, 0)))
+    assert broadcast_dims("binary", (1, 1), ()) == ((1, 1), ())
 
 
-# -- bias add and cast ---------------------------------------------------------------------
+def test_forward_and_backward_share_one_descriptor():
+    assert gp.BinaryBackwardDescriptor is gp.BinaryDescriptor
+    desc = gp.BinaryDescriptor("mul", (2, 1, 3), (4, 1))
+    assert desc.out_shape() == (2, 4, 3)
+    s = gp.Stream.host()
+    assert gp.BinaryBackwardPlan.select(s, desc).shape("dc") == (2, 4, 3)
+    assert gp.BinaryPlan.select(s, desc).shape("c") == (2, 4, 3)
+
+
+# -- bias add ------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -123,36 +131,38 @@ def test_bias_add(device, dtype, rows, n):
     assert_close(y, f64(x) + f64(bias), dtype)
 
 
-CAST_DTYPES = [pytest.param(np.dtype(d), id=gp.dtypes.short_name(d))
-               for d in gp.FLOAT_DTYPES + (np.int32, np.int64)]
+# -- empty extents and errors --------------------------------------------------------------
 
 
-@pytest.mark.parametrize("src", CAST_DTYPES)
-@pytest.mark.parametrize("dst", CAST_DTYPES)
-def test_cast(device, src, dst):
-    n = 1031
-    vals = random((n,), np.float64, low=-100, high=100)
-    x = np.trunc(vals).astype(src) if src.kind == "i" else vals.astype(src)
-    y = on(device, np.full((n,), 7, dst))
-    run_plan(gp.CastPlan, gp.CastDescriptor(n, src, dst), gp.CastArgs(on(device, x), y), device)
-    if dst.kind == "i":  # truncation toward zero is exact
-        np.testing.assert_array_equal(gp.to_host(y), np.trunc(f64(x)).astype(dst))
-    else:
-        assert_close(y, f64(x), dst)
+def run_without_launch(monkeypatch, plan_cls, desc, args, device) -> None:
+    """Run a plan whose problem is empty with every kernel/NumPy body replaced by a failure:
+    `run` must return before reaching one."""
+    def launched(*_):
+        raise AssertionError(f"{plan_cls.__name__} launched an empty problem")
+
+    for name in dir(plan_cls):
+        if name.startswith("_run_"):
+            monkeypatch.setattr(plan_cls, name, launched)
+    run_plan(plan_cls, desc, args, device)
 
 
-def test_empty_extents(device):
-    for plan_cls, desc, args in [
-        (gp.UnaryPlan, gp.UnaryDescriptor("relu", 0), lambda z: gp.UnaryArgs(z, z.copy())),
-        (gp.CastPlan, gp.CastDescriptor(0, np.float32, gp.bfloat16),
-         lambda z: gp.CastArgs(z, z.astype(gp.bfloat16))),
-        (gp.BinaryPlan, gp.BinaryDescriptor("mul", (0,), (0,)),
-         lambda z: gp.BinaryArgs(z, z.copy(), z.copy())),
-    ]:
-        run_plan(plan_cls, desc, args(on(device, np.zeros((0,), np.float32))), device)
-
-
-# -- errors ------------------------------------------------------------------------------
+def test_empty_extents(device, monkeypatch):
+    z = on(device, np.zeros((0,), np.float32))
+    run_without_launch(monkeypatch, gp.BinaryPlan, gp.BinaryDescriptor("mul", (0,), (0,)),
+                       gp.BinaryArgs(z, z.copy(), z.copy()), device)
+    run_without_launch(monkeypatch, gp.BinaryPlan, gp.BinaryDescriptor("add", (0, 3), (3,)),
+                       gp.BinaryArgs(on(device, np.zeros((0, 3), np.float32)),
+                                     on(device, np.ones(3, np.float32)),
+                                     on(device, np.zeros((0, 3), np.float32))), device)
+    run_without_launch(monkeypatch, gp.BinaryBackwardPlan,
+                       gp.BinaryBackwardDescriptor("div", (0,), (0, 1)),
+                       gp.BinaryBackwardArgs(z, z.reshape(0, 1).copy(), z.reshape(0, 0).copy(),
+                                             z.copy(), z.reshape(0, 1).copy()), device)
+    for rows, n in ((0, 5), (5, 0)):
+        run_without_launch(monkeypatch, gp.BiasAddPlan, gp.BiasAddDescriptor(rows, n),
+                           gp.BiasAddArgs(on(device, np.zeros((rows, n), np.float32)),
+                                          on(device, np.zeros(n, np.float32)),
+                                          on(device, np.zeros((rows, n), np.float32))), device)
 
 
 def test_descriptor_errors():
@@ -163,8 +173,8 @@ def test_descriptor_errors():
         gp.BinaryBackwardPlan.select(s, gp.BinaryBackwardDescriptor("pow", (3,), (3,)))
     with pytest.raises(gp.Unsupported, match="at most 8 dims"):
         gp.BinaryPlan.select(s, gp.BinaryDescriptor("add", (2, 1) * 5, (1, 2) * 5))
-    with pytest.raises(gp.Unsupported, match="'out_dtype'"):
-        gp.CastPlan.select(s, gp.CastDescriptor(3, np.float32, np.int8))
+    with pytest.raises(gp.InvalidProblem, match="'a_shape'"):
+        gp.BinaryPlan.select(s, gp.BinaryDescriptor("add", (3, -1), (3,)))
     with pytest.raises(gp.Unsupported, match="nvrtc requested"):
         gp.BiasAddPlan.select(s, gp.BiasAddDescriptor(2, 3),
                               gp.PlanPreference(backend=gp.BackendKind.NVRTC))
@@ -173,23 +183,6 @@ def test_descriptor_errors():
 def test_argument_errors_leave_outputs_untouched(device):
     s = stream_for(device)
     x = on(device, random((8,), np.float32))
-    y = on(device, np.full((8,), 9, np.float32))
-    unary = gp.UnaryPlan.select(s, gp.UnaryDescriptor("silu", 8))
-    none = gp.Workspace.none()
-
-    def run_unary(**kw):
-        a = dict(x=x, y=y) | kw
-        return lambda: unary.run(s, none, gp.UnaryArgs(**a))
-
-    assert_rejected(run_unary(x=x.astype(np.float16)), gp.Unsupported, [y], "unary", "'x'",
-                    "f32", "f16")
-    assert_rejected(run_unary(y=on(device, np.zeros(7, np.float32))), gp.BufferTooSmall, [y],
-                    "'y'", "8", "7")
-    assert_rejected(run_unary(x=x.reshape(2, 4)), gp.InvalidProblem, [y], "'x'", "(8,)")
-    assert_rejected(run_unary(y=x), gp.InvalidProblem, [x], "'y'", "distinct")
-    if device == "cuda":
-        assert_rejected(run_unary(x=gp.to_host(x)), gp.InvalidProblem, [y], "'x'")
-
     binary = gp.BinaryBackwardPlan.select(s, gp.BinaryBackwardDescriptor("mul", (2, 4), (4,)))
     a2, b1 = x.reshape(2, 4), on(device, random((4,), np.float32))
     da = on(device, np.full((2, 4), 9, np.float32))
@@ -201,6 +194,7 @@ def test_argument_errors_leave_outputs_untouched(device):
         return lambda: binary.run(s, ws, gp.BinaryBackwardArgs(**a))
 
     assert_rejected(run_bwd(a=None), gp.InvalidProblem, [da, db], "binary_backward", "'a'")
+    assert_rejected(run_bwd(dc=None), gp.InvalidProblem, [da, db], "binary_backward", "'dc'")
     assert_rejected(run_bwd(db=on(device, np.zeros((3,), np.float32))), gp.BufferTooSmall,
                     [da, db], "'db'", "4", "3")
     assert_rejected(run_bwd(da=on(device, np.zeros((4, 2), np.float32))), gp.InvalidProblem,
@@ -208,10 +202,12 @@ def test_argument_errors_leave_outputs_untouched(device):
     assert_rejected(run_bwd(dc=a2.astype(np.float64)), gp.Unsupported, [da, db], "'dc'")
     assert_rejected(run_bwd(db=da.reshape(-1)[:4]), gp.InvalidProblem, [da], "'db'", "'da'")
 
-    cast = gp.CastPlan.select(s, gp.CastDescriptor(8, np.float32, gp.bfloat16))
-    out = on(device, np.zeros((8,), gp.bfloat16))
-    assert_rejected(lambda: cast.run(s, none, gp.CastArgs(x, out.astype(np.float16))),
-                    gp.Unsupported, [out], "cast", "'y'", "bf16", "f16")
+    forward = gp.BinaryPlan.select(s, gp.BinaryDescriptor("add", (2, 4), (4,)))
+    c = on(device, np.full((2, 4), 9, np.float32))
+    assert_rejected(lambda: forward.run(s, None, gp.BinaryArgs(a2, b1, a2)), gp.InvalidProblem,
+                    [a2], "binary", "'c'", "distinct")
+    assert_rejected(lambda: forward.run(s, None, gp.BinaryArgs(a2, b1.astype(np.float16), c)),
+                    gp.Unsupported, [c], "'b'", "f32", "f16")
 
 
 @pytest.mark.gpu
@@ -237,23 +233,47 @@ def test_functional_api(device):
     assert_close(F.bias_add(x, bias), f64(x) + f64(bias), gp.bfloat16)
     c = F.binary("mul", x, bias)
     assert c.shape == (3, 5, 7) and c.dtype == gp.bfloat16
+    assert_close(c, f64(x) * f64(bias), gp.bfloat16)
     da, db = F.binary_backward("mul", x, bias, x)
     assert da.shape == (3, 5, 7) and db.shape == (7,)
     assert_close(db, (f64(x) * f64(x)).sum(axis=(0, 1)), gp.bfloat16, scale=4)
-    y = F.cast(x.transpose(2, 0, 1), np.float32)  # strided input is made contiguous
-    assert y.shape == (7, 3, 5) and y.dtype == np.float32 and gp.device_of(y) == device
-    np.testing.assert_array_equal(gp.to_host(y), f64(x).transpose(2, 0, 1))
+    t = F.binary("sub", x.transpose(2, 0, 1), bias.reshape(7, 1, 1))  # strided input
+    assert_close(t, f64(x).transpose(2, 0, 1) - f64(bias).reshape(7, 1, 1), gp.bfloat16)
 
 
-def test_cast_to_bf16_rounds_once(device):
-    """f64 and integers to bf16: nearest even of the exact value (NumPy's astype goes through
-    f32 and rounds twice; the kernel's __double2bfloat16 / __ll2bfloat16_rn round once)."""
-    x = np.array([1 + 2**-8 + 2**-40, -(1 + 2**-8 + 2**-40), 2.0**-140, 1e40])
-    got = gp.to_host(gp.functional.cast(on(device, x), gp.bfloat16)).astype(np.float64)
-    np.testing.assert_array_equal(got, [1.0078125, -1.0078125, 0.0, np.inf])
-    i = np.array([2**24 + 2**16 + 1, -(2**30 + 2**22 + 1)], np.int32)
-    got = gp.to_host(gp.functional.cast(on(device, i), gp.bfloat16)).astype(np.float64)
-    np.testing.assert_array_equal(got, [2**24 + 2**17, -(2**30 + 2**23)])
-    j = np.array([2**40 + 2**32 + 1, 2**62 + 2**54 + 1], np.int64)
-    got = gp.to_host(gp.functional.cast(on(device, j), gp.bfloat16)).astype(np.float64)
-    np.testing.assert_array_equal(got, [2.0**40 + 2.0**33, 2.0**62 + 2.0**55])
+def test_functional_binary_reuses_one_plan():
+    """Repeated calls with the same shapes select once (the tape's gradient sums)."""
+    from gpuplan.execute import _PLANS
+    x = random((4, 3), np.float32)
+    before = len(_PLANS)
+    for _ in range(3):
+        np.testing.assert_array_equal(gp.functional.binary("add", x, x), x + x)
+    assert len(_PLANS) - before <= 1
+
+
+def _compile_binary(names: tuple[str, ...]) -> None:
+    """NVRTC-compile binary.cu's kernels for the last row of `names` (no GPU needed), the
+    enum coming from `names` as the module's does from the table."""
+    pytest.importorskip("cupy")
+    from pathlib import Path
+
+    from cupy._core import core
+    from cupy.cuda import compiler
+
+    from gpuplan.nvrtc import COMPILE_OPTIONS, enum_options
+    from gpuplan.ops import binary
+
+    path = Path(binary.__file__).with_name("binary.cu")
+    last = len(names) - 1
+    exprs = [f"binary_contiguous<float, {last}>", f"binary_grad<float, float, {last}, 1>"]
+    opts = (tuple(core.assemble_cupy_compiler_options(())) + COMPILE_OPTIONS
+            + (f"-I{path.parent}", "-arch=sm_80") + enum_options({"BinaryOp": names}))
+    compiler._NVRTCProgram(path.read_text(), path.name, name_expressions=exprs,
+                           method="ptx").compile(opts)
+
+
+def test_the_cuda_enum_is_generated_from_the_table():
+    """The table as it is compiles; a row with no CUDA branch is a compile error."""
+    _compile_binary(BINARY_OP_NAMES)
+    with pytest.raises(Exception, match="binary op without CUDA forward math"):
+        _compile_binary(BINARY_OP_NAMES + ("pow",))

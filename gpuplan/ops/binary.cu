@@ -1,0 +1,179 @@
+// Binary kernels: c = a op b with NumPy broadcasting, the gradient terms of op, and the
+// row-broadcast bias add. T: float, double, __half, __nv_bfloat16; math runs in gp::Acc<T>
+// (f32 for halves). Contiguous kernels take `vec_ok` (every pointer aligned to a 16-byte
+// pack, checked on the host) and then move 16 bytes per load and store; the tail and the
+// unaligned case use scalar accesses. All loops are grid-stride, 64-bit.
+//
+// The enumerators of `BinaryOp` come from the Python table (gpuplan/ops/binary.py,
+// BINARY_OPS) through -DGPUPLAN_ENUM_BinaryOp: a table row without a branch below fails to
+// compile (the static_assert), a branch whose row is gone names an undeclared value.
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+#include "gpuplan_map.cuh"
+
+namespace {
+
+using gp::Acc;
+using gp::ld;
+using gp::Pack;
+using gp::st;
+
+enum BinaryOp { GPUPLAN_ENUM_BinaryOp };
+
+template <int OP> constexpr bool unknown_op = OP < 0;
+
+template <int OP, typename A> __device__ __forceinline__ A binary_op(A a, A b) {
+    if constexpr (OP == ADD) {
+        return a + b;
+    } else if constexpr (OP == SUB) {
+        return a - b;
+    } else if constexpr (OP == MUL) {
+        return a * b;
+    } else if constexpr (OP == DIV) {
+        return a / b;
+    } else {
+        static_assert(unknown_op<OP>, "binary op without CUDA forward math");
+        return a;
+    }
+}
+
+// Whether the gradient terms of OP read the operands (add/sub: dc alone).
+template <int OP> constexpr bool grad_reads_operands = OP == MUL || OP == DIV;
+
+// Gradient term of c = op(a, b) with respect to a (WHICH == 0) or b (WHICH == 1).
+template <int OP, int WHICH, typename A> __device__ __forceinline__ A binary_grad_term(A a, A b,
+                                                                                      A dc) {
+    if constexpr (OP == ADD) {
+        return dc;
+    } else if constexpr (OP == SUB) {
+        return WHICH == 0 ? dc : -dc;
+    } else if constexpr (OP == MUL) {
+        return WHICH == 0 ? dc * b : dc * a;
+    } else if constexpr (OP == DIV) {
+        return WHICH == 0 ? dc / b : -dc * a / (b * b);
+    } else {
+        static_assert(unknown_op<OP>, "binary op without CUDA gradient math");
+        return dc;
+    }
+}
+
+#define GP_DIMS_PARAMS(p)                                                                  \
+    long long p##0, long long p##1, long long p##2, long long p##3, long long p##4,       \
+        long long p##5, long long p##6, long long p##7
+#define GP_DIMS_ARRAY(p) {p##0, p##1, p##2, p##3, p##4, p##5, p##6, p##7}
+
+// Offsets into a and b of the output element i (C order over the collapsed shape `shp`,
+// element strides sa/sb, 0 on broadcast dims).
+__device__ __forceinline__ void broadcast_offsets(long long i, int ndim, const long long* shp,
+                                                  const long long* sa, const long long* sb,
+                                                  long long& oa, long long& ob) {
+    if (ndim <= 1) {
+        oa = i * sa[0];
+        ob = i * sb[0];
+        return;
+    }
+    oa = 0;
+    ob = 0;
+#pragma unroll
+    for (int d = 7; d >= 0; --d) {
+        if (d < ndim) {
+            const long long q = i / shp[d];
+            const long long r = i - q * shp[d];
+            oa += r * sa[d];
+            ob += r * sb[d];
+            i = q;
+        }
+    }
+}
+
+}  // namespace
+
+// c = op(a, b) for same-shape contiguous operands.
+template <typename T, int OP>
+__global__ void binary_contiguous(const T* __restrict__ a, const T* __restrict__ b,
+                                  T* __restrict__ c, long long n, int vec_ok) {
+    constexpr int N = 16 / sizeof(T);
+    long long head = 0;
+    if (vec_ok) {
+        const long long np = n / N;
+        const Pack<T, N>* ap = reinterpret_cast<const Pack<T, N>*>(a);
+        const Pack<T, N>* bp = reinterpret_cast<const Pack<T, N>*>(b);
+        Pack<T, N>* cp = reinterpret_cast<Pack<T, N>*>(c);
+        for (long long p = gp::thread_index(); p < np; p += gp::grid_stride()) {
+            const Pack<T, N> av = ap[p], bv = bp[p];
+            Pack<T, N> out;
+#pragma unroll
+            for (int j = 0; j < N; ++j) out.v[j] = st<T>(binary_op<OP>(ld(av.v[j]), ld(bv.v[j])));
+            cp[p] = out;
+        }
+        head = np * N;
+    }
+    for (long long i = head + gp::thread_index(); i < n; i += gp::grid_stride()) {
+        c[i] = st<T>(binary_op<OP>(ld(a[i]), ld(b[i])));
+    }
+}
+
+// c[i] = op(a[oa(i)], b[ob(i)]) over the collapsed broadcast shape (at most 8 dims).
+template <typename T, int OP>
+__global__ void binary_broadcast(const T* __restrict__ a, const T* __restrict__ b,
+                                 T* __restrict__ c, long long n, int ndim, GP_DIMS_PARAMS(s),
+                                 GP_DIMS_PARAMS(sa), GP_DIMS_PARAMS(sb)) {
+    const long long shp[8] = GP_DIMS_ARRAY(s);
+    const long long stra[8] = GP_DIMS_ARRAY(sa);
+    const long long strb[8] = GP_DIMS_ARRAY(sb);
+    for (long long i = gp::thread_index(); i < n; i += gp::grid_stride()) {
+        long long oa, ob;
+        broadcast_offsets(i, ndim, shp, stra, strb, oa, ob);
+        c[i] = st<T>(binary_op<OP>(ld(a[oa]), ld(b[ob])));
+    }
+}
+
+// out[i] = d op(a, b) / d(a or b) * dc[i] over the output shape, as Tout (T, or the
+// accumulator type when a reduction to the operand's shape follows). a/b are read only by
+// mul and div.
+template <typename T, typename Tout, int OP, int WHICH>
+__global__ void binary_grad(const T* __restrict__ a, const T* __restrict__ b,
+                            const T* __restrict__ dc, Tout* __restrict__ out, long long n, int ndim,
+                            GP_DIMS_PARAMS(s), GP_DIMS_PARAMS(sa), GP_DIMS_PARAMS(sb)) {
+    using A = Acc<T>;
+    const long long shp[8] = GP_DIMS_ARRAY(s);
+    const long long stra[8] = GP_DIMS_ARRAY(sa);
+    const long long strb[8] = GP_DIMS_ARRAY(sb);
+    for (long long i = gp::thread_index(); i < n; i += gp::grid_stride()) {
+        A av = A(0), bv = A(0);
+        if constexpr (grad_reads_operands<OP>) {
+            long long oa, ob;
+            broadcast_offsets(i, ndim, shp, stra, strb, oa, ob);
+            av = ld(a[oa]);
+            bv = ld(b[ob]);
+        }
+        const A g = binary_grad_term<OP, WHICH>(av, bv, ld(dc[i]));
+        out[i] = gp::from_acc<Tout>(static_cast<Acc<Tout>>(g));
+    }
+}
+
+// y[r, j] = x[r, j] + bias[j] for x [rows, n]. vec_ok also requires n % N == 0, so a pack
+// never straddles two rows and its bias slice is aligned.
+template <typename T>
+__global__ void bias_add(const T* __restrict__ x, const T* __restrict__ bias, T* __restrict__ y,
+                         long long total, long long n, int vec_ok) {
+    constexpr int N = 16 / sizeof(T);
+    if (vec_ok) {
+        const long long np = total / N;
+        const Pack<T, N>* xp = reinterpret_cast<const Pack<T, N>*>(x);
+        Pack<T, N>* yp = reinterpret_cast<Pack<T, N>*>(y);
+        for (long long p = gp::thread_index(); p < np; p += gp::grid_stride()) {
+            const long long j0 = (p * N) % n;
+            const Pack<T, N> xv = xp[p];
+            const Pack<T, N> bv = *reinterpret_cast<const Pack<T, N>*>(bias + j0);
+            Pack<T, N> out;
+#pragma unroll
+            for (int j = 0; j < N; ++j) out.v[j] = st<T>(ld(xv.v[j]) + ld(bv.v[j]));
+            yp[p] = out;
+        }
+        return;
+    }
+    for (long long i = gp::thread_index(); i < total; i += gp::grid_stride()) {
+        y[i] = st<T>(ld(x[i]) + ld(bias[i % n]));
+    }
+}

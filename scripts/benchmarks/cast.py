@@ -1,0 +1,34 @@
+"""Cast benchmarks: f32 <-> bf16 over 8192*8192 elements, in GB/s against a CuPy copy."""
+
+from __future__ import annotations
+
+import numpy as np
+
+import gpuplan as gp
+from scripts.benchmarks.common import Case, device_array, plan_state, random_host, run_plan_state
+
+N = 8192 * 8192
+
+
+def _size(dtype) -> int:
+    return np.dtype(dtype).itemsize
+
+
+def _cast(src, dst) -> Case:
+    def setup() -> dict:
+        import cupy as cp
+
+        x = device_array(random_host((N,), src))
+        y = cp.empty(N, dtype=dst)
+        return plan_state(gp.CastPlan, gp.CastDescriptor(N, src, dst), gp.CastArgs(x, y),
+                          x=x, y=y)
+
+    def baseline(s: dict) -> None:
+        s["y"][...] = s["x"]
+
+    return Case(f"cast_{gp.dtypes.short_name(src)}_to_{gp.dtypes.short_name(dst)}_{N}", setup,
+                run_plan_state, bytes_moved=N * (_size(src) + _size(dst)), baseline=baseline,
+                baseline_name="cupy astype copy")
+
+
+CASES = [_cast(np.float32, gp.bfloat16), _cast(gp.bfloat16, np.float32)]

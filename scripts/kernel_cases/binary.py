@@ -1,0 +1,115 @@
+"""Binary kernels on the emulated device (binary contiguous and broadcast with their
+gradients, bias add) against the family's NumPy implementation run in float64 (reduced
+gradients at scale sqrt(n_out / size), as in tests/gpuplan/ops/test_binary.py).
+
+Sizes are small and odd (37): an aligned launch takes the 16-byte pack path and then the
+scalar tail; one-element-off views (`_misaligned`) take the scalar path alone.
+
+Every binary_grad instance is reached through BinaryBackwardPlan: <T, T, op, *> for a
+gradient that needs no reduction, <half, float, mul|div, *> for the per-element terms
+summed afterwards (add/sub sum dc itself, so they have no <half, float> instance).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+import gpuplan as gp
+from gpuplan.ops.binary import BINARY_OP_NAMES
+from kernel_cases.common import (
+    DTYPES,
+    Case,
+    check,
+    dtype_id,
+    emu,
+    f64,
+    random,
+    run_emulated,
+    run_reference,
+)
+
+N = 37
+
+
+def _misaligned(a: np.ndarray):
+    """An emulated copy of 1-D `a` one element past a 256-byte boundary (no 16-byte packs)."""
+    buf = emu(np.zeros(a.shape[0] + 1, a.dtype))[1:]
+    buf[...] = a
+    return buf
+
+
+def _operands(a_shape, b_shape, dtype):
+    a = random(a_shape, dtype, seed=3)
+    b = random(b_shape, dtype, seed=4, low=0.5, high=2.0)
+    b = np.where(random(b_shape, np.float32, seed=5) < 0, -b, b).astype(dtype)  # |b| >= 0.5
+    return a, b
+
+
+def binary(dtype, op: str, a_shape: tuple, b_shape: tuple, misaligned: bool = False) -> None:
+    a, b = _operands(a_shape, b_shape, dtype)
+    desc = gp.BinaryDescriptor(op, a_shape, b_shape, dtype)
+    out = desc.out_shape()
+    place = _misaligned if misaligned else emu
+    c = place(np.full(out, 7, dtype))
+    plan = run_emulated(gp.BinaryPlan, desc, gp.BinaryArgs(place(a), place(b), c))
+    same = tuple(a_shape) == tuple(b_shape)
+    assert plan.sku().variant == ("contiguous" if same else "broadcast"), plan.sku()
+    ref = np.zeros(out)
+    run_reference(gp.BinaryPlan, gp.BinaryDescriptor(op, a_shape, b_shape, np.float64),
+                  gp.BinaryArgs(f64(a), f64(b), ref))
+    check(c, ref, dtype, f"binary {op} {a_shape} {b_shape}")
+
+
+def binary_backward(dtype, op: str, a_shape: tuple, b_shape: tuple) -> None:
+    """Both gradients (da, db); a reduced one at the test suite's scale, sqrt(n_out/size)."""
+    a, b = _operands(a_shape, b_shape, dtype)
+    desc = gp.BinaryBackwardDescriptor(op, a_shape, b_shape, dtype)
+    out = desc.out_shape()
+    dc = random(out, dtype, seed=6)
+    da, db = emu(np.full(a_shape, 7, dtype)), emu(np.full(b_shape, 7, dtype))
+    run_emulated(gp.BinaryBackwardPlan, desc,
+                 gp.BinaryBackwardArgs(emu(a), emu(b), emu(dc), da, db))
+    ra, rb = np.zeros(a_shape), np.zeros(b_shape)
+    run_reference(gp.BinaryBackwardPlan,
+                  gp.BinaryBackwardDescriptor(op, a_shape, b_shape, np.float64),
+                  gp.BinaryBackwardArgs(f64(a), f64(b), f64(dc), ra, rb))
+    n_out = max(1, int(np.prod(out)))
+    for name, got, ref, size in (("da", da, ra, a.size), ("db", db, rb, b.size)):
+        check(got, ref, dtype, f"binary backward {op} {name} {a_shape} {b_shape}",
+              scale=max(4.0, np.sqrt(n_out / max(1, size))))
+
+
+def bias_add(dtype, rows: int, n: int) -> None:
+    x = random((rows, n), dtype, seed=8)
+    bias = random((n,), dtype, seed=9)
+    y = emu(np.full((rows, n), 7, dtype))
+    run_emulated(gp.BiasAddPlan, gp.BiasAddDescriptor(rows, n, dtype),
+                 gp.BiasAddArgs(emu(x), emu(bias), y))
+    ref = np.zeros((rows, n))
+    run_reference(gp.BiasAddPlan, gp.BiasAddDescriptor(rows, n, np.float64),
+                  gp.BiasAddArgs(f64(x), f64(bias), ref))
+    check(y, ref, dtype, f"bias_add {rows}x{n}")
+
+
+_SHAPES = (((N,), (N,)), ((3, 1, 5), (4, 1)), ((2, 3, 4), (4,)))
+
+
+def _shape_id(sa: tuple, sb: tuple) -> str:
+    return "same" if sa == sb else f"{sa}x{sb}"
+
+
+CASES = (
+    [Case(f"binary {op} {_shape_id(sa, sb)}[{dtype_id(t)}]",
+          lambda t=t, op=op, sa=sa, sb=sb: binary(t, op, sa, sb))
+     for t in DTYPES for op in BINARY_OP_NAMES for sa, sb in _SHAPES]
+    + [Case(f"binary {op} same misaligned[{dtype_id(t)}]",
+            lambda t=t, op=op: binary(t, op, (N,), (N,), True))
+       for t in DTYPES for op in ("add", "div")]
+    + [Case(f"binary backward {op} {_shape_id(sa, sb)}[{dtype_id(t)}]",
+            lambda t=t, op=op, sa=sa, sb=sb: binary_backward(t, op, sa, sb))
+       for t in DTYPES for op in BINARY_OP_NAMES for sa, sb in _SHAPES]
+    + [Case(f"bias_add scalar 7x13[{dtype_id(t)}]", lambda t=t: bias_add(t, 7, 13))
+       for t in DTYPES]
+    + [Case(f"bias_add packs 5x64[{dtype_id(t)}]", lambda t=t: bias_add(t, 5, 64))
+       for t in DTYPES]
+)
