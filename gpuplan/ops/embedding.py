@@ -3,30 +3,22 @@
 Forward:  out[n, :] = weight[indices[n], :], a zero row where indices[n] is outside [0, V).
 Backward: dweight[indices[n], :] += dout[n, :], skipping rows whose index is padding_idx,
 negative or >= V. The caller zeroes dweight (or passes a running gradient to add to).
+The index dtype (int32 or int64) is taken from the `indices` array.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from gpuplan import backend
 from gpuplan.dtypes import FLOAT_DTYPES, accumulator, cuda_name, float32, float64, short_name
-from gpuplan.execute import execute
+from gpuplan.errors import InvalidProblem, describe
+from gpuplan.execute import call
 from gpuplan.nvrtc import CudaModule, launch, on_stream
-from gpuplan.plan import (
-    BackendKind,
-    Candidate,
-    Plan,
-    PlanPreference,
-    check_dtype,
-    check_index_dtype,
-    check_operand,
-    check_writable_distinct,
-    host_candidate,
-)
+from gpuplan.plan import BackendKind, Candidate, Plan, PlanPreference, host_candidate
+from gpuplan.spec import INDEX, DType, Extent, In, Index, InOut, OpSpec, Out
 from gpuplan.stream import Stream, Workspace
 
 __all__ = [
@@ -39,43 +31,57 @@ __all__ = [
 ]
 __functional__ = ["embedding", "embedding_backward"]
 
-_INDEX_TYPES = ("int", "long long")
+#: index dtype (as `Resolved.check` names it) -> CUDA type of the kernels' I parameter.
+_INDEX_CTYPES = {"i32": "int", "i64": "long long"}
 _MODULE = CudaModule(
     __file__,
     "embedding.cu",
-    [f"embedding_forward<{cuda_name(t)}, {i}>" for t in FLOAT_DTYPES for i in _INDEX_TYPES]
+    [f"embedding_forward<{cuda_name(t)}, {i}>" for t in FLOAT_DTYPES
+     for i in _INDEX_CTYPES.values()]
     + [f"embedding_backward_atomic<{cuda_name(t)}, {i}>" for t in (float32, float64)
-       for i in _INDEX_TYPES]
+       for i in _INDEX_CTYPES.values()]
     + [f"embedding_backward_segment<{cuda_name(t)}, {i}>" for t in FLOAT_DTYPES
-       for i in _INDEX_TYPES],
+       for i in _INDEX_CTYPES.values()],
 )
 
+_EXTENTS = (Extent("num_embeddings"), Extent("embedding_dim"), Extent("num_indices"))
+_DTYPE = DType("dtype", FLOAT_DTYPES, default=np.float32)
+_INDICES = In("indices", ("num_indices",), INDEX)
+_ROWS = ("num_indices", "embedding_dim")
+_TABLE = ("num_embeddings", "embedding_dim")
 
-def _index_ctype(indices: Any) -> str:
-    return "int" if indices.dtype == np.int32 else "long long"
+FORWARD = OpSpec(
+    "embedding", fields=(*_EXTENTS, _DTYPE),
+    operands=(In("weight", _TABLE), _INDICES, Out("out", _ROWS)),
+)  # empty: out has no element (N == 0 or D == 0); V == 0 writes zero rows
+BACKWARD = OpSpec(
+    "embedding_backward", fields=(*_EXTENTS, Index("padding_idx", default=None), _DTYPE),
+    operands=(In("dout", _ROWS), _INDICES, InOut("dweight", _TABLE)),
+    empty=("num_indices", "embedding_dim", "num_embeddings"),
+)
+
+EmbeddingDescriptor = FORWARD.descriptor(
+    "EmbeddingDescriptor", "weight [num_embeddings, embedding_dim] gathered by "
+                           "indices [num_indices] into out [num_indices, embedding_dim].")
+EmbeddingArgs = FORWARD.args(
+    "EmbeddingArgs", "weight [V, D], indices [N] (int32 or int64), out [N, D] (written).")
+EmbeddingBackwardDescriptor = BACKWARD.descriptor(
+    "EmbeddingBackwardDescriptor", "dout [num_indices, embedding_dim] scatter-added into "
+                                   "dweight [num_embeddings, embedding_dim]; rows whose index "
+                                   "is padding_idx (None: no padding row) are skipped.")
+EmbeddingBackwardArgs = BACKWARD.args(
+    "EmbeddingBackwardArgs", "dout [N, D], indices [N] (int32 or int64), dweight [V, D] "
+                             "(accumulated into: the caller zeroes it).")
 
 
-def _threads_for(d: int) -> int:
-    return int(min(256, max(32, -(-d // 32) * 32)))
+def _kernels(template: str, dtype: Any) -> dict[str, str]:
+    """Kernel name per index dtype ('i32', 'i64') for one dtype."""
+    return {k: f"{template}<{cuda_name(dtype)}, {c}>" for k, c in _INDEX_CTYPES.items()}
 
 
-def _grid_rows(n: int) -> int:
-    return int(min(n, 65535 * 8))
-
-
-@dataclass(frozen=True)
-class EmbeddingDescriptor:
-    num_embeddings: int
-    embedding_dim: int
-    num_indices: int
-    dtype: Any = np.float32
-
-
-@dataclass(frozen=True)
-class EmbeddingArgs:
-    weight: Any   # [num_embeddings, embedding_dim]
-    indices: Any  # [num_indices], int32 or int64
-    out: Any      # [num_indices, embedding_dim]
+def _launch_shape(n: int, d: int) -> tuple[int, int]:
+    """(grid, threads): one block per row (grid-stride past 65535 * 8), threads over D."""
+    return int(min(n, 65535 * 8)), int(min(256, max(32, -(-d // 32) * 32)))
 
 
 class EmbeddingPlan(Plan):
@@ -83,61 +89,39 @@ class EmbeddingPlan(Plan):
 
     op = "embedding"
     category = "gather"
+    spec = FORWARD
 
     @classmethod
-    def _candidates(cls, desc: EmbeddingDescriptor, on_device: bool) -> list[Candidate]:
-        d = check_dtype(cls.op, "dtype", desc.dtype, FLOAT_DTYPES)
-        if not on_device:
-            return [host_candidate(d)]
+    def _candidates(cls, desc: Any, stream: Stream) -> list[Candidate]:
+        if stream.is_host:
+            return [host_candidate(desc.dtype)]
         # A gather does no arithmetic: exact, deterministic and bit-stable.
-        return [Candidate("gather", BackendKind.NVRTC, True, True, short_name(d), short_name(d))]
+        d = short_name(desc.dtype)
+        return [Candidate("gather", BackendKind.NVRTC, True, True, d, d)]
 
-    def _check_args(self, args: EmbeddingArgs) -> None:
+    def _prepare(self) -> None:
         d = self.desc
-        check_operand(self.op, "weight", args.weight, (d.num_embeddings, d.embedding_dim), d.dtype)
-        self._index_dtype = short_name(check_index_dtype(self.op, "indices", args.indices))
-        check_operand(self.op, "indices", args.indices, (d.num_indices,), args.indices.dtype)
-        check_operand(self.op, "out", args.out, (d.num_indices, d.embedding_dim), d.dtype)
-        check_writable_distinct(self.op, {"out": args.out},
-                                {"weight": args.weight, "indices": args.indices})
+        self._kernel = _kernels("embedding_forward", d.dtype)
+        self._launch_dims = _launch_shape(d.num_indices, d.embedding_dim)
+        self._extents = (np.int64(d.num_indices), np.int64(d.num_embeddings),
+                         np.int64(d.embedding_dim))
 
-    def _is_empty(self) -> bool:
-        return self.desc.num_indices == 0 or self.desc.embedding_dim == 0
-
-    def _run_numpy(self, stream: Stream, ws: Workspace, args: EmbeddingArgs) -> None:
-        idx = args.indices.astype(np.int64)
-        valid = (idx >= 0) & (idx < self.desc.num_embeddings)
+    def _run_numpy(self, stream: Stream, ws: Workspace, args: Any) -> None:
         if self.desc.num_embeddings == 0:
             args.out[...] = 0
             return
-        rows = args.weight[np.where(valid, idx, 0)]
-        rows[~valid] = 0
-        args.out[...] = rows
+        idx = args.indices
+        valid = (idx >= 0) & (idx < self.desc.num_embeddings)
+        if valid.all():
+            np.take(args.weight, idx, axis=0, out=args.out)
+            return
+        args.out[...] = args.weight[np.where(valid, idx, 0)]
+        args.out[~valid] = 0
 
-    def _run_gather(self, stream: Stream, ws: Workspace, args: EmbeddingArgs) -> None:
-        d = self.desc
-        fn = _MODULE.function(
-            f"embedding_forward<{cuda_name(d.dtype)}, {_index_ctype(args.indices)}>",
-            stream.device_id)
-        launch(stream, fn, _grid_rows(d.num_indices), _threads_for(d.embedding_dim),
-               (args.weight, args.indices, args.out, np.int64(d.num_indices),
-                np.int64(d.num_embeddings), np.int64(d.embedding_dim)))
-
-
-@dataclass(frozen=True)
-class EmbeddingBackwardDescriptor:
-    num_embeddings: int
-    embedding_dim: int
-    num_indices: int
-    padding_idx: int | None = None
-    dtype: Any = np.float32
-
-
-@dataclass(frozen=True)
-class EmbeddingBackwardArgs:
-    dout: Any     # [num_indices, embedding_dim]
-    indices: Any  # [num_indices], int32 or int64
-    dweight: Any  # [num_embeddings, embedding_dim], accumulated into
+    def _run_gather(self, stream: Stream, ws: Workspace, args: Any) -> None:
+        fn = _MODULE.function(self._kernel[self._index_dtype], stream.device_id)
+        launch(stream, fn, *self._launch_dims,
+               (args.weight, args.indices, args.out, *self._extents))
 
 
 class EmbeddingBackwardPlan(Plan):
@@ -152,42 +136,42 @@ class EmbeddingBackwardPlan(Plan):
 
     op = "embedding_backward"
     category = "scatter"
+    spec = BACKWARD
 
     @classmethod
-    def _candidates(cls, desc: EmbeddingBackwardDescriptor, on_device: bool) -> list[Candidate]:
-        d = check_dtype(cls.op, "dtype", desc.dtype, FLOAT_DTYPES)
-        acc = short_name(accumulator(d))
-        if not on_device:
-            return [host_candidate(d)]
+    def _candidates(cls, desc: Any, stream: Stream) -> list[Candidate]:
+        if stream.is_host:
+            return [host_candidate(desc.dtype)]
+        d, acc = short_name(desc.dtype), short_name(accumulator(desc.dtype))
         cands = []
-        if d in (float32, float64):
-            cands.append(Candidate("atomic", BackendKind.NVRTC, False, False, short_name(d), acc))
-        cands.append(Candidate("segment", BackendKind.NVRTC, True, True, short_name(d), acc))
+        if d in ("f32", "f64"):
+            cands.append(Candidate("atomic", BackendKind.NVRTC, False, False, d, acc))
+        cands.append(Candidate("segment", BackendKind.NVRTC, True, True, d, acc))
         return cands
 
-    def _check_args(self, args: EmbeddingBackwardArgs) -> None:
+    def _prepare(self) -> None:
         d = self.desc
-        check_operand(self.op, "dout", args.dout, (d.num_indices, d.embedding_dim), d.dtype)
-        self._index_dtype = short_name(check_index_dtype(self.op, "indices", args.indices))
-        check_operand(self.op, "indices", args.indices, (d.num_indices,), args.indices.dtype)
-        check_operand(self.op, "dweight", args.dweight, (d.num_embeddings, d.embedding_dim),
-                      d.dtype)
-        check_writable_distinct(self.op, {"dweight": args.dweight},
-                                {"dout": args.dout, "indices": args.indices})
-
-    def _is_empty(self) -> bool:
-        d = self.desc
-        return d.num_indices == 0 or d.embedding_dim == 0 or d.num_embeddings == 0
-
-    def _padding(self) -> int:
-        p = self.desc.padding_idx
+        self._acc = accumulator(d.dtype)
+        self._kernel = _kernels(f"embedding_backward_{self._cand.variant}", d.dtype)
+        self._launch_dims = _launch_shape(d.num_indices, d.embedding_dim)
         # -1 never matches a valid row, and negative indices are skipped anyway.
-        return -1 if p is None else int(p)
+        self._padding = -1 if d.padding_idx is None else int(d.padding_idx)
+        self._extents = (np.int64(d.num_indices), np.int64(d.num_embeddings),
+                         np.int64(d.embedding_dim), np.int64(self._padding))
 
-    def _run_numpy(self, stream: Stream, ws: Workspace, args: EmbeddingBackwardArgs) -> None:
+    def _check_args(self, args: Any) -> None:
+        # dweight is read and written: the spec's distinctness rule covers outputs only.
+        dw = args.dweight
+        for name in ("dout", "indices"):
+            if _overlap(dw, getattr(args, name), self._stream.is_host):
+                raise InvalidProblem(describe(self.op, "dweight",
+                                              f"a buffer distinct from '{name}'",
+                                              "an overlapping buffer"))
+
+    def _run_numpy(self, stream: Stream, ws: Workspace, args: Any) -> None:
         d = self.desc
         idx = args.indices.astype(np.int64)
-        keep = (idx >= 0) & (idx < d.num_embeddings) & (idx != self._padding())
+        keep = (idx >= 0) & (idx < d.num_embeddings) & (idx != self._padding)
         rows = np.nonzero(keep)[0]
         if rows.size == 0:
             return
@@ -196,35 +180,34 @@ class EmbeddingBackwardPlan(Plan):
         order = rows[np.argsort(idx[rows], kind="stable")]
         sidx = idx[order]
         starts = np.concatenate(([0], np.nonzero(np.diff(sidx))[0] + 1))
-        acc_t = accumulator(d.dtype)
-        contrib = args.dout[order].astype(acc_t)
-        sums = _sequential_segment_sum(contrib, starts)
+        sums = _sequential_segment_sum(args.dout[order].astype(self._acc), starts)
         targets = sidx[starts]
-        args.dweight[targets] = (args.dweight[targets].astype(acc_t) + sums).astype(d.dtype)
+        args.dweight[targets] = (args.dweight[targets].astype(self._acc) + sums).astype(d.dtype)
 
-    def _run_atomic(self, stream: Stream, ws: Workspace, args: EmbeddingBackwardArgs) -> None:
-        d = self.desc
-        fn = _MODULE.function(
-            f"embedding_backward_atomic<{cuda_name(d.dtype)}, {_index_ctype(args.indices)}>",
-            stream.device_id)
-        launch(stream, fn, _grid_rows(d.num_indices), _threads_for(d.embedding_dim),
-               (args.dout, args.indices, args.dweight, np.int64(d.num_indices),
-                np.int64(d.num_embeddings), np.int64(d.embedding_dim), np.int64(self._padding())))
+    def _run_atomic(self, stream: Stream, ws: Workspace, args: Any) -> None:
+        fn = _MODULE.function(self._kernel[self._index_dtype], stream.device_id)
+        launch(stream, fn, *self._launch_dims,
+               (args.dout, args.indices, args.dweight, *self._extents))
 
-    def _run_segment(self, stream: Stream, ws: Workspace, args: EmbeddingBackwardArgs) -> None:
-        d = self.desc
+    def _run_segment(self, stream: Stream, ws: Workspace, args: Any) -> None:
         xp = backend.array_namespace(args.indices)
         with on_stream(stream):
             # A stable sort (CuPy's default; NumPy's "stable"): equal indices keep ascending n.
-            kind = "stable" if backend.is_emulated_array(args.indices) else None
+            kind = "stable" if stream.is_emulated else None
             order = xp.argsort(args.indices, kind=kind).astype(np.int64, copy=False)
             sorted_idx = args.indices[order]
-        fn = _MODULE.function(
-            f"embedding_backward_segment<{cuda_name(d.dtype)}, {_index_ctype(args.indices)}>",
-            stream.device_id)
-        launch(stream, fn, _grid_rows(d.num_indices), _threads_for(d.embedding_dim),
-               (args.dout, order, sorted_idx, args.dweight, np.int64(d.num_indices),
-                np.int64(d.num_embeddings), np.int64(d.embedding_dim), np.int64(self._padding())))
+        fn = _MODULE.function(self._kernel[self._index_dtype], stream.device_id)
+        launch(stream, fn, *self._launch_dims,
+               (args.dout, order, sorted_idx, args.dweight, *self._extents))
+
+
+def _overlap(a: Any, b: Any, host: bool) -> bool:
+    if not a.size or not b.size:
+        return False
+    if host:
+        return bool(np.may_share_memory(a, b))
+    a0, b0 = a.data.ptr, b.data.ptr
+    return a0 < b0 + b.nbytes and b0 < a0 + a.nbytes
 
 
 def _sequential_segment_sum(x: np.ndarray, starts: np.ndarray) -> np.ndarray:
@@ -247,29 +230,44 @@ def _sequential_segment_sum(x: np.ndarray, starts: np.ndarray) -> np.ndarray:
     return sums
 
 
-
 # -- functional API ------------------------------------------------------------------------
+
+_DESCRIPTORS: dict[tuple, Any] = {}
+
+
+def _descriptor(cls: type, *fields: Any) -> Any:
+    """cls(*fields), remembered: building a frozen descriptor costs as much as the plan
+    lookup, and a training loop asks for the same few on every step."""
+    key = (cls, *fields)
+    desc = _DESCRIPTORS.get(key)
+    if desc is None:
+        if len(_DESCRIPTORS) >= 1024:
+            _DESCRIPTORS.clear()
+        desc = _DESCRIPTORS[key] = cls(*fields)
+    return desc
 
 
 def embedding(weight: Any, indices: Any) -> Any:
-    """out[n, :] = weight[indices[n], :] for indices of any shape: returns indices.shape + [D]."""
-    flat = indices.reshape(-1)
+    """out[..., :] = weight[indices[...], :] for indices of any shape: indices.shape + (D,)."""
+    flat = indices if indices.ndim == 1 else indices.reshape(-1)
     v, dim = weight.shape
-    out = backend.array_namespace(weight).empty((flat.shape[0], dim), dtype=weight.dtype)
-    desc = EmbeddingDescriptor(int(v), int(dim), int(flat.shape[0]), weight.dtype)
-    execute(EmbeddingPlan, desc, EmbeddingArgs(weight, flat, out), like=weight)
-    return out.reshape(tuple(indices.shape) + (int(dim),))
+    out = call(EmbeddingPlan, _descriptor(EmbeddingDescriptor, v, dim, flat.shape[0],
+                                          weight.dtype),
+               like=weight, weight=weight, indices=flat)
+    return out if flat is indices else out.reshape(indices.shape + (dim,))
 
 
 def embedding_backward(dout: Any, indices: Any, num_embeddings: int,
                        padding_idx: int | None = None, deterministic: bool = False) -> Any:
     """dweight [num_embeddings, D] (fresh zeros) with dweight[indices[n]] += dout[n]."""
-    dim = int(dout.shape[-1])
-    flat_idx = indices.reshape(-1)
-    flat_dout = dout.reshape(-1, dim)
+    dim = dout.shape[-1]
+    flat_idx = indices if indices.ndim == 1 else indices.reshape(-1)
     dweight = backend.array_namespace(dout).zeros((num_embeddings, dim), dtype=dout.dtype)
-    desc = EmbeddingBackwardDescriptor(int(num_embeddings), dim, int(flat_idx.shape[0]),
-                                       padding_idx, dout.dtype)
-    execute(EmbeddingBackwardPlan, desc, EmbeddingBackwardArgs(flat_dout, flat_idx, dweight),
-            like=dout, pref=PlanPreference(deterministic=deterministic))
+    desc = _descriptor(EmbeddingBackwardDescriptor, num_embeddings, dim, flat_idx.shape[0],
+                       padding_idx, dout.dtype)
+    call(EmbeddingBackwardPlan, desc, like=dout, dout=dout.reshape(-1, dim), indices=flat_idx,
+         dweight=dweight, pref=_PREFERENCES[bool(deterministic)])
     return dweight
+
+
+_PREFERENCES = {flag: PlanPreference(deterministic=flag) for flag in (False, True)}

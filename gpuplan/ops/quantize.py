@@ -9,14 +9,13 @@ f64 input):
 Dequantize: y[n, d] = dtype(C(scale[n]) * q[n, d]).
 Dequantize backward: d_input[n, d] = dtype(C(scale[n]) * C(d_output[n, d])).
 Quantize backward (straight-through): d_x = d_q, converted to x's dtype through f32 when the
-dtypes differ.
+dtypes differ (d_q's dtype is taken from the array).
 In f32 arithmetic every operand and result below FLT_MIN in magnitude is a zero of the same
 sign (flush to zero, as the CUDA kernels are compiled), so host and device agree bit for bit.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -25,16 +24,10 @@ from gpuplan import backend
 from gpuplan.dtypes import FLOAT_DTYPES, as_dtype, cuda_name, float32, float64, int8
 from gpuplan.dtypes import short_name as _short
 from gpuplan.errors import InvalidProblem, describe
-from gpuplan.execute import execute
+from gpuplan.execute import call
 from gpuplan.nvrtc import CudaModule, cdiv, launch
-from gpuplan.plan import (
-    BackendKind,
-    Candidate,
-    Plan,
-    check_dtype,
-    check_operand,
-    check_writable_distinct,
-)
+from gpuplan.plan import BackendKind, Candidate, Plan
+from gpuplan.spec import DType, Extent, In, OpSpec, Out
 from gpuplan.stream import Stream, Workspace
 
 __all__ = [
@@ -74,27 +67,9 @@ _MODULE = CudaModule(
 _MAX_GRID = 65535 * 8
 
 
-def _row_threads(d: int) -> int:
-    """Threads per row block: a multiple of 32 (block_max needs whole warps), at most 256."""
-    return int(min(256, max(32, cdiv(d, 32) * 32)))
-
-
-def _row_grid(n: int) -> int:
-    return int(min(n, _MAX_GRID))
-
-
 def _compute_dtype(dtype: Any) -> np.dtype:
     """C: float64 for f64, float32 for f32/f16/bf16."""
     return float64 if as_dtype(dtype) == float64 else float32
-
-
-def _candidates_for(op: str, dtype: Any, on_device: bool, variant: str) -> list[Candidate]:
-    d = check_dtype(op, "dtype", dtype, FLOAT_DTYPES)
-    c = _short(_compute_dtype(d))
-    # One rounding per element and an exact max: deterministic and bit-stable everywhere.
-    if not on_device:
-        return [Candidate("numpy", BackendKind.NUMPY, True, True, c, c)]
-    return [Candidate(variant, BackendKind.NVRTC, True, True, c, c)]
 
 
 # -- host arithmetic shared by the NumPy SKUs (mirrors quantize.cu) ----------------------------
@@ -137,271 +112,205 @@ def _convert_through_f32(a: np.ndarray, out_dtype: Any) -> np.ndarray:
     return ftz32(a.astype(np.float32)).astype(out_dtype)
 
 
-# -- quantize ----------------------------------------------------------------------------------
+# -- declarations ------------------------------------------------------------------------------
+
+_ND = ("n", "d")
+_FIELDS = (Extent("n"), Extent("d"), DType("dtype", FLOAT_DTYPES, default=np.float32))
+
+QUANTIZE = OpSpec(
+    "quantize_per_token", fields=_FIELDS,
+    operands=(In("x", _ND), Out("q", _ND, int8), Out("scale", ("n",), float32,
+                                                     distinct=("x", "q"))),
+    empty=("n",),  # D == 0 still writes scale = 0 for every row
+)
+QUANTIZE_BACKWARD = OpSpec(
+    "quantize_per_token_backward", fields=_FIELDS,
+    operands=(In("d_q", _ND, FLOAT_DTYPES), Out("d_x", _ND)),
+)
+DEQUANTIZE = OpSpec(
+    "dequantize_per_token", fields=_FIELDS,
+    operands=(In("q", _ND, int8), In("scale", ("n",), float32), Out("y", _ND)),
+)
+DEQUANTIZE_BACKWARD = OpSpec(
+    "dequantize_per_token_backward", fields=_FIELDS,
+    operands=(In("scale", ("n",), float32), In("d_output", _ND), Out("d_input", _ND)),
+)
+
+#: quantize and its backward share the descriptor: dtype is that of x (and of d_x).
+QuantizePerTokenDescriptor = QUANTIZE.descriptor(
+    "QuantizePerTokenDescriptor", "x [n, d] of dtype quantized per row (the backward: d_x "
+                                  "[n, d] of dtype from d_q [n, d] of any float dtype).")
+QuantizePerTokenBackwardDescriptor = QuantizePerTokenDescriptor
+QUANTIZE_BACKWARD.descriptor_cls = QuantizePerTokenDescriptor
+QuantizePerTokenArgs = QUANTIZE.args(
+    "QuantizePerTokenArgs", "x [n, d]; q [n, d] int8 and scale [n] f32, written.")
+QuantizePerTokenBackwardArgs = QUANTIZE_BACKWARD.args(
+    "QuantizePerTokenBackwardArgs", "d_q [n, d] (any float dtype); d_x [n, d], written.")
+
+#: dequantize and its backward share the descriptor: dtype is that of y (and of its gradient).
+DequantizePerTokenDescriptor = DEQUANTIZE.descriptor(
+    "DequantizePerTokenDescriptor", "y [n, d] of dtype from q [n, d] int8 and scale [n] "
+                                    "f32 (the backward: d_output and d_input of dtype).")
+DequantizePerTokenBackwardDescriptor = DequantizePerTokenDescriptor
+DEQUANTIZE_BACKWARD.descriptor_cls = DequantizePerTokenDescriptor
+DequantizePerTokenArgs = DEQUANTIZE.args(
+    "DequantizePerTokenArgs", "q [n, d] int8, scale [n] f32; y [n, d], written.")
+DequantizePerTokenBackwardArgs = DEQUANTIZE_BACKWARD.args(
+    "DequantizePerTokenBackwardArgs", "scale [n] f32, d_output [n, d]; d_input [n, d], "
+                                      "written.")
 
 
-@dataclass(frozen=True)
-class QuantizePerTokenDescriptor:
-    n: int
-    d: int
-    dtype: Any = np.float32
+# -- plans -------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class QuantizePerTokenArgs:
-    x: Any      # [n, d] float
-    q: Any      # [n, d] int8, written
-    scale: Any  # [n] float32, written
+class _PerTokenPlan(Plan):
+    """One SKU per side: the NumPy body, or `kernel` (``row``: one CUDA block per row, the
+    spec's operands then n and d as its parameters). One rounding per element and an exact
+    max: deterministic and bit-stable everywhere."""
+
+    category = "quantize"
+    kernel = ""
+
+    @classmethod
+    def _candidates(cls, desc: Any, stream: Stream) -> list[Candidate]:
+        c = _short(_compute_dtype(desc.dtype))
+        if stream.is_host:
+            return [Candidate("numpy", BackendKind.NUMPY, True, True, c, c)]
+        return [Candidate("row", BackendKind.NVRTC, True, True, c, c)]
+
+    def _prepare(self) -> None:
+        d = self.desc
+        self._dtype = as_dtype(d.dtype)
+        self._compute = _compute_dtype(d.dtype)
+        self._kernel = f"{self.kernel}<{cuda_name(d.dtype)}>"
+        # One block per row (grid-stride past _MAX_GRID); a multiple of 32 threads (block_max
+        # needs whole warps), at most 256.
+        self._launch_dims = (int(min(d.n, _MAX_GRID)), int(min(256, max(32, cdiv(d.d, 32) * 32))))
+        self._extents = (np.int64(d.n), np.int64(d.d))
+
+    def _run_row(self, stream: Stream, ws: Workspace, args: Any) -> None:
+        fn = _MODULE.function(self._kernel, stream.device_id)
+        launch(stream, fn, *self._launch_dims, self._operands(args) + self._extents)
 
 
-class QuantizePerTokenPlan(Plan):
+class QuantizePerTokenPlan(_PerTokenPlan):
     """x [N, D] -> q [N, D] int8 and scale [N] f32 (module docstring). One CUDA block per row."""
 
     op = "quantize_per_token"
-    category = "quantize"
+    spec = QUANTIZE
+    kernel = "quantize_per_token"
 
-    @classmethod
-    def _candidates(cls, desc: QuantizePerTokenDescriptor, on_device: bool) -> list[Candidate]:
-        return _candidates_for(cls.op, desc.dtype, on_device, "row")
+    @staticmethod
+    def _operands(args: Any) -> tuple:
+        return (args.x, args.q, args.scale)
 
-    def _check_args(self, args: QuantizePerTokenArgs) -> None:
-        d = self.desc
-        check_operand(self.op, "x", args.x, (d.n, d.d), d.dtype)
-        check_operand(self.op, "q", args.q, (d.n, d.d), int8)
-        check_operand(self.op, "scale", args.scale, (d.n,), float32)
-        check_writable_distinct(self.op, {"q": args.q, "scale": args.scale}, {"x": args.x})
-        check_writable_distinct(self.op, {"scale": args.scale}, {"q": args.q})
-
-    def _is_empty(self) -> bool:
-        return self.desc.n == 0  # D == 0 still writes scale = 0 for every row
-
-    def _run_numpy(self, stream: Stream, ws: Workspace, args: QuantizePerTokenArgs) -> None:
-        q, scale = quantize_rows(args.x)
-        args.q[...] = q
-        args.scale[...] = scale
-
-    def _run_row(self, stream: Stream, ws: Workspace, args: QuantizePerTokenArgs) -> None:
-        d = self.desc
-        fn = _MODULE.function(f"quantize_per_token<{cuda_name(d.dtype)}>", stream.device_id)
-        launch(stream, fn, _row_grid(d.n), _row_threads(d.d),
-               (args.x, args.q, args.scale, np.int64(d.n), np.int64(d.d)))
+    def _run_numpy(self, stream: Stream, ws: Workspace, args: Any) -> None:
+        args.q[...], args.scale[...] = quantize_rows(args.x)
 
 
-@dataclass(frozen=True)
-class QuantizePerTokenBackwardDescriptor:
-    n: int
-    d: int
-    dtype: Any = np.float32        # dtype of d_x (the forward input x)
-    grad_dtype: Any = None         # dtype of d_q; None: the same as dtype
-
-
-@dataclass(frozen=True)
-class QuantizePerTokenBackwardArgs:
-    d_q: Any  # [n, d] float (grad_dtype)
-    d_x: Any  # [n, d] float (dtype), written
-
-
-class QuantizePerTokenBackwardPlan(Plan):
-    """Straight-through estimator: d_x = d_q (a copy, or a conversion through f32)."""
+class QuantizePerTokenBackwardPlan(_PerTokenPlan):
+    """Straight-through estimator: d_x = d_q, a copy, or a conversion through f32 when d_q's
+    dtype differs (``copy`` on a GPU does both: it picks the convert kernel per call)."""
 
     op = "quantize_per_token_backward"
-    category = "quantize"
+    spec = QUANTIZE_BACKWARD
 
     @classmethod
-    def _candidates(cls, desc: QuantizePerTokenBackwardDescriptor,
-                    on_device: bool) -> list[Candidate]:
-        d = check_dtype(cls.op, "dtype", desc.dtype, FLOAT_DTYPES)
-        g = check_dtype(cls.op, "grad_dtype", _grad_dtype(desc), FLOAT_DTYPES)
-        name = _short(d) if g == d else "f32"
-        backend_kind = BackendKind.NVRTC if on_device else BackendKind.NUMPY
-        variant = ("copy" if g == d else "convert") if on_device else "numpy"
+    def _candidates(cls, desc: Any, stream: Stream) -> list[Candidate]:
         # A copy or one rounding per element: deterministic and bit-stable.
-        return [Candidate(variant, backend_kind, True, True, name, name)]
+        d = _short(desc.dtype)
+        kind = BackendKind.NUMPY if stream.is_host else BackendKind.NVRTC
+        return [Candidate("numpy" if stream.is_host else "copy", kind, True, True, d, d)]
 
-    def _check_args(self, args: QuantizePerTokenBackwardArgs) -> None:
+    def _prepare(self) -> None:
         d = self.desc
-        check_operand(self.op, "d_q", args.d_q, (d.n, d.d), _grad_dtype(d))
-        check_operand(self.op, "d_x", args.d_x, (d.n, d.d), d.dtype)
-        check_writable_distinct(self.op, {"d_x": args.d_x}, {"d_q": args.d_q})
+        self._dtype = as_dtype(d.dtype)
+        total = d.n * d.d
+        self._total = np.int64(total)
+        self._grid = int(max(1, min(cdiv(total, 256), _MAX_GRID)))
+        self._convert = {g: f"quantize_per_token_backward_convert<{cuda_name(g)}, "
+                            f"{cuda_name(d.dtype)}>"
+                         for g in FLOAT_DTYPES if g != self._dtype}
 
-    def _is_empty(self) -> bool:
-        return self.desc.n == 0 or self.desc.d == 0
-
-    def _run_numpy(self, stream: Stream, ws: Workspace,
-                   args: QuantizePerTokenBackwardArgs) -> None:
-        if args.d_q.dtype == args.d_x.dtype:
+    def _run_numpy(self, stream: Stream, ws: Workspace, args: Any) -> None:
+        if args.d_q.dtype == self._dtype:
             args.d_x[...] = args.d_q
         else:
-            args.d_x[...] = _convert_through_f32(args.d_q, args.d_x.dtype)
+            args.d_x[...] = _convert_through_f32(args.d_q, self._dtype)
 
-    def _run_copy(self, stream: Stream, ws: Workspace,
-                  args: QuantizePerTokenBackwardArgs) -> None:
-        backend.copy_into(args.d_x, args.d_q, stream.cuda_stream)
-
-    def _run_convert(self, stream: Stream, ws: Workspace,
-                     args: QuantizePerTokenBackwardArgs) -> None:
-        d = self.desc
-        total = d.n * d.d
-        fn = _MODULE.function(
-            f"quantize_per_token_backward_convert<{cuda_name(_grad_dtype(d))}, "
-            f"{cuda_name(d.dtype)}>", stream.device_id)
-        launch(stream, fn, int(min(cdiv(total, 256), _MAX_GRID)), 256,
-               (args.d_q, args.d_x, np.int64(total)))
+    def _run_copy(self, stream: Stream, ws: Workspace, args: Any) -> None:
+        kernel = self._convert.get(args.d_q.dtype)
+        if kernel is None:  # same dtype
+            backend.copy_into(args.d_x, args.d_q, stream.cuda_stream)
+            return
+        fn = _MODULE.function(kernel, stream.device_id)
+        launch(stream, fn, self._grid, 256, (args.d_q, args.d_x, self._total))
 
 
-def _grad_dtype(desc: QuantizePerTokenBackwardDescriptor) -> Any:
-    return desc.dtype if desc.grad_dtype is None else desc.grad_dtype
-
-
-# -- dequantize --------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class DequantizePerTokenDescriptor:
-    n: int
-    d: int
-    dtype: Any = np.float32  # dtype of y
-
-
-@dataclass(frozen=True)
-class DequantizePerTokenArgs:
-    q: Any      # [n, d] int8
-    scale: Any  # [n] float32
-    y: Any      # [n, d] float (dtype), written
-
-
-class DequantizePerTokenPlan(Plan):
+class DequantizePerTokenPlan(_PerTokenPlan):
     """y[n, d] = dtype(C(scale[n]) * q[n, d]), C = f32 (f64 for an f64 y)."""
 
     op = "dequantize_per_token"
-    category = "quantize"
+    spec = DEQUANTIZE
+    kernel = "dequantize_per_token"
 
-    @classmethod
-    def _candidates(cls, desc: DequantizePerTokenDescriptor, on_device: bool) -> list[Candidate]:
-        return _candidates_for(cls.op, desc.dtype, on_device, "row")
+    @staticmethod
+    def _operands(args: Any) -> tuple:
+        return (args.q, args.scale, args.y)
 
-    def _check_args(self, args: DequantizePerTokenArgs) -> None:
-        d = self.desc
-        check_operand(self.op, "q", args.q, (d.n, d.d), int8)
-        check_operand(self.op, "scale", args.scale, (d.n,), float32)
-        check_operand(self.op, "y", args.y, (d.n, d.d), d.dtype)
-        check_writable_distinct(self.op, {"y": args.y}, {"q": args.q, "scale": args.scale})
-
-    def _is_empty(self) -> bool:
-        return self.desc.n == 0 or self.desc.d == 0
-
-    def _run_numpy(self, stream: Stream, ws: Workspace, args: DequantizePerTokenArgs) -> None:
-        c = _compute_dtype(self.desc.dtype)
-        args.y[...] = _scaled(args.scale, args.q.astype(c), self.desc.dtype)
-
-    def _run_row(self, stream: Stream, ws: Workspace, args: DequantizePerTokenArgs) -> None:
-        d = self.desc
-        fn = _MODULE.function(f"dequantize_per_token<{cuda_name(d.dtype)}>", stream.device_id)
-        launch(stream, fn, _row_grid(d.n), _row_threads(d.d),
-               (args.q, args.scale, args.y, np.int64(d.n), np.int64(d.d)))
+    def _run_numpy(self, stream: Stream, ws: Workspace, args: Any) -> None:
+        args.y[...] = _scaled(args.scale, args.q.astype(self._compute), self._dtype)
 
 
-@dataclass(frozen=True)
-class DequantizePerTokenBackwardDescriptor:
-    n: int
-    d: int
-    dtype: Any = np.float32  # dtype of d_output and d_input
-
-
-@dataclass(frozen=True)
-class DequantizePerTokenBackwardArgs:
-    scale: Any     # [n] float32
-    d_output: Any  # [n, d] float (dtype)
-    d_input: Any   # [n, d] float (dtype), written
-
-
-class DequantizePerTokenBackwardPlan(Plan):
+class DequantizePerTokenBackwardPlan(_PerTokenPlan):
     """d_input[n, d] = dtype(C(scale[n]) * C(d_output[n, d])): deterministic and bit-stable."""
 
     op = "dequantize_per_token_backward"
-    category = "quantize"
+    spec = DEQUANTIZE_BACKWARD
+    kernel = "dequantize_per_token_backward"
 
-    @classmethod
-    def _candidates(cls, desc: DequantizePerTokenBackwardDescriptor,
-                    on_device: bool) -> list[Candidate]:
-        return _candidates_for(cls.op, desc.dtype, on_device, "row")
+    @staticmethod
+    def _operands(args: Any) -> tuple:
+        return (args.scale, args.d_output, args.d_input)
 
-    def _check_args(self, args: DequantizePerTokenBackwardArgs) -> None:
-        d = self.desc
-        check_operand(self.op, "scale", args.scale, (d.n,), float32)
-        check_operand(self.op, "d_output", args.d_output, (d.n, d.d), d.dtype)
-        check_operand(self.op, "d_input", args.d_input, (d.n, d.d), d.dtype)
-        check_writable_distinct(self.op, {"d_input": args.d_input},
-                                {"scale": args.scale, "d_output": args.d_output})
-
-    def _is_empty(self) -> bool:
-        return self.desc.n == 0 or self.desc.d == 0
-
-    def _run_numpy(self, stream: Stream, ws: Workspace,
-                   args: DequantizePerTokenBackwardArgs) -> None:
-        c = _compute_dtype(self.desc.dtype)
-        args.d_input[...] = _scaled(args.scale, _to_compute(args.d_output, c), self.desc.dtype)
-
-    def _run_row(self, stream: Stream, ws: Workspace,
-                 args: DequantizePerTokenBackwardArgs) -> None:
-        d = self.desc
-        fn = _MODULE.function(f"dequantize_per_token_backward<{cuda_name(d.dtype)}>",
-                              stream.device_id)
-        launch(stream, fn, _row_grid(d.n), _row_threads(d.d),
-               (args.scale, args.d_output, args.d_input, np.int64(d.n), np.int64(d.d)))
+    def _run_numpy(self, stream: Stream, ws: Workspace, args: Any) -> None:
+        args.d_input[...] = _scaled(args.scale, _to_compute(args.d_output, self._compute),
+                                    self._dtype)
 
 
 # -- functional API ----------------------------------------------------------------------------
 
 
-def _rank2(op: str, name: str, a: Any) -> tuple[int, int]:
-    if getattr(a, "ndim", None) != 2:
-        raise InvalidProblem(describe(op, name, "a rank-2 array [N, D]",
-                                      f"shape {tuple(getattr(a, 'shape', ()))}"))
-    return int(a.shape[0]), int(a.shape[1])
+def _rank2(op: str, name: str, a: Any) -> Any:
+    """`a` made C-contiguous; InvalidProblem unless it is [N, D] (the descriptor's shape)."""
+    if a.ndim != 2:
+        raise InvalidProblem(describe(op, name, "a rank-2 array [N, D]", f"shape {a.shape}"))
+    return backend.ascontiguous(a)
 
 
 def quantize_per_token(x: Any) -> tuple[Any, Any]:
     """x [N, D] -> (q int8 [N, D], scale f32 [N]) with scale = max|x_n| / 127."""
-    n, d = _rank2("quantize_per_token", "x", x)
-    x = backend.ascontiguous(x)
-    xp = backend.array_namespace(x)
-    q = xp.empty((n, d), dtype=np.int8)
-    scale = xp.empty((n,), dtype=np.float32)
-    desc = QuantizePerTokenDescriptor(n, d, as_dtype(x.dtype))
-    execute(QuantizePerTokenPlan, desc, QuantizePerTokenArgs(x, q, scale), like=x)
-    return q, scale
+    x = _rank2("quantize_per_token", "x", x)
+    return call(QuantizePerTokenPlan, QuantizePerTokenDescriptor(*x.shape, x.dtype), like=x,
+                x=x)
 
 
 def quantize_per_token_backward(d_q: Any, dtype: Any = None) -> Any:
     """Straight-through: d_x = d_q [N, D], in `dtype` (default d_q's dtype)."""
-    n, d = _rank2("quantize_per_token_backward", "d_q", d_q)
-    d_q = backend.ascontiguous(d_q)
-    out_dtype = as_dtype(d_q.dtype if dtype is None else dtype)
-    d_x = backend.array_namespace(d_q).empty((n, d), dtype=out_dtype)
-    desc = QuantizePerTokenBackwardDescriptor(n, d, out_dtype, as_dtype(d_q.dtype))
-    execute(QuantizePerTokenBackwardPlan, desc, QuantizePerTokenBackwardArgs(d_q, d_x), like=d_q)
-    return d_x
+    d_q = _rank2("quantize_per_token_backward", "d_q", d_q)
+    desc = QuantizePerTokenDescriptor(*d_q.shape, d_q.dtype if dtype is None else dtype)
+    return call(QuantizePerTokenBackwardPlan, desc, like=d_q, d_q=d_q)
 
 
 def dequantize_per_token(q: Any, scale: Any, dtype: Any) -> Any:
     """y [N, D] = scale[n] * q[n, d] in `dtype` (computed in f32, f64 for f64)."""
-    n, d = _rank2("dequantize_per_token", "q", q)
-    q = backend.ascontiguous(q)
-    scale = backend.ascontiguous(scale)
-    y = backend.array_namespace(q).empty((n, d), dtype=as_dtype(dtype))
-    desc = DequantizePerTokenDescriptor(n, d, as_dtype(dtype))
-    execute(DequantizePerTokenPlan, desc, DequantizePerTokenArgs(q, scale, y), like=q)
-    return y
+    q = _rank2("dequantize_per_token", "q", q)
+    return call(DequantizePerTokenPlan, DequantizePerTokenDescriptor(*q.shape, dtype), like=q,
+                q=q, scale=backend.ascontiguous(scale))
 
 
 def dequantize_per_token_backward(scale: Any, d_output: Any) -> Any:
     """d_input [N, D] = scale[n] * d_output[n, d], in d_output's dtype."""
-    n, d = _rank2("dequantize_per_token_backward", "d_output", d_output)
-    d_output = backend.ascontiguous(d_output)
-    scale = backend.ascontiguous(scale)
-    d_input = backend.array_namespace(d_output).empty((n, d), dtype=d_output.dtype)
-    desc = DequantizePerTokenBackwardDescriptor(n, d, as_dtype(d_output.dtype))
-    execute(DequantizePerTokenBackwardPlan, desc,
-            DequantizePerTokenBackwardArgs(scale, d_output, d_input), like=d_output)
-    return d_input
+    g = _rank2("dequantize_per_token_backward", "d_output", d_output)
+    return call(DequantizePerTokenBackwardPlan, DequantizePerTokenDescriptor(*g.shape, g.dtype),
+                like=g, scale=backend.ascontiguous(scale), d_output=g)

@@ -65,7 +65,7 @@ def _dequantize_backward_baseline(st: dict) -> None:
 def _quantize_backward_setup() -> dict:
     d_q = device_array(random_host((N, D), np.float32, seed=6))
     d_x = gp.empty((N, D), DT, device="cuda")
-    desc = gp.QuantizePerTokenBackwardDescriptor(N, D, DT, np.float32)
+    desc = gp.QuantizePerTokenBackwardDescriptor(N, D, DT)  # d_q's dtype (f32): the array's
     return plan_state(gp.QuantizePerTokenBackwardPlan, desc,
                       gp.QuantizePerTokenBackwardArgs(d_q, d_x), d_q=d_q)
 

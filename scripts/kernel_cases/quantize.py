@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 import gpuplan as gp
-from gpuplan.testing import run_plan
+from gpuplan.testing import quantize_reference64, run_plan, scale_reference64
 from kernel_cases.common import (
     DTYPES,
     Case,
@@ -21,7 +21,6 @@ from kernel_cases.common import (
 )
 
 N, D = 6, 300  # D > 256 threads: each thread takes two columns, the last warp partly
-TINY = np.float32(np.finfo(np.float32).tiny)
 
 
 def _bits_equal(actual, expected: np.ndarray, what: str) -> None:
@@ -54,12 +53,8 @@ def quantize(dtype) -> None:
     _bits_equal(q, hq, "quantize q")
     _bits_equal(scale, hs, "quantize scale")
     # Float64 math: scale = max|x| / 127 (NaN ignored), q = round(x / scale) within one step.
-    x64 = f64(x)
-    s64 = np.nanmax(np.abs(x64), axis=1) / 127.0
+    q64, s64 = quantize_reference64(x)
     check(scale, s64, np.float32, "quantize scale vs float64")
-    with np.errstate(invalid="ignore", divide="ignore"):
-        q64 = np.where(s64[:, None] > 0, np.round(x64 / s64[:, None]), 0.0)
-    q64 = np.nan_to_num(q64)
     qd = host(q).astype(np.int64)
     assert np.abs(qd - q64).max() <= 1, "quantize q more than one step from float64 math"
     assert host(scale)[3] == 1.0 and qd[3, :4].tolist() == [127, 0, 2, -126]  # half to even
@@ -67,17 +62,17 @@ def quantize(dtype) -> None:
 
 
 def quantize_backward_convert(grad_dtype, dtype) -> None:
+    """The ``copy`` SKU with d_q in another dtype (taken from the array): the convert kernel."""
     n, d = 5, 301  # a partial last block of the flat 256-thread grid
     d_q = random((n, d), grad_dtype, seed=2, low=-50, high=50)
     d_x = emu(np.full((n, d), 3, dtype))
-    plan = run_emulated(gp.QuantizePerTokenBackwardPlan,
-                        gp.QuantizePerTokenBackwardDescriptor(n, d, dtype, grad_dtype),
+    desc = gp.QuantizePerTokenBackwardDescriptor(n, d, dtype)
+    plan = run_emulated(gp.QuantizePerTokenBackwardPlan, desc,
                         gp.QuantizePerTokenBackwardArgs(emu(d_q), d_x))
-    assert plan.sku().variant == "convert", plan.sku()
+    assert plan.sku().variant == "copy", plan.sku()
     check(d_x, f64(d_q), dtype, "quantize backward (straight-through)")
     expect = np.zeros((n, d), dtype)
-    run_plan(gp.QuantizePerTokenBackwardPlan,
-             gp.QuantizePerTokenBackwardDescriptor(n, d, dtype, grad_dtype),
+    run_plan(gp.QuantizePerTokenBackwardPlan, desc,
              gp.QuantizePerTokenBackwardArgs(d_q, expect), "cpu")
     _bits_equal(d_x, expect, "quantize backward convert")
 
@@ -91,16 +86,12 @@ def _q_and_scale(n: int, d: int):
     return q, scale
 
 
-def _scale64(scale: np.ndarray) -> np.ndarray:
-    return np.where(np.abs(scale) < TINY, 0, scale).astype(np.float64)
-
-
 def dequantize(dtype) -> None:
     q, scale = _q_and_scale(N, D)
     y = emu(np.full((N, D), 7, dtype))
     run_emulated(gp.DequantizePerTokenPlan, gp.DequantizePerTokenDescriptor(N, D, dtype),
                  gp.DequantizePerTokenArgs(emu(q), emu(scale), y))
-    check(y, _scale64(scale)[:, None] * q, dtype, "dequantize")
+    check(y, scale_reference64(scale)[:, None] * q, dtype, "dequantize")
     expect = np.zeros((N, D), dtype)
     run_plan(gp.DequantizePerTokenPlan, gp.DequantizePerTokenDescriptor(N, D, dtype),
              gp.DequantizePerTokenArgs(q, scale, expect), "cpu")
@@ -114,7 +105,7 @@ def dequantize_backward(dtype) -> None:
     run_emulated(gp.DequantizePerTokenBackwardPlan,
                  gp.DequantizePerTokenBackwardDescriptor(N, D, dtype),
                  gp.DequantizePerTokenBackwardArgs(emu(scale), emu(d_out), d_in))
-    check(d_in, _scale64(scale)[:, None] * f64(d_out), dtype, "dequantize backward")
+    check(d_in, scale_reference64(scale)[:, None] * f64(d_out), dtype, "dequantize backward")
     expect = np.zeros((N, D), dtype)
     run_plan(gp.DequantizePerTokenBackwardPlan,
              gp.DequantizePerTokenBackwardDescriptor(N, D, dtype),

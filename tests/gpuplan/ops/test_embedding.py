@@ -6,11 +6,14 @@ import numpy as np
 import pytest
 
 import gpuplan as gp
+from gpuplan.spec_check import check_plan
 from tests.plan_testing import (
     DTYPES,
     INDEX_DTYPES,
     assert_close,
     assert_rejected,
+    embedding_backward_reference,
+    embedding_reference,
     f64,
     on,
     random,
@@ -27,24 +30,6 @@ def _indices(n: int, v: int, dtype, seed: int = 1) -> np.ndarray:
     return idx.astype(dtype)
 
 
-def ref_forward(weight: np.ndarray, idx: np.ndarray) -> np.ndarray:
-    w = f64(weight)
-    out = np.zeros((idx.shape[0], w.shape[1]))
-    for n, v in enumerate(idx.tolist()):
-        if 0 <= v < w.shape[0]:
-            out[n] = w[v]
-    return out
-
-
-def ref_backward(dout: np.ndarray, idx: np.ndarray, v: int, padding_idx) -> np.ndarray:
-    d = f64(dout)
-    dw = np.zeros((v, d.shape[1]))
-    for n, i in enumerate(idx.tolist()):
-        if 0 <= i < v and i != padding_idx:
-            dw[i] += d[n]
-    return dw
-
-
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("index_dtype", INDEX_DTYPES)
 @pytest.mark.parametrize("v,d,n", SHAPES)
@@ -54,7 +39,7 @@ def test_forward_matches_reference(device, dtype, index_dtype, v, d, n):
     out = on(device, np.full((n, d), 7, dtype=dtype))
     plan = run_plan(gp.EmbeddingPlan, gp.EmbeddingDescriptor(v, d, n, dtype),
                     gp.EmbeddingArgs(on(device, w), on(device, idx), out), device)
-    np.testing.assert_array_equal(f64(out), ref_forward(w, idx))  # a gather is exact
+    np.testing.assert_array_equal(f64(out), embedding_reference(w, idx))  # a gather is exact
     assert plan.precision_guarantee().bit_stable
 
 
@@ -72,7 +57,8 @@ def test_backward_matches_reference(device, dtype, index_dtype, v, d, n, determi
                     gp.EmbeddingBackwardArgs(on(device, dout), on(device, idx), dw), device,
                     gp.PlanPreference(deterministic=deterministic))
     # Each sum has at most ~n/v terms in the accumulator: scale tolerance with that count.
-    assert_close(dw, ref_backward(dout, idx, v, pad), dtype, scale=max(1.0, n / v / 4))
+    assert_close(dw, embedding_backward_reference(dout, idx, v, pad), dtype,
+                 scale=max(1.0, n / v / 4))
     if deterministic:
         assert plan.precision_guarantee().deterministic
 
@@ -94,6 +80,24 @@ def test_deterministic_backward_is_bit_identical_to_host(device, dtype):
         np.testing.assert_array_equal(gp.to_host(dw).view(np.uint8), host.view(np.uint8))
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("index_dtype", INDEX_DTYPES)
+def test_plans_through_check_plan(device, dtype, index_dtype):
+    """Results against the references, then every malformed operand the specs imply."""
+    v, d, n = 9, 7, 20
+    w, dout = random((v, d), dtype), random((n, d), dtype, seed=2)
+    idx = _indices(n, v, index_dtype)
+    check_plan(gp.EmbeddingPlan, gp.EmbeddingDescriptor(v, d, n, dtype),
+               {"weight": w, "indices": idx},
+               lambda weight, indices, out: embedding_reference(weight, idx), device=device)
+    dw0 = random((v, d), dtype, seed=3)  # accumulated into
+    before = f64(dw0)  # on the host check_plan's dweight is dw0 itself, updated in place
+    check_plan(gp.EmbeddingBackwardPlan, gp.EmbeddingBackwardDescriptor(v, d, n, 4, dtype),
+               {"dout": dout, "indices": idx, "dweight": dw0},
+               lambda dout, indices, dweight: before + embedding_backward_reference(
+                   dout, idx, v, 4), device=device, scale=2)
+
+
 def test_backward_accumulates_into_existing_gradient():
     v, d, n = 4, 3, 6
     dout = random((n, d), np.float64)
@@ -101,7 +105,7 @@ def test_backward_accumulates_into_existing_gradient():
     dw = np.ones((v, d))
     run_plan(gp.EmbeddingBackwardPlan, gp.EmbeddingBackwardDescriptor(v, d, n, dtype=np.float64),
              gp.EmbeddingBackwardArgs(dout, idx, dw), "cpu")
-    np.testing.assert_allclose(dw, 1 + ref_backward(dout, idx, v, None))
+    np.testing.assert_allclose(dw, 1 + embedding_backward_reference(dout, idx, v, None))
 
 
 @pytest.mark.parametrize("v,d,n", [(0, 4, 3), (5, 0, 3), (5, 4, 0)])
@@ -127,6 +131,17 @@ def test_descriptor_errors():
     with pytest.raises(gp.Unsupported, match="nvrtc requested"):
         gp.EmbeddingPlan.select(s, gp.EmbeddingDescriptor(3, 4, 5),
                                 gp.PlanPreference(backend=gp.BackendKind.NVRTC))
+    with pytest.raises(gp.InvalidProblem, match="embedding_backward: argument 'padding_idx'"):
+        gp.EmbeddingBackwardPlan.select(s, gp.EmbeddingBackwardDescriptor(3, 4, 5, 1.5))
+    with pytest.raises(gp.InvalidProblem, match="'embedding_dim'.*>= 0"):
+        gp.EmbeddingBackwardPlan.select(s, gp.EmbeddingBackwardDescriptor(3, -4, 5))
+    # A negative padding_idx is a valid descriptor: it never matches a row (rows < 0 are
+    # skipped anyway); autograd's embedding counts a negative one from V before it gets here.
+    plan = gp.EmbeddingBackwardPlan.select(s, gp.EmbeddingBackwardDescriptor(3, 2, 2, -1))
+    dw = np.zeros((3, 2), np.float32)
+    plan.run(s, None, gp.EmbeddingBackwardArgs(np.ones((2, 2), np.float32),
+                                               np.array([2, -1], np.int64), dw))
+    np.testing.assert_array_equal(dw, [[0, 0], [0, 0], [1, 1]])
 
 
 def test_argument_errors_leave_outputs_untouched(device):

@@ -7,69 +7,27 @@ import pytest
 
 import gpuplan as gp
 from gpuplan.dtypes import FLOAT_DTYPES
+from gpuplan.spec_check import check_plan
 from tests.plan_testing import (
     DTYPES,
     assert_close,
     assert_rejected,
     f64,
+    flush_f32,
     on,
+    quantize_reference64,
+    quantize_reference_exact,
     random,
     run_plan,
+    scale_reference64,
+    scaled_reference_exact,
     stream_for,
 )
 
 SHAPES = [(1, 1), (7, 5), (33, 257), (129, 1000)]
-TINY = np.float32(np.finfo(np.float32).tiny)
 
 
-# -- references --------------------------------------------------------------------------------
-
-
-def ref_quantize64(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Float64 math: scale = max|x|/127, q = x/scale rounded (ties may differ by one)."""
-    x = f64(x)
-    scale = np.abs(x).max(axis=1, initial=0.0) / 127.0
-    with np.errstate(invalid="ignore", divide="ignore"):
-        q = np.where(scale[:, None] > 0, np.round(x / scale[:, None]), 0.0)
-    return q, scale
-
-
-def _flush(a: np.ndarray) -> np.ndarray:
-    """f32 flush-to-zero, written independently of the module (sign-preserving)."""
-    a = np.array(a, dtype=np.float32)
-    mask = np.abs(a) < TINY
-    a[mask] = np.where(np.signbit(a[mask]), np.float32(-0.0), np.float32(0.0))
-    return a
-
-
-def ref_quantize_exact(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The documented bit-exact definition, row by row."""
-    wide = x.dtype == np.float64
-    n, d = x.shape
-    q = np.zeros((n, d), np.int8)
-    scale = np.zeros(n, np.float32)
-    for i in range(n):
-        row = x[i].astype(np.float64) if wide else _flush(x[i].astype(np.float32))
-        finite = row[~np.isnan(row)]
-        amax = np.abs(finite).max() if finite.size else row.dtype.type(0)
-        with np.errstate(over="ignore"):
-            s = amax / row.dtype.type(127)
-            scale[i] = 0.0 if s < TINY else np.float32(s)
-        if scale[i] == 0:
-            continue
-        with np.errstate(invalid="ignore"):
-            r = np.round(row / row.dtype.type(scale[i]))  # one division in C, half to even
-        r[np.isnan(r)] = 0
-        q[i] = np.minimum(np.maximum(r, -127), 127).astype(np.int8)
-    return q, scale
-
-
-def ref_scaled_exact(scale: np.ndarray, v: np.ndarray, dtype) -> np.ndarray:
-    """dtype(C(scale) * C(v)) with C = f32 (flushed) or f64."""
-    s = _flush(scale.astype(np.float32))
-    if np.dtype(dtype) == np.float64:
-        return (s.astype(np.float64)[:, None] * v.astype(np.float64)).astype(dtype)
-    return _flush(s[:, None] * _flush(v.astype(np.float32))).astype(dtype)
+# -- inputs ------------------------------------------------------------------------------------
 
 
 def special_rows(dtype) -> np.ndarray:
@@ -110,13 +68,13 @@ def quantize(x: np.ndarray, device: str):
 def test_quantize_matches_reference(device, dtype, n, d):
     x = random((n, d), dtype, seed=n + d, low=-4, high=4)
     q, scale, plan = quantize(x, device)
-    q64, s64 = ref_quantize64(x)
+    q64, s64 = quantize_reference64(x)
     np.testing.assert_allclose(scale, s64, rtol=2e-7, atol=0)
     assert np.abs(q.astype(np.int64) - q64).max(initial=0) <= 1
     assert np.mean(q == q64) > 0.99
     err = np.abs(f64(x) - scale.astype(np.float64)[:, None] * q)
     assert np.all(err <= scale.astype(np.float64)[:, None] * (0.5 + 1e-5))
-    eq, es = ref_quantize_exact(x)
+    eq, es = quantize_reference_exact(x)
     np.testing.assert_array_equal(q, eq)
     np.testing.assert_array_equal(scale.view(np.uint32), es.view(np.uint32))
     g = plan.precision_guarantee()
@@ -127,7 +85,7 @@ def test_quantize_matches_reference(device, dtype, n, d):
 def test_quantize_special_rows_are_bit_exact(device, dtype):
     x = special_rows(dtype)
     q, scale = quantize(x, device)[:2]
-    eq, es = ref_quantize_exact(x)
+    eq, es = quantize_reference_exact(x)
     np.testing.assert_array_equal(q, eq)
     np.testing.assert_array_equal(scale.view(np.uint32), es.view(np.uint32))
     # The documented cases, by hand: ties to even, zero row, flushed and underflowing rows.
@@ -150,7 +108,7 @@ def test_quantize_near_ties_are_bit_exact(device, dtype):
     x[:, 0] = 127 * s
     x = x.astype(dtype)
     q, scale = quantize(x, device)[:2]
-    eq, es = ref_quantize_exact(x)
+    eq, es = quantize_reference_exact(x)
     np.testing.assert_array_equal(q, eq)
     np.testing.assert_array_equal(scale.view(np.uint32), es.view(np.uint32))
 
@@ -171,24 +129,28 @@ def test_quantize_backward_is_straight_through(device, dtype, grad_dtype):
     d_q = random((n, d), grad_dtype, seed=2, low=-50, high=50)
     d_q[0, :2] = np.array([1e-39, -1e-39]).astype(grad_dtype)  # f32 subnormals: flushed
     d_x = on(device, np.full((n, d), 3, dtype))
-    desc = gp.QuantizePerTokenBackwardDescriptor(n, d, dtype, grad_dtype)
+    desc = gp.QuantizePerTokenBackwardDescriptor(n, d, dtype)  # d_q's dtype: the array's
     plan = run_plan(gp.QuantizePerTokenBackwardPlan, desc,
                     gp.QuantizePerTokenBackwardArgs(on(device, d_q), d_x), device)
     if np.dtype(dtype) == np.dtype(grad_dtype):
         np.testing.assert_array_equal(_bits(d_x), d_q.view(np.uint8))
     else:
         assert_close(d_x, f64(d_q), dtype)
-        expect = _flush(d_q.astype(np.float32)).astype(dtype)
+        expect = flush_f32(d_q).astype(dtype)
         np.testing.assert_array_equal(_bits(d_x), expect.view(np.uint8))
     assert plan.precision_guarantee().bit_stable
 
 
-def test_quantize_backward_empty(device):
-    d_x = on(device, np.full((0, 4), 3, np.float32))
-    run_plan(gp.QuantizePerTokenBackwardPlan, gp.QuantizePerTokenBackwardDescriptor(0, 4),
-             gp.QuantizePerTokenBackwardArgs(on(device, np.zeros((0, 4), np.float32)), d_x),
-             device)
-    assert d_x.shape == (0, 4)
+@pytest.mark.parametrize("n,d", [(0, 4), (4, 0)])
+def test_quantize_backward_empty(device, n, d):
+    d_x = on(device, np.full((n, d), 3, np.float32))
+    plan = run_plan(gp.QuantizePerTokenBackwardPlan, gp.QuantizePerTokenBackwardDescriptor(n, d),
+                    gp.QuantizePerTokenBackwardArgs(on(device, np.zeros((n, d), gp.bfloat16)),
+                                                    d_x), device)
+    assert plan.sku().dtype == "f32"
+    out = gp.functional.quantize_per_token_backward(on(device, np.zeros((n, d), np.float16)),
+                                                    dtype=np.float64)
+    assert out.shape == (n, d) and out.dtype == np.float64
 
 
 # -- dequantize and its backward ---------------------------------------------------------------
@@ -211,9 +173,8 @@ def test_dequantize_matches_reference(device, dtype, n, d):
     y = on(device, np.full((n, d), 7, dtype))
     plan = run_plan(gp.DequantizePerTokenPlan, gp.DequantizePerTokenDescriptor(n, d, dtype),
                     gp.DequantizePerTokenArgs(on(device, q), on(device, scale), y), device)
-    s64 = np.where(np.abs(scale) < TINY, 0, scale).astype(np.float64)
-    assert_close(y, s64[:, None] * q, dtype)
-    np.testing.assert_array_equal(_bits(y), ref_scaled_exact(scale, q, dtype).view(np.uint8))
+    assert_close(y, scale_reference64(scale)[:, None] * q, dtype)
+    np.testing.assert_array_equal(_bits(y), scaled_reference_exact(scale, q, dtype).view(np.uint8))
     assert plan.precision_guarantee().deterministic
 
 
@@ -229,13 +190,11 @@ def test_dequantize_backward_matches_reference(device, dtype, n, d):
                     gp.DequantizePerTokenBackwardDescriptor(n, d, dtype),
                     gp.DequantizePerTokenBackwardArgs(on(device, scale), on(device, d_out), d_in),
                     device)
-    s64 = np.where(np.abs(scale) < TINY, 0, scale).astype(np.float64)
-    expect64 = s64[:, None] * f64(d_out)
-    if np.dtype(dtype) != np.float64:
-        expect64 = np.where(np.abs(f64(d_out)) < TINY, 0, expect64)
+    g64 = f64(d_out) if np.dtype(dtype) == np.float64 else f64(flush_f32(d_out))
+    expect64 = scale_reference64(scale)[:, None] * g64
     assert_close(d_in, expect64, dtype)
     np.testing.assert_array_equal(_bits(d_in),
-                                  ref_scaled_exact(scale, d_out, dtype).view(np.uint8))
+                                  scaled_reference_exact(scale, d_out, dtype).view(np.uint8))
     g = plan.precision_guarantee()
     assert g.deterministic and g.bit_stable
 
@@ -285,10 +244,14 @@ def test_descriptor_errors(plan_cls, desc_cls):
     assert plan_cls.select(s, desc_cls(2, 4), gp.PlanPreference(deterministic=True))
 
 
-def test_quantize_backward_rejects_bad_grad_dtype():
-    desc = gp.QuantizePerTokenBackwardDescriptor(2, 4, np.float32, np.int8)
-    with pytest.raises(gp.Unsupported, match="'grad_dtype'"):
-        gp.QuantizePerTokenBackwardPlan.select(gp.Stream.host(), desc)
+def test_quantize_backward_rejects_bad_grad_dtype(device):
+    s = stream_for(device)
+    plan = gp.QuantizePerTokenBackwardPlan.select(s, gp.QuantizePerTokenBackwardDescriptor(2, 4))
+    d_x = on(device, np.full((2, 4), 9, np.float32))
+    for bad in (np.int8, np.int32):
+        assert_rejected(lambda bad=bad: plan.run(s, None, gp.QuantizePerTokenBackwardArgs(
+            on(device, np.ones((2, 4), bad)), d_x)), gp.Unsupported, [d_x],
+            "quantize_per_token_backward", "'d_q'", "f32 or f64 or f16 or bf16")
 
 
 def test_quantize_argument_errors_leave_outputs_untouched(device):
@@ -360,12 +323,37 @@ def test_backward_argument_errors_leave_outputs_untouched(device):
     assert_rejected(lambda: plan.run(s, None, args(scale, d_in, d_in)), gp.InvalidProblem,
                     [d_in], "'d_input'", "distinct")
     qb = gp.QuantizePerTokenBackwardPlan.select(
-        s, gp.QuantizePerTokenBackwardDescriptor(n, d, np.float64, np.float32))
+        s, gp.QuantizePerTokenBackwardDescriptor(n, d, np.float64))
     qargs = gp.QuantizePerTokenBackwardArgs
-    assert_rejected(lambda: qb.run(s, None, qargs(g, d_in)), gp.Unsupported, [d_in],
-                    "quantize_per_token_backward", "'d_q'", "f32", "f64")
+    f32_out = on(device, np.full((n, d), 9, np.float32))
+    assert_rejected(lambda: qb.run(s, None, qargs(g, f32_out)), gp.Unsupported, [f32_out],
+                    "quantize_per_token_backward", "'d_x'", "f64", "f32")
+    assert_rejected(lambda: qb.run(s, None, qargs(d_in, d_in)), gp.InvalidProblem, [d_in],
+                    "'d_x'", "distinct")
     assert_rejected(lambda: qb.run(s, None, qargs(g.astype(np.float32).T, d_in)),
                     gp.InvalidProblem, [d_in], "'d_q'", "(4, 3)")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_plans_through_check_plan(device, dtype):
+    """Results against the references, then every malformed operand the specs imply."""
+    n, d = 6, 40
+    x = random((n, d), dtype, seed=1, low=-3, high=3)
+    q, scale = _q_and_scale(n, d)
+    g = random((n, d), dtype, seed=2)
+    check_plan(gp.QuantizePerTokenPlan, gp.QuantizePerTokenDescriptor(n, d, dtype), {"x": x},
+               lambda **_: dict(zip(("q", "scale"), quantize_reference_exact(x),
+                                    strict=True)), device=device)
+    check_plan(gp.QuantizePerTokenBackwardPlan, gp.QuantizePerTokenBackwardDescriptor(n, d, dtype),
+               {"d_q": g}, lambda d_q, d_x: d_q, device=device)
+    check_plan(gp.DequantizePerTokenPlan, gp.DequantizePerTokenDescriptor(n, d, dtype),
+               {"q": q, "scale": scale},
+               lambda q, scale, y: scale_reference64(scale)[:, None] * q, device=device)
+    check_plan(gp.DequantizePerTokenBackwardPlan,
+               gp.DequantizePerTokenBackwardDescriptor(n, d, dtype),
+               {"scale": scale, "d_output": g},
+               lambda scale, d_output, d_input: scale_reference64(scale)[:, None] * d_output,
+               device=device)
 
 
 # -- functional API and SKUs -------------------------------------------------------------------
@@ -375,12 +363,12 @@ def test_functional_api():
     x = random((6, 10), gp.bfloat16, seed=1)
     q, scale = gp.functional.quantize_per_token(x)
     assert (q.dtype, q.shape, scale.dtype, scale.shape) == (np.int8, (6, 10), np.float32, (6,))
-    eq, es = ref_quantize_exact(x)
+    eq, es = quantize_reference_exact(x)
     np.testing.assert_array_equal(q, eq)
     np.testing.assert_array_equal(scale, es)
     xt = random((10, 6), np.float32).T  # a strided view is made contiguous first
     np.testing.assert_array_equal(gp.functional.quantize_per_token(xt)[0],
-                                  ref_quantize_exact(np.ascontiguousarray(xt))[0])
+                                  quantize_reference_exact(np.ascontiguousarray(xt))[0])
     y = gp.functional.dequantize_per_token(q, scale, np.float16)
     assert y.dtype == np.float16 and y.shape == (6, 10)
     d = random((6, 10), np.float32, seed=3)
@@ -388,7 +376,7 @@ def test_functional_api():
     dx = gp.functional.quantize_per_token_backward(d, dtype=gp.bfloat16)
     assert dx.dtype == gp.bfloat16
     di = gp.functional.dequantize_per_token_backward(scale, d)
-    np.testing.assert_array_equal(di, ref_scaled_exact(scale, d, np.float32))
+    np.testing.assert_array_equal(di, scaled_reference_exact(scale, d, np.float32))
     with pytest.raises(gp.InvalidProblem, match="quantize_per_token: argument 'x'.*rank-2"):
         gp.functional.quantize_per_token(np.zeros((2, 3, 4), np.float32))
     with pytest.raises(gp.Unsupported, match="dtype"):
@@ -418,10 +406,15 @@ def test_device_skus():
         plan = plan_cls.select(s, desc, gp.PlanPreference(deterministic=True))
         assert plan.sku().variant == "row" and plan.sku().backend is gp.BackendKind.NVRTC
         assert plan.precision_guarantee().bit_stable
-    qb = gp.QuantizePerTokenBackwardPlan
-    assert qb.select(s, gp.QuantizePerTokenBackwardDescriptor(3, 4)).sku().variant == "copy"
-    conv = gp.QuantizePerTokenBackwardDescriptor(3, 4, gp.bfloat16, np.float32)
-    assert qb.select(s, conv).sku().variant == "convert"
+    # One SKU copies d_q, or converts it when its dtype (taken from the array) differs.
+    qb = gp.QuantizePerTokenBackwardPlan.select(s, gp.QuantizePerTokenBackwardDescriptor(3, 4,
+                                                                                       gp.bfloat16))
+    assert qb.sku().variant == "copy" and qb.sku().dtype == "bf16"
+    d_q = random((3, 4), np.float32, seed=1)
+    for g in (d_q.astype(gp.bfloat16), d_q):
+        d_x = on("cuda", np.zeros((3, 4), gp.bfloat16))
+        qb.run(s, None, gp.QuantizePerTokenBackwardArgs(on("cuda", g), d_x))
+        np.testing.assert_array_equal(_bits(d_x), d_q.astype(gp.bfloat16).view(np.uint8))
     with pytest.raises(gp.Unsupported, match="cublas requested"):
         gp.QuantizePerTokenPlan.select(s, gp.QuantizePerTokenDescriptor(3, 4),
                                        gp.PlanPreference(backend=gp.BackendKind.CUBLAS))
