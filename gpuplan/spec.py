@@ -171,7 +171,8 @@ class Operand:
     field that says whether it is passed (a passed operand is then an error when the field
     is False, and a missing one when it is True), or a callable ``desc -> rule`` returning
     None (required), True (may be None) or False (must be None).
-    distinct: for outputs, the input names it must not overlap (True: every input).
+    distinct: for outputs and in-place operands, the operand names it must not overlap
+    (True: every input).
     contiguous / alignment: layout requirements (alignment defaults to the itemsize).
     """
 
@@ -335,8 +336,9 @@ class Resolved:
         self.rows = tuple(rows)
         self.shapes, self.dtypes = shapes, dtypes
         self.distinct = tuple(
-            (o.name, tuple(spec.inputs if o.distinct is True else o.distinct))
-            for o in spec.operands if o.role == "out" and o.distinct)
+            (o.name, tuple(n for n in (spec.inputs if o.distinct is True else o.distinct)
+                           if n != o.name))
+            for o in spec.operands if o.role != "in" and o.distinct)
         self.empty = self._is_empty(spec, desc, env)
         #: outputs `call` allocates when not passed: required, of one known dtype.
         self.allocatable = tuple(r[0] for r in rows if r[0] in spec.outputs and r[4] is True

@@ -7,9 +7,9 @@ operand the spec implies, each rejected with the right error and no output touch
 `inputs` maps operand names to host arrays at the plan's dtypes (inputs, in-place
 operands, and any output whose initial value matters) and scalar names to values; the
 remaining outputs are allocated and filled with a sentinel. `reference` gets every
-operand and scalar as float64 host arrays / values and returns the expected float64
-outputs by name (an array when the spec has one output). With `bad_inputs` every operand
-is then replaced, one at a time, by what the spec forbids: a dtype outside its rule, a
+operand (as it was before the run) and scalar as float64 host arrays / values and returns
+the expected float64 outputs by name (an array when the spec has one output). With
+`bad_inputs` every operand is then replaced, one at a time, by what the spec forbids: a dtype outside its rule, a
 buffer one element short (BufferTooSmall) or long (InvalidProblem), a strided view, an
 array on the other side (host vs device), None when required, and an output overlapping
 an input it must be distinct from. Each call must raise the matching GpuPlanError and leave
@@ -50,12 +50,13 @@ def check_plan(plan_cls: type, desc: Any, inputs: dict[str, Any],
             host[name] = np.full(plan.shape(name), _SENTINEL, plan._resolved.dtypes[name])
     scalars = {s.name: inputs.get(s.name, s.default) for s in spec.scalars
                if s.name in inputs or s.default is not REQUIRED}
-    dev = {k: on(device, v) for k, v in host.items()}
+    before = {k: np.array(v, copy=True) for k, v in host.items()}  # in-place operands change
+    dev = {k: on(device, np.array(v, copy=True)) for k, v in host.items()}
     ws = gp.Workspace.allocate(stream, plan.workspace_size())
     plan.run(stream, ws, spec.make_args(**dev, **scalars))
     stream.synchronize()
     if reference is not None:
-        expected = reference(**{k: f64(v) for k, v in host.items()}, **scalars)
+        expected = reference(**{k: f64(v) for k, v in before.items()}, **scalars)
         if not isinstance(expected, dict):
             (only,) = spec.outputs
             expected = {only: expected}

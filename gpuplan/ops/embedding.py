@@ -14,7 +14,6 @@ import numpy as np
 
 from gpuplan import backend
 from gpuplan.dtypes import FLOAT_DTYPES, accumulator, cuda_name, float32, float64, short_name
-from gpuplan.errors import InvalidProblem, describe
 from gpuplan.execute import call
 from gpuplan.nvrtc import CudaModule, launch, on_stream
 from gpuplan.plan import BackendKind, Candidate, Plan, PlanPreference, host_candidate
@@ -56,7 +55,7 @@ FORWARD = OpSpec(
 )  # empty: out has no element (N == 0 or D == 0); V == 0 writes zero rows
 BACKWARD = OpSpec(
     "embedding_backward", fields=(*_EXTENTS, Index("padding_idx", default=None), _DTYPE),
-    operands=(In("dout", _ROWS), _INDICES, InOut("dweight", _TABLE)),
+    operands=(In("dout", _ROWS), _INDICES, InOut("dweight", _TABLE, distinct=("dout", "indices"))),
     empty=("num_indices", "embedding_dim", "num_embeddings"),
 )
 
@@ -158,15 +157,6 @@ class EmbeddingBackwardPlan(Plan):
         self._padding = -1 if d.padding_idx is None else int(d.padding_idx)
         self._extents = (np.int64(d.num_indices), np.int64(d.num_embeddings),
                          np.int64(d.embedding_dim), np.int64(self._padding))
-
-    def _check_args(self, args: Any) -> None:
-        # dweight is read and written: the spec's distinctness rule covers outputs only.
-        dw = args.dweight
-        for name in ("dout", "indices"):
-            if _overlap(dw, getattr(args, name), self._stream.is_host):
-                raise InvalidProblem(describe(self.op, "dweight",
-                                              f"a buffer distinct from '{name}'",
-                                              "an overlapping buffer"))
 
     def _run_numpy(self, stream: Stream, ws: Workspace, args: Any) -> None:
         d = self.desc
