@@ -4,16 +4,16 @@ operand the spec implies, each rejected with the right error and no output touch
     check_plan(gp.UnaryPlan, gp.UnaryDescriptor("gelu", 37, dtype), {"x": x},
                lambda x, alpha: {"y": ref_gelu(x)}, device=device, scale=4)
 
-`inputs` maps operand names to host arrays at the plan's dtypes (inputs, in-place
-operands, and any output whose initial value matters) and scalar names to values; the
-remaining outputs are allocated and filled with a sentinel. `reference` gets every
-operand (as it was before the run) and scalar as float64 host arrays / values and returns
-the expected float64 outputs by name (an array when the spec has one output). With
-`bad_inputs` every operand is then replaced, one at a time, by what the spec forbids: a dtype outside its rule, a
-buffer one element short (BufferTooSmall) or long (InvalidProblem), a strided view, an
-array on the other side (host vs device), None when required, and an output overlapping
-an input it must be distinct from. Each call must raise the matching GpuPlanError and leave
-every output and in-place operand byte-identical. Needs pytest.
+`inputs` maps operand names to host arrays at the plan's dtypes (inputs, in-place operands,
+and any output whose initial value matters) and scalar names to values; the remaining
+outputs are allocated and filled with a sentinel. `reference` gets every operand (as it was
+before the run) and scalar as float64 host arrays / values and returns the expected float64
+outputs by name (an array when the spec has one output). With `bad_inputs` every operand is
+then replaced, one at a time, by what the spec forbids: a dtype outside its rule, a buffer
+one element short (BufferTooSmall) or long (InvalidProblem), a strided view, an array on the
+other side (host vs device), None when required, and an output overlapping an input it must
+be distinct from. Each call must raise the matching GpuPlanError and leave every output and
+in-place operand byte-identical. Needs pytest.
 """
 
 from __future__ import annotations
