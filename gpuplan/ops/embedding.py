@@ -191,15 +191,6 @@ class EmbeddingBackwardPlan(Plan):
                (args.dout, order, sorted_idx, args.dweight, *self._extents))
 
 
-def _overlap(a: Any, b: Any, host: bool) -> bool:
-    if not a.size or not b.size:
-        return False
-    if host:
-        return bool(np.may_share_memory(a, b))
-    a0, b0 = a.data.ptr, b.data.ptr
-    return a0 < b0 + b.nbytes and b0 < a0 + a.nbytes
-
-
 def _sequential_segment_sum(x: np.ndarray, starts: np.ndarray) -> np.ndarray:
     """Sum rows of x per segment strictly left to right from zero, as the segment kernel
     does (np.add.reduceat is not sequential over axis 0: its bits differ from the kernel's).
