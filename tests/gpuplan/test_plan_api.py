@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import types
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -14,29 +13,26 @@ from gpuplan import backend
 from gpuplan.execute import cached_plan, clear_plan_cache, execute
 from gpuplan.plan import (
     Candidate,
-    check_dtype,
     check_index_dtype,
     check_operand,
     check_writable_distinct,
     host_candidate,
 )
+from gpuplan.spec import DType, Extent, Flag, In, Index, OpSpec, Out
 from tests.plan_testing import assert_rejected
 
 # -- a tiny test-only plan family: y = 2 * x, one SKU staging through the workspace ------------
 
 
-@dataclass(frozen=True)
-class DoubleDescriptor:
-    n: int
-    dtype: Any = np.float32
-    allow_plain: bool = True
-    padding_idx: int | None = None  # a signed field: may be negative
-
-
-@dataclass(frozen=True)
-class DoubleArgs:
-    x: Any
-    y: Any
+DOUBLE = OpSpec(
+    "double_test",
+    fields=(Extent("n"), DType("dtype", (np.float32, np.float64), default=np.float32),
+            Flag("allow_plain", default=True),
+            Index("padding_idx", default=None)),  # a signed field: may be negative
+    operands=(In("x", ("n",)), Out("y", ("n",))),
+)
+DoubleDescriptor = DOUBLE.descriptor("DoubleDescriptor")
+DoubleArgs = DOUBLE.args("DoubleArgs")
 
 
 class DoublePlan(gp.Plan):
@@ -44,23 +40,16 @@ class DoublePlan(gp.Plan):
 
     op = "double_test"
     category = "test"
+    spec = DOUBLE
     STAGED_BYTES = 256
 
     @classmethod
-    def _candidates(cls, desc: DoubleDescriptor, on_device: bool) -> list[Candidate]:
-        check_dtype(cls.op, "dtype", desc.dtype, (np.float32, np.float64))
-        kind = gp.BackendKind.NVRTC if on_device else gp.BackendKind.NUMPY
+    def _candidates(cls, desc: Any, stream: gp.Stream) -> list[Candidate]:
+        kind = gp.BackendKind.NUMPY if stream.is_host else gp.BackendKind.NVRTC
         cands = [Candidate("staged", kind, False, False, "f32", "f32", cls.STAGED_BYTES)]
         if desc.allow_plain:
             cands.append(Candidate("plain", kind, True, True, "f32", "f32"))
         return cands
-
-    def _check_args(self, args: DoubleArgs) -> None:
-        check_operand(self.op, "x", args.x, (self.desc.n,), self.desc.dtype)
-        check_operand(self.op, "y", args.y, (self.desc.n,), self.desc.dtype)
-
-    def _is_empty(self) -> bool:
-        return self.desc.n == 0
 
     def _run_staged(self, stream: gp.Stream, ws: gp.Workspace, args: DoubleArgs) -> None:
         tmp = ws.view(args.x.dtype, min(args.x.size, ws.nbytes // args.x.dtype.itemsize))
@@ -230,6 +219,20 @@ def test_run_checks_operands_and_empty_extent():
     y = np.full(4, 5, np.float32)
     assert_rejected(lambda: plan.run(s, None, DoubleArgs(np.zeros(3, np.float32), y)),
                     gp.BufferTooSmall, [y], "double_test", "'x'", "at least 4", "3 elements")
+    x = np.ones(4, np.float32)
+    assert_rejected(lambda: plan.run(s, None, DoubleArgs(x, np.full(4, 5, np.float64))),
+                    gp.Unsupported, [], "double_test", "'y'", "dtype f32", "given f64")
+    assert_rejected(lambda: plan.run(s, None, DoubleArgs(np.ones(8, np.float32)[::2], y)),
+                    gp.InvalidProblem, [y], "'x'", "C-contiguous")
+    misaligned = np.zeros(17, np.uint8)[1:].view(np.float32)
+    assert_rejected(lambda: plan.run(s, None, DoubleArgs(misaligned, y)),
+                    gp.MisalignedOperand, [y], "'x'", "aligned to 4 bytes")
+    assert_rejected(lambda: plan.run(s, None, DoubleArgs(x, None)),
+                    gp.InvalidProblem, [], "'y'", "expected an array, given None")
+    assert_rejected(lambda: plan.run(s, None, DoubleArgs([1.0] * 4, y)),
+                    gp.InvalidProblem, [y], "'x'", "expected an array", "list")
+    assert_rejected(lambda: plan.run(s, None, DoubleArgs(x, x)),
+                    gp.InvalidProblem, [], "'y'", "distinct from 'x'")
     empty, _ = _run(DoubleDescriptor(0))
     assert empty.workspace_size() == 256  # empty problems still declare the SKU's workspace
 
