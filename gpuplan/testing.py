@@ -117,23 +117,24 @@ def gemm_operands(desc: Any, seed: int = 0) -> tuple[np.ndarray, ...]:
     return a, b, c, bias
 
 
-def gemm_reference(desc: Any, a: Any, b: Any, c0: Any, bias: Any) -> np.ndarray:
+def gemm_reference(desc: Any, a: Any, b: Any, c0: Any, bias: Any, alpha: float = 1.0,
+                   beta: float = 0.0) -> np.ndarray:
     """alpha * op(A) @ op(B) + beta * C0 + bias in float64, from the rounded inputs."""
     a64, b64 = f64(a), f64(b)
     if desc.trans_a:
         a64 = np.swapaxes(a64, -1, -2)
     if desc.trans_b:
         b64 = np.swapaxes(b64, -1, -2)
-    out = desc.alpha * np.matmul(a64, b64)
-    if desc.beta != 0:
-        out = out + desc.beta * f64(c0)
+    out = alpha * np.matmul(a64, b64)
+    if beta != 0:
+        out = out + beta * f64(c0)
     if bias is not None:
         out = out + f64(bias)
     return np.broadcast_to(out, desc.c_shape())
 
 
 def assert_gemm_close(actual: Any, expected: np.ndarray, desc: Any, c0: Any = None,
-                      bias: Any = None, what: str = "gemm") -> None:
+                      bias: Any = None, what: str = "gemm", beta: float = 0.0) -> None:
     """|err| <= rtol * (|ref| + |addends|) + atol * sqrt(K): sums of K products grow like
     sqrt(K); an addend (beta*C, bias) may be rounded once more before the final rounding.
     NaN is outside every bound."""
@@ -141,8 +142,8 @@ def assert_gemm_close(actual: Any, expected: np.ndarray, desc: Any, c0: Any = No
 
     rtol, atol = tol(desc.dtype)
     bound = rtol * np.abs(expected) + atol * max(1.0, math.sqrt(desc.k))
-    if desc.beta != 0 and c0 is not None:
-        bound = bound + rtol * np.abs(desc.beta * f64(c0))
+    if beta != 0 and c0 is not None:
+        bound = bound + rtol * np.abs(beta * f64(c0))
     if bias is not None:
         bound = bound + rtol * np.abs(f64(bias))
     got = f64(actual)
@@ -341,6 +342,7 @@ def scaled_reference_exact(scale: Any, v: Any, dtype: Any) -> np.ndarray:
 
 
 __all__ = [
+    "adamw_reference", "sgd_reference",
     "TOLERANCES", "assert_close", "assert_gemm_close", "assert_rejected", "f64",
     "gemm_operands", "gemm_reference", "layer_norm_reference", "on",
     "random", "run_plan", "stream_for", "tol", "float16", "float32", "float64", "bfloat16",

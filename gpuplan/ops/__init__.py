@@ -17,5 +17,6 @@ FAMILIES: tuple[str, ...] = (
     "cross_entropy",
     "cross_entropy_partial",
     "dropout",
-    "optimizer",
+    "adamw",
+    "sgd",
 )

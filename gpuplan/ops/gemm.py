@@ -7,33 +7,28 @@ batch entry). When both operands are 2-D, batch must be 1 and C is [M, N]. Per b
 
     C[b, m, n] = alpha * sum_k op(A)[b, m, k] * op(B)[b, k, n] + beta * C[b, m, n] + bias[n]
 
-beta == 0 never reads C (it may hold NaN). Half types multiply exactly and accumulate in f32;
-the result is rounded once to the output dtype (except where noted for the cuBLAS bias path).
+alpha and beta are run arguments (`GemmArgs`), not descriptor fields: a new scale (a loss
+scale, an attention 1/sqrt(d)) reuses the plan. beta == 0 never reads C (it may hold NaN).
+Half types multiply exactly and accumulate in f32; the result is rounded once to the output
+dtype (except where noted for the cuBLAS bias path).
 """
 
 from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from gpuplan import backend
-from gpuplan.dtypes import FLOAT_DTYPES, HALF_DTYPES, accumulator, cuda_name, float64, short_name
+from gpuplan.dtypes import FLOAT_DTYPES, HALF_DTYPES, accumulator, as_dtype, cuda_name, float64
+from gpuplan.dtypes import short_name as sn
 from gpuplan.errors import InvalidProblem, Unsupported, describe
-from gpuplan.execute import execute
+from gpuplan.execute import call
 from gpuplan.nvrtc import CudaModule, cdiv, launch, on_stream
-from gpuplan.plan import (
-    BackendKind,
-    Candidate,
-    Plan,
-    check_dtype,
-    check_operand,
-    check_writable_distinct,
-    host_candidate,
-)
+from gpuplan.plan import BackendKind, Candidate, Plan, host_candidate
+from gpuplan.spec import DType, Extent, Flag, In, OpSpec, Out, Scalar
 from gpuplan.stream import Stream, Workspace
 
 __all__ = ["GemmDescriptor", "GemmArgs", "GemmPlan"]
@@ -70,40 +65,45 @@ _MODULE = CudaModule(
 )
 
 
-@dataclass(frozen=True)
-class GemmDescriptor:
-    m: int
-    n: int
-    k: int
-    batch: int = 1
-    trans_a: bool = False
-    trans_b: bool = False
-    alpha: float = 1.0
-    beta: float = 0.0
-    has_bias: bool = False
-    broadcast_a: bool = False
-    broadcast_b: bool = False
-    dtype: Any = np.float32
-
-    def a_shape(self) -> tuple[int, ...]:
-        mat = (self.k, self.m) if self.trans_a else (self.m, self.k)
-        return mat if self.broadcast_a else (self.batch, *mat)
-
-    def b_shape(self) -> tuple[int, ...]:
-        mat = (self.n, self.k) if self.trans_b else (self.k, self.n)
-        return mat if self.broadcast_b else (self.batch, *mat)
-
-    def c_shape(self) -> tuple[int, ...]:
-        both_2d = self.broadcast_a and self.broadcast_b
-        return (self.m, self.n) if both_2d else (self.batch, self.m, self.n)
+# -- the declaration ----------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class GemmArgs:
-    a: Any            # desc.a_shape(): [batch,] M, K  (K, M with trans_a)
-    b: Any            # desc.b_shape(): [batch,] K, N  (N, K with trans_b)
-    c: Any            # desc.c_shape(): read when beta != 0, always written
-    bias: Any = None  # [N] when desc.has_bias
+def _a_shape(d: Any) -> tuple[int, ...]:
+    """[batch,] M, K (K, M with trans_a); no batch axis when broadcast_a."""
+    mat = (d.k, d.m) if d.trans_a else (d.m, d.k)
+    return mat if d.broadcast_a else (d.batch, *mat)
+
+
+def _b_shape(d: Any) -> tuple[int, ...]:
+    """[batch,] K, N (N, K with trans_b); no batch axis when broadcast_b."""
+    mat = (d.n, d.k) if d.trans_b else (d.k, d.n)
+    return mat if d.broadcast_b else (d.batch, *mat)
+
+
+def _c_shape(d: Any) -> tuple[int, ...]:
+    """[batch,] M, N: no batch axis when both operands are 2-D."""
+    return (d.m, d.n) if d.broadcast_a and d.broadcast_b else (d.batch, d.m, d.n)
+
+
+SPEC = OpSpec(
+    "gemm",
+    fields=(Extent("m"), Extent("n"), Extent("k"), Extent("batch", default=1),
+            Flag("trans_a", default=False), Flag("trans_b", default=False),
+            Flag("has_bias", default=False), Flag("broadcast_a", default=False),
+            Flag("broadcast_b", default=False), DType("dtype", FLOAT_DTYPES, default=np.float32)),
+    operands=(In("a", _a_shape), In("b", _b_shape), Out("c", _c_shape),
+              In("bias", ("n",), present="has_bias")),
+    scalars=(Scalar("alpha", 1.0), Scalar("beta", 0.0)),
+    empty=("m", "n", "batch"),  # k == 0 is not empty: C = beta * C + bias
+)
+GemmDescriptor = SPEC.descriptor(
+    "GemmDescriptor", "C[batch, M, N] = alpha * op(A) @ op(B) + beta * C + bias (see gemm.py); "
+    "a_shape(), b_shape(), c_shape() give the operand shapes.")
+GemmDescriptor.a_shape, GemmDescriptor.b_shape, GemmDescriptor.c_shape = (
+    _a_shape, _b_shape, _c_shape)
+GemmArgs = SPEC.args(
+    "GemmArgs", "a, b, c (written; read when beta != 0), bias [N] when has_bias; alpha, beta "
+    "run-time reals.")
 
 
 @functools.lru_cache(maxsize=1)
@@ -127,73 +127,75 @@ class GemmPlan(Plan):
       (and beta, when there is a bias) is applied by a small kernel of ours that first sets
       C = beta*C + bias, then cuBLAS adds alpha*AB with beta = 1: with beta != 0 and a bias
       the addend is rounded to the output dtype once before the final rounding.
-    - ``tiled`` (NVRTC): our kernels. f16/bf16 (sm_80+): mma.sync m16n8k16 tensor cores,
-      128x128x32 tiles, 4-stage cp.async pipeline, f32 accumulation. f32/f64: register-tiled
-      FMA kernel. No split-K and no atomics: deterministic. The FMA kernel's bits do not
-      depend on the device (one fma chain per output in ascending k); the tensor-core
-      kernel's do (the summation inside an mma instruction is the hardware's), so it is
-      marked bit_stable=False.
+    - ``tiled`` (NVRTC): our kernels. f16/bf16 (sm_80+ by the stream's compute capability):
+      mma.sync m16n8k16 tensor cores, 128x128x32 tiles, 4-stage cp.async pipeline, f32
+      accumulation. f32/f64: register-tiled FMA kernel. No split-K and no atomics:
+      deterministic. The FMA kernel's bits do not depend on the device (one fma chain per
+      output in ascending k); the tensor-core kernel's do (the summation inside an mma
+      instruction is the hardware's), so it is marked bit_stable=False.
     Host: ``numpy``, np.matmul in the accumulator dtype, rounded once.
     """
 
     op = "gemm"
     category = "gemm"
+    spec = SPEC
 
     @classmethod
-    def _check_descriptor(cls, desc: GemmDescriptor) -> None:
+    def _check_descriptor(cls, desc: Any) -> None:
+        super()._check_descriptor(desc)
         for name in ("m", "n", "k", "batch"):
             v = getattr(desc, name)
-            if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < 0:
-                raise InvalidProblem(describe(cls.op, name, "an extent >= 0", v))
             if v > _MAX_EXTENT:
                 raise Unsupported(describe(cls.op, name, f"an extent <= {_MAX_EXTENT}", v))
-        for name in ("alpha", "beta"):
-            v = getattr(desc, name)
-            if not isinstance(v, (int, float, np.integer, np.floating)) or isinstance(v, bool):
-                raise InvalidProblem(describe(cls.op, name, "a real number", repr(v)))
         if desc.broadcast_a and desc.broadcast_b and desc.batch != 1:
             raise InvalidProblem(describe(cls.op, "batch", "1 when both operands are 2-D",
                                           desc.batch))
 
     @classmethod
-    def _candidates(cls, desc: GemmDescriptor, on_device: bool) -> list[Candidate]:
-        d = check_dtype(cls.op, "dtype", desc.dtype, FLOAT_DTYPES)
-        if not on_device:
+    def _candidates(cls, desc: Any, stream: Stream) -> list[Candidate]:
+        d = as_dtype(desc.dtype)
+        if stream.is_host:
             return [host_candidate(d)]
-        mp, acc = short_name(d), short_name(accumulator(d))
+        mp, acc = sn(d), sn(accumulator(d))
         cands = []
-        # Without a GPU only the emulated device asks, which refuses cuBLAS by name (see
-        # Plan.select); loading libcublas to find that out would import cupy_backends.
-        if not backend.cuda_available() or _cublas() is not None:
+        # The emulated stream refuses cuBLAS by name (Plan.select): offered there so that
+        # asking for it says why; on a GPU only where libcublas loads.
+        if stream.is_emulated or _cublas() is not None:
             cands.append(Candidate("cublas", BackendKind.CUBLAS, True, False, mp, acc))
         half = d in HALF_DTYPES
         tile_n = _TC_TILE if half else _FMA_TILES[cuda_name(d)][1]
         if cdiv(desc.n, tile_n) <= _GRID_YZ_MAX:
+            # mma.sync / cp.async: Plan.select compares this with stream.compute_capability.
             cands.append(Candidate("tiled", BackendKind.NVRTC, True, not half, mp, acc,
                                    min_compute_capability=80 if half else 0))
         return cands
 
-    def _check_args(self, args: GemmArgs) -> None:
+    def _prepare(self) -> None:
         d = self.desc
-        check_operand(self.op, "a", args.a, d.a_shape(), d.dtype)
-        check_operand(self.op, "b", args.b, d.b_shape(), d.dtype)
-        check_operand(self.op, "c", args.c, d.c_shape(), d.dtype)
-        if d.has_bias:
-            check_operand(self.op, "bias", args.bias, (d.n,), d.dtype)
-        elif args.bias is not None:
-            raise InvalidProblem(describe(self.op, "bias", "None (descriptor has_bias=False)",
-                                          f"an array of shape {tuple(args.bias.shape)}"))
-        check_writable_distinct(self.op, {"c": args.c},
-                                {"a": args.a, "b": args.b, "bias": args.bias})
+        self._acc = accumulator(d.dtype)
+        self._kscalar = np.float64 if as_dtype(d.dtype) == float64 else np.float32
+        self._stride_a = 0 if d.broadcast_a else d.m * d.k
+        self._stride_b = 0 if d.broadcast_b else d.k * d.n
+        variant = self._cand.variant
+        if variant == "tiled":
+            self._prepare_tiled()
+        elif variant == "cublas":
+            self._prepare_cublas()
+        if variant != "numpy":
+            self._scale_bias_kernel = f"gemm::gemm_scale_bias<{cuda_name(d.dtype)}>"
 
-    def _is_empty(self) -> bool:
-        d = self.desc
-        return d.m == 0 or d.n == 0 or d.batch == 0
+    def _check_args(self, args: Any) -> None:
+        alpha, beta = args.alpha, args.beta
+        if type(alpha) is float and type(beta) is float:
+            return
+        for name, v in (("alpha", alpha), ("beta", beta)):
+            if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)):
+                raise InvalidProblem(describe(self.op, name, "a real number", repr(v)))
 
     # -- host ---------------------------------------------------------------------------
-    def _run_numpy(self, stream: Stream, ws: Workspace, args: GemmArgs) -> None:
-        d = self.desc
-        acc = accumulator(d.dtype)
+    def _run_numpy(self, stream: Stream, ws: Workspace, args: Any) -> None:
+        d, acc = self.desc, self._acc
+        alpha, beta = args.alpha, args.beta
         a = args.a.astype(acc, copy=False)
         b = args.b.astype(acc, copy=False)
         # Transposed operands go to BLAS as swapped-axes views (a transpose flag), except a
@@ -203,108 +205,113 @@ class GemmPlan(Plan):
         if d.trans_b:
             b = np.swapaxes(b, -1, -2)
             b = np.ascontiguousarray(b) if b.ndim > 2 else b
-        if d.beta == 0 and acc == args.c.dtype:
+        if beta == 0 and acc == args.c.dtype:
             # f32/f64: BLAS writes C directly; the same roundings as below, no temporaries.
             c = np.matmul(a, b, out=args.c)
-            if d.alpha != 1:
-                c *= acc.type(d.alpha)
+            if alpha != 1:
+                c *= acc.type(alpha)
             if d.has_bias:
                 c += args.bias
             return
         v = np.matmul(a, b)
-        if d.alpha != 1:
-            v *= acc.type(d.alpha)
-        if d.beta != 0:
-            v += acc.type(d.beta) * args.c.astype(acc)
+        if alpha != 1:
+            v *= acc.type(alpha)
+        if beta != 0:
+            v += acc.type(beta) * args.c.astype(acc)
         if d.has_bias:
             v += args.bias.astype(acc, copy=False)
         args.c[...] = v
 
     # -- cuBLAS -------------------------------------------------------------------------
-    def _run_cublas(self, stream: Stream, ws: Workspace, args: GemmArgs) -> None:
+    def _prepare_cublas(self) -> None:
+        from cupy_backends.cuda.api import runtime
+
+        cublas, d = _cublas(), self.desc
+        dt = as_dtype(d.dtype)
+        self._data_type = {np.dtype(np.float32): runtime.CUDA_R_32F,
+                           np.dtype(np.float64): runtime.CUDA_R_64F,
+                           np.dtype(np.float16): runtime.CUDA_R_16F}.get(dt, runtime.CUDA_R_16BF)
+        if dt == float64:
+            self._compute = cublas.CUBLAS_COMPUTE_64F
+        elif dt in HALF_DTYPES:
+            self._compute = cublas.CUBLAS_COMPUTE_32F
+        else:  # f32: PEDANTIC forbids TF32 even if CUPY_TF32 set the handle's math mode
+            self._compute = cublas.CUBLAS_COMPUTE_32F_PEDANTIC
+        # Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: B goes first.
+        self._ops = (cublas.CUBLAS_OP_T if d.trans_b else cublas.CUBLAS_OP_N,
+                     cublas.CUBLAS_OP_T if d.trans_a else cublas.CUBLAS_OP_N)
+        self._lds = (d.k if d.trans_b else d.n, d.m if d.trans_a else d.k)
+
+    def _run_cublas(self, stream: Stream, ws: Workspace, args: Any) -> None:
         d = self.desc
-        beta = d.beta
+        beta = args.beta
         if d.has_bias or d.k == 0:
             self._scale_bias(stream, args)  # C = beta * C + bias
             beta = 1.0
         if d.k == 0:
             return
-        cp = backend.cupy_module()
-        cublas = _cublas()
-        from cupy_backends.cuda.api import runtime
-
-        dt = np.dtype(d.dtype)
-        data_type = {np.dtype(np.float32): runtime.CUDA_R_32F,
-                     np.dtype(np.float64): runtime.CUDA_R_64F,
-                     np.dtype(np.float16): runtime.CUDA_R_16F}.get(dt, runtime.CUDA_R_16BF)
-        if dt == float64:
-            compute, scalar = cublas.CUBLAS_COMPUTE_64F, np.float64
-        elif dt in HALF_DTYPES:
-            compute, scalar = cublas.CUBLAS_COMPUTE_32F, np.float32
-        else:  # f32: PEDANTIC forbids TF32 even if CUPY_TF32 set the handle's math mode
-            compute, scalar = cublas.CUBLAS_COMPUTE_32F_PEDANTIC, np.float32
-        alpha = np.array(d.alpha, dtype=scalar)
-        beta_h = np.array(beta, dtype=scalar)
-        # Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: B goes first.
-        m, n, k = d.n, d.m, d.k
-        op_b = cublas.CUBLAS_OP_T if d.trans_b else cublas.CUBLAS_OP_N
-        ld_b = d.k if d.trans_b else d.n
-        op_a = cublas.CUBLAS_OP_T if d.trans_a else cublas.CUBLAS_OP_N
-        ld_a = d.m if d.trans_a else d.k
-        stride_b = 0 if d.broadcast_b else d.k * d.n
-        stride_a = 0 if d.broadcast_a else d.m * d.k
+        cp, cublas = backend.cupy_module(), _cublas()
+        alpha = np.array(args.alpha, dtype=self._kscalar)
+        beta_h = np.array(beta, dtype=self._kscalar)
+        (op_b, op_a), (ld_b, ld_a), dt = self._ops, self._lds, self._data_type
         with on_stream(stream):  # CuPy's cuBLAS calls bind the handle to the current stream
             handle = cp.cuda.device.get_cublas_handle()
             mode = cublas.getPointerMode(handle)
             cublas.setPointerMode(handle, cublas.CUBLAS_POINTER_MODE_HOST)
             try:
                 cublas.gemmStridedBatchedEx(
-                    handle, op_b, op_a, m, n, k, alpha.ctypes.data,
-                    args.b.data.ptr, data_type, ld_b, stride_b,
-                    args.a.data.ptr, data_type, ld_a, stride_a,
-                    beta_h.ctypes.data, args.c.data.ptr, data_type, d.n, d.m * d.n,
-                    d.batch, compute, cublas.CUBLAS_GEMM_DEFAULT)
+                    handle, op_b, op_a, d.n, d.m, d.k, alpha.ctypes.data,
+                    args.b.data.ptr, dt, ld_b, self._stride_b,
+                    args.a.data.ptr, dt, ld_a, self._stride_a,
+                    beta_h.ctypes.data, args.c.data.ptr, dt, d.n, d.m * d.n,
+                    d.batch, self._compute, cublas.CUBLAS_GEMM_DEFAULT)
             finally:
                 cublas.setPointerMode(handle, mode)
 
-    def _scale_bias(self, stream: Stream, args: GemmArgs) -> None:
+    def _scale_bias(self, stream: Stream, args: Any) -> None:
+        """C = beta * C + bias (the cuBLAS SKU's epilogue, launched before cuBLAS)."""
         d = self.desc
-        t = cuda_name(d.dtype)
-        fn = _MODULE.function(f"gemm::gemm_scale_bias<{t}>", stream.device_id)
+        fn = _MODULE.function(self._scale_bias_kernel, stream.device_id)
         total = args.c.size
-        scalar = np.float64 if np.dtype(d.dtype) == float64 else np.float32
         bias = args.bias if d.has_bias else args.c  # never read without a bias
         launch(stream, fn, int(min(cdiv(total, 256), 65536)), 256,
-               (args.c, bias, np.int64(total), np.int64(d.n), scalar(d.beta),
+               (args.c, bias, np.int64(total), np.int64(d.n), self._kscalar(args.beta),
                 np.int32(d.has_bias)))
 
     # -- our kernels --------------------------------------------------------------------
-    def _run_tiled(self, stream: Stream, ws: Workspace, args: GemmArgs) -> None:
+    def _prepare_tiled(self) -> None:
         d = self.desc
         t = cuda_name(d.dtype)
-        half = np.dtype(d.dtype) in HALF_DTYPES
-        if half:
+        if as_dtype(d.dtype) in HALF_DTYPES:
             contiguous_a = d.m if d.trans_a else d.k
             contiguous_b = d.k if d.trans_b else d.n
-            vec = (contiguous_a % 8 == 0 and contiguous_b % 8 == 0
-                   and backend.data_ptr(args.a) % 16 == 0 and backend.data_ptr(args.b) % 16 == 0)
-            fn = _MODULE.function(_tc_name(t, d.trans_a, d.trans_b, vec), stream.device_id)
-            _allow_dynamic_smem(fn, _TC_SMEM_BYTES)
+            # cp.async tiles need 8-element rows; the 16-byte bases are checked per call.
+            self._vec_extents = contiguous_a % 8 == 0 and contiguous_b % 8 == 0
+            self._kernels = (_tc_name(t, d.trans_a, d.trans_b, False),
+                             _tc_name(t, d.trans_a, d.trans_b, True))
             bm = bn = _TC_TILE
-            block, smem, scalar = _TC_THREADS, _TC_SMEM_BYTES, np.float32
+            self._block, self._smem = _TC_THREADS, _TC_SMEM_BYTES
         else:
-            fn = _MODULE.function(_fma_name(t, d.trans_a, d.trans_b), stream.device_id)
+            self._vec_extents = False
+            self._kernels = (_fma_name(t, d.trans_a, d.trans_b),) * 2
             bm, bn, tm, tn = _FMA_TILES[t]
-            block, smem = (bm // tm) * (bn // tn), 0
-            scalar = np.float64 if t == "double" else np.float32
-        grid = (cdiv(d.m, bm), cdiv(d.n, bn), min(d.batch, _GRID_YZ_MAX))
-        launch(stream, fn, grid, block,
-               (args.a, args.b, args.c, args.bias if d.has_bias else args.c,
-                np.int64(d.m), np.int64(d.n), np.int64(d.k), np.int64(d.batch),
-                np.int64(0 if d.broadcast_a else d.m * d.k),
-                np.int64(0 if d.broadcast_b else d.k * d.n),
-                scalar(d.alpha), scalar(d.beta), np.int32(d.has_bias)),
-               shared_mem=smem)
+            self._block, self._smem = (bm // tm) * (bn // tn), 0
+        self._grid = (cdiv(d.m, bm), cdiv(d.n, bn), min(d.batch, _GRID_YZ_MAX))
+        self._extents = (np.int64(d.m), np.int64(d.n), np.int64(d.k), np.int64(d.batch),
+                         np.int64(self._stride_a), np.int64(self._stride_b))
+
+    def _run_tiled(self, stream: Stream, ws: Workspace, args: Any) -> None:
+        d = self.desc
+        vec = (self._vec_extents and backend.data_ptr(args.a) % 16 == 0
+               and backend.data_ptr(args.b) % 16 == 0)
+        fn = _MODULE.function(self._kernels[vec], stream.device_id)
+        if self._smem:
+            _allow_dynamic_smem(fn, self._smem)
+        scalar = self._kscalar  # the accumulator's: f32 for the tensor-core kernels
+        launch(stream, fn, self._grid, self._block,
+               (args.a, args.b, args.c, args.bias if d.has_bias else args.c) + self._extents
+               + (scalar(args.alpha), scalar(args.beta), np.int32(d.has_bias)),
+               shared_mem=self._smem)
 
 
 _SMEM_SET: dict[int, Any] = {}
@@ -319,6 +326,42 @@ def _allow_dynamic_smem(fn: Any, nbytes: int) -> None:
 
 # -- functional API ------------------------------------------------------------------------
 
+#: (a.shape, b.shape, dtype, trans_a, trans_b, has_bias) -> (descriptor, a view shape or
+#: None, b view shape or None, output shape or None): derived once per problem shape.
+_PROBLEMS: dict[tuple, tuple] = {}
+
+
+def _matmul_problem(a_shape: tuple, b_shape: tuple, dtype: Any, trans_a: bool, trans_b: bool,
+                    has_bias: bool) -> tuple:
+    """The GEMM descriptor of matmul on these shapes, and the views to pass it. The rank,
+    batch-axis and contraction errors are raised here: once per problem shape."""
+    op = "matmul"
+    for name, shape in (("a", a_shape), ("b", b_shape)):
+        if len(shape) < 2:
+            raise InvalidProblem(describe(op, name, "an array of rank >= 2",
+                                          f"rank {len(shape)}"))
+    lead_a, lead_b = a_shape[:-2], b_shape[:-2]
+    if lead_a and lead_b and lead_a != lead_b:
+        raise InvalidProblem(describe(op, "b", f"batch axes {lead_a} like 'a' (or none)",
+                                      f"batch axes {lead_b}"))
+    m, k = (a_shape[-1], a_shape[-2]) if trans_a else (a_shape[-2], a_shape[-1])
+    k_b, n = (b_shape[-1], b_shape[-2]) if trans_b else (b_shape[-2], b_shape[-1])
+    if k != k_b:
+        raise InvalidProblem(describe(op, "b", f"a contraction extent of {k} like 'a'", k_b))
+    lead = lead_a or lead_b
+    batch = math.prod(lead)
+    common = dict(trans_a=trans_a, trans_b=trans_b, has_bias=has_bias, dtype=dtype)
+    if lead_a and not lead_b and not trans_a:
+        # [*batch, M, K] @ [K, N] is one [batch*M, K] @ [K, N] GEMM.
+        desc = GemmDescriptor(batch * m, n, k, broadcast_a=True, broadcast_b=True, **common)
+    else:
+        desc = GemmDescriptor(m, n, k, batch=batch if lead else 1, broadcast_a=not lead_a,
+                              broadcast_b=not lead_b, **common)
+    views = [_a_shape(desc), _b_shape(desc)]
+    out = (*lead, m, n)
+    return (desc, None if views[0] == a_shape else views[0],
+            None if views[1] == b_shape else views[1], None if out == _c_shape(desc) else out)
+
 
 def matmul(a: Any, b: Any, *, trans_a: bool = False, trans_b: bool = False, alpha: float = 1.0,
            bias: Any = None) -> Any:
@@ -327,43 +370,24 @@ def matmul(a: Any, b: Any, *, trans_a: bool = False, trans_b: bool = False, alph
     a: [M, K] or [*batch, M, K] ([K, M] / [*batch, K, M] with trans_a); b: [K, N] or
     [*batch, K, N] ([N, K] / [*batch, N, K] with trans_b). A 2-D operand is broadcast over
     the other's batch axes; two batched operands must have equal batch axes. Returns
-    [*batch, M, N] ([M, N] when both are 2-D).
+    [*batch, M, N] ([M, N] when both are 2-D). Strided inputs are copied; dtypes, devices
+    and the bias are checked once, by the plan.
     """
-    op = "matmul"
-    if backend.device_of(a) != backend.device_of(b):
-        raise InvalidProblem(describe(op, "b", f"an array on {backend.device_of(a)} like 'a'",
-                                      f"one on {backend.device_of(b)}"))
-    if a.dtype != b.dtype:
-        raise Unsupported(describe(op, "b", f"dtype {short_name(a.dtype)} like 'a'",
-                                   short_name(b.dtype)))
-    for name, x in (("a", a), ("b", b)):
-        if x.ndim < 2:
-            raise InvalidProblem(describe(op, name, "an array of rank >= 2", f"rank {x.ndim}"))
-    lead_a, lead_b = tuple(a.shape[:-2]), tuple(b.shape[:-2])
-    if lead_a and lead_b and lead_a != lead_b:
-        raise InvalidProblem(describe(op, "b", f"batch axes {lead_a} like 'a' (or none)",
-                                      f"batch axes {lead_b}"))
-    m, k = (a.shape[-1], a.shape[-2]) if trans_a else (a.shape[-2], a.shape[-1])
-    k_b, n = (b.shape[-1], b.shape[-2]) if trans_b else (b.shape[-2], b.shape[-1])
-    if k != k_b:
-        raise InvalidProblem(describe(op, "b", f"a contraction extent of {k} like 'a'", k_b))
-    m, n, k = int(m), int(n), int(k)
-    lead = lead_a or lead_b
-    batch = math.prod(lead)
-    xp = backend.array_namespace(a)
-    a, b = xp.ascontiguousarray(a), xp.ascontiguousarray(b)
-    bias = None if bias is None else xp.ascontiguousarray(bias)
-    common = dict(trans_a=trans_a, trans_b=trans_b, alpha=float(alpha),
-                  has_bias=bias is not None, dtype=a.dtype)
-    if lead_a and not lead_b and not trans_a:
-        # [*batch, M, K] @ [K, N] is one [batch*M, K] @ [K, N] GEMM.
-        desc = GemmDescriptor(batch * m, n, k, broadcast_a=True, broadcast_b=True, **common)
-        a = a.reshape(batch * m, k)
-    else:
-        desc = GemmDescriptor(m, n, k, batch=batch if lead else 1, broadcast_a=not lead_a,
-                              broadcast_b=not lead_b, **common)
-        a = a.reshape(batch, *a.shape[-2:]) if lead_a else a
-        b = b.reshape(batch, *b.shape[-2:]) if lead_b else b
-    c = xp.empty(desc.c_shape(), dtype=a.dtype)
-    execute(GemmPlan, desc, GemmArgs(a, b, c, bias), like=a)
-    return c.reshape(*lead, m, n)
+    key = (a.shape, b.shape, a.dtype, trans_a, trans_b, bias is not None)
+    problem = _PROBLEMS.get(key)
+    if problem is None:
+        if len(_PROBLEMS) >= 1024:
+            _PROBLEMS.clear()
+        problem = _PROBLEMS[key] = _matmul_problem(
+            tuple(a.shape), tuple(b.shape), a.dtype, bool(trans_a), bool(trans_b),
+            bias is not None)
+    desc, a_view, b_view, out_shape = problem
+    if not a.flags.c_contiguous:
+        a = backend.ascontiguous(a)
+    if not b.flags.c_contiguous:
+        b = backend.ascontiguous(b)
+    if bias is not None and not bias.flags.c_contiguous:
+        bias = backend.ascontiguous(bias)
+    c = call(GemmPlan, desc, like=a, a=a if a_view is None else a.reshape(a_view),
+             b=b if b_view is None else b.reshape(b_view), bias=bias, alpha=alpha)
+    return c if out_shape is None else c.reshape(out_shape)

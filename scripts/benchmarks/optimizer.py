@@ -76,7 +76,7 @@ def _per_tensor_setup() -> dict:
 def _per_tensor(s: dict) -> None:
     for k, plan in enumerate(s["plans"]):
         plan.run(s["stream"], None, gp.AdamWArgs(s["ps"][k], s["gs"][k], s["ms"][k], s["vs"][k],
-                                                 step=10, **HP))
+                                                 None, step=10, **HP))
 
 
 # bytes per parameter: AdamW reads p, g, m, v and writes p, m, v (f32: 28 B; bf16 grad: 26 B,

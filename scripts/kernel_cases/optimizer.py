@@ -1,8 +1,9 @@
 """Fused optimizer steps on the emulated device over several steps: AdamW (one tensor, and many
 tensors in one launch), SGD (plain, weight decay, momentum with dampening, Nesterov), every
-(param, grad) dtype pair and low-precision copy, against the family's NumPy implementation run
-in float64 from the same rounded initial state and gradients. Every output is compared: params,
-both moments / the momentum buffer, and the f16/bf16 weight copies."""
+(param, grad) dtype pair and low-precision copy, against the families' float64 references
+(gpuplan.testing.adamw_reference / sgd_reference) from the same rounded initial state and
+gradients. Every output is compared: params, both moments / the momentum buffer, and the
+f16/bf16 weight copies."""
 
 from __future__ import annotations
 
@@ -10,17 +11,8 @@ import numpy as np
 
 import gpuplan as gp
 from gpuplan.dtypes import bfloat16, float16, float32, float64
-from kernel_cases.common import (
-    Case,
-    check,
-    dtype_id,
-    emu,
-    f64,
-    host,
-    random,
-    run_emulated,
-    run_reference,
-)
+from gpuplan.testing import adamw_reference, sgd_reference
+from kernel_cases.common import Case, check, dtype_id, emu, f64, host, random, run_emulated
 
 PAIRS = [(float32, float32), (float32, float16), (float32, bfloat16), (float64, float64)]
 # lowp None runs the <.., __nv_bfloat16> instance with write_lowp = 0.
@@ -51,14 +43,12 @@ def adamw(pdt, gdt, lowp) -> None:
     dp, dm, dv = emu(p), emu(m), emu(v)
     rp, rm, rv = f64(p), f64(m), f64(v)
     dl = None if lowp is None else emu(np.zeros((N,), lowp))
-    rl = None if lowp is None else np.zeros((N,), lowp)
     desc = gp.AdamWDescriptor(N, pdt, gdt, lowp)
     for step in range(1, STEPS + 1):
         g = random((N,), gdt, seed=10 + step)
         plan = run_emulated(gp.AdamWPlan, desc,
                             gp.AdamWArgs(dp, emu(g), dm, dv, step=step, param_lowp=dl, **HP))
-        run_reference(gp.AdamWPlan, gp.AdamWDescriptor(N, float64, float64, lowp),
-                      gp.AdamWArgs(rp, f64(g), rm, rv, step=step, param_lowp=rl, **HP))
+        rp, rm, rv = adamw_reference(rp, g, rm, rv, step=step, **HP)
     assert plan.sku().variant == "fused", plan.sku()
     check(dp, rp, pdt, "adamw param", scale=4.0)
     check(dm, rm, pdt, "adamw exp_avg", scale=4.0)
@@ -74,17 +64,14 @@ def adamw_multi(pdt, gdt, lowp) -> None:
     dev = [tuple(emu(a) for a in s) for s in states]
     refs = [tuple(f64(a) for a in s) for s in states]
     lows = None if lowp is None else [emu(np.zeros((n,), lowp)) for n in sizes]
-    rlows = None if lowp is None else [np.zeros((n,), lowp) for n in sizes]
     desc = gp.AdamWMultiTensorDescriptor(sizes, pdt, gdt, lowp)
-    rdesc = gp.AdamWMultiTensorDescriptor(sizes, float64, float64, lowp)
     for step in range(1, STEPS + 1):
         grads = [random((n,), gdt, seed=100 * step + k) for k, n in enumerate(sizes)]
         run_emulated(gp.AdamWMultiTensorPlan, desc, gp.AdamWMultiTensorArgs(
             [d[0] for d in dev], [emu(g) for g in grads], [d[1] for d in dev],
             [d[2] for d in dev], step=step, params_lowp=lows, **HP))
-        run_reference(gp.AdamWMultiTensorPlan, rdesc, gp.AdamWMultiTensorArgs(
-            [r[0] for r in refs], [f64(g) for g in grads], [r[1] for r in refs],
-            [r[2] for r in refs], step=step, params_lowp=rlows, **HP))
+        refs = [adamw_reference(r[0], g, r[1], r[2], step=step, **HP)
+                for r, g in zip(refs, grads, strict=True)]
     for k, (d, r) in enumerate(zip(dev, refs, strict=True)):
         for name, a, b in zip(("param", "exp_avg", "exp_avg_sq"), d, r, strict=True):
             check(a, b, pdt, f"adamw_multi_tensor tensor {k} ({sizes[k]}) {name}", scale=4.0)
@@ -106,15 +93,12 @@ def sgd(pdt, gdt, lowp, hp) -> None:
     dp, rp = emu(p), f64(p)
     dbuf, rbuf = (emu(buf0), f64(buf0)) if hp["momentum"] else (None, None)
     dl = None if lowp is None else emu(np.zeros((N,), lowp))
-    rl = None if lowp is None else np.zeros((N,), lowp)
     desc = gp.SGDDescriptor(N, pdt, gdt, lowp)
     for step in range(1, STEPS + 1):
         g = random((N,), gdt, seed=20 + step)
         run_emulated(gp.SGDPlan, desc, gp.SGDArgs(dp, emu(g), dbuf, lr=0.05,
                                                   first_step=step == 1, param_lowp=dl, **hp))
-        run_reference(gp.SGDPlan, gp.SGDDescriptor(N, float64, float64, lowp),
-                      gp.SGDArgs(rp, f64(g), rbuf, lr=0.05, first_step=step == 1,
-                                 param_lowp=rl, **hp))
+        rp, rbuf = sgd_reference(rp, g, rbuf, lr=0.05, first_step=step == 1, **hp)
     check(dp, rp, pdt, "sgd param", scale=4.0)
     if hp["momentum"]:
         check(dbuf, rbuf, pdt, "sgd momentum_buf", scale=4.0)

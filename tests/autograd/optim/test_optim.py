@@ -12,6 +12,7 @@ import gpuplan as gp
 from autograd import optim
 from autograd.nn import Parameter
 from gpuplan.dtypes import bfloat16, float16, float32
+from gpuplan.testing import adamw_reference, sgd_reference
 
 SHAPES = [(7,), (5, 3), (33, 17)]
 RTOL_ATOL = {np.dtype(np.float32): (2e-5, 2e-6), np.dtype(np.float64): (1e-12, 1e-13)}
@@ -37,31 +38,21 @@ def host(a) -> np.ndarray:
     return gp.to_host(a).astype(np.float64)
 
 
-# -- reference formulas (float64, PyTorch's documented algorithms) ------------------------------
+# -- the optimizer families' float64 references (gpuplan.testing), over several steps -----------
 
 def ref_sgd(p, grads_per_step, lr, momentum, dampening, wd, nesterov):
-    p = p.copy()
     buf = None
     for t, g in enumerate(grads_per_step):
-        g = g + wd * p
-        if momentum:
-            buf = g.copy() if t == 0 else momentum * buf + (1 - dampening) * g
-            g = g + momentum * buf if nesterov else buf
-        p = p - lr * g
+        p, buf = sgd_reference(p, g, buf, lr=lr, momentum=momentum, dampening=dampening,
+                               weight_decay=wd, nesterov=nesterov, first_step=t == 0)
     return p
 
 
 def ref_adamw(p, grads_per_step, lr, b1, b2, eps, wd):
-    p = p.copy()
-    m = np.zeros_like(p)
-    v = np.zeros_like(p)
+    m = v = np.zeros_like(p)
     for t, g in enumerate(grads_per_step, start=1):
-        p = p - lr * wd * p
-        m = b1 * m + (1 - b1) * g
-        v = b2 * v + (1 - b2) * g * g
-        mhat = m / (1 - b1 ** t)
-        vhat = v / (1 - b2 ** t)
-        p = p - lr * mhat / (np.sqrt(vhat) + eps)
+        p, m, v = adamw_reference(p, g, m, v, lr=lr, beta1=b1, beta2=b2, eps=eps,
+                                  weight_decay=wd, step=t)
     return p
 
 

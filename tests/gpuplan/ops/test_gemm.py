@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import gpuplan as gp
+from gpuplan.spec_check import check_plan
 from tests.plan_testing import (
     DTYPES,
     assert_gemm_close,
@@ -37,16 +38,18 @@ def backends(device: str) -> list[gp.BackendKind | None]:
     return [gp.BackendKind.CUBLAS, gp.BackendKind.NVRTC]
 
 
-def check_all_skus(device: str, desc: gp.GemmDescriptor, seed: int = 0) -> None:
+def check_all_skus(device: str, desc: gp.GemmDescriptor, seed: int = 0, alpha: float = 1.0,
+                   beta: float = 0.0) -> None:
     a, b, c0, bias = gemm_operands(desc, seed)
-    expected = gemm_reference(desc, a, b, c0, bias)
+    expected = gemm_reference(desc, a, b, c0, bias, alpha, beta)
     for be in backends(device):
         c = on(device, c0.copy())
         plan = run_plan(gp.GemmPlan, desc, gp.GemmArgs(on(device, a), on(device, b), c,
-                                                       on(device, bias)), device,
+                                                       on(device, bias), alpha=alpha,
+                                                       beta=beta), device,
                         gp.PlanPreference(backend=be))
         assert plan.precision_guarantee().deterministic
-        assert_gemm_close(c, expected, desc, c0, bias)
+        assert_gemm_close(c, expected, desc, c0, bias, beta=beta)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -63,16 +66,16 @@ def test_matches_reference(device, dtype, m, n, k, trans_a, trans_b):
 def test_batch_broadcast_alpha_beta_bias(device, dtype, broadcast, trans_a, trans_b):
     desc = gp.GemmDescriptor(
         23, 41, 37, batch=1 if broadcast == "both" else 3, trans_a=trans_a, trans_b=trans_b,
-        alpha=-1.25, beta=0.75, has_bias=True, broadcast_a=broadcast in ("a", "both"),
+        has_bias=True, broadcast_a=broadcast in ("a", "both"),
         broadcast_b=broadcast in ("b", "both"), dtype=dtype)
-    check_all_skus(device, desc, seed=7)
+    check_all_skus(device, desc, seed=7, alpha=-1.25, beta=0.75)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("beta,has_bias", [(0.0, True), (1.0, False), (-0.5, True)])
 def test_beta_and_bias_epilogue(device, dtype, beta, has_bias):
-    check_all_skus(device, gp.GemmDescriptor(40, 24, 16, batch=2, alpha=0.5, beta=beta,
-                                             has_bias=has_bias, dtype=dtype), seed=11)
+    check_all_skus(device, gp.GemmDescriptor(40, 24, 16, batch=2, has_bias=has_bias,
+                                             dtype=dtype), seed=11, alpha=0.5, beta=beta)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -90,18 +93,18 @@ def test_beta_zero_never_reads_c(device, dtype):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("beta,has_bias", [(0.0, False), (0.5, True), (2.0, False)])
 def test_k_zero_gives_beta_c_plus_bias(device, dtype, beta, has_bias):
-    desc = gp.GemmDescriptor(5, 6, 0, batch=2, beta=beta, has_bias=has_bias, dtype=dtype)
-    check_all_skus(device, desc, seed=3)
+    desc = gp.GemmDescriptor(5, 6, 0, batch=2, has_bias=has_bias, dtype=dtype)
+    check_all_skus(device, desc, seed=3, beta=beta)
 
 
 @pytest.mark.parametrize("m,n,batch", [(0, 4, 2), (3, 0, 2), (3, 4, 0)])
 def test_empty_extents_leave_c_untouched(device, m, n, batch):
-    desc = gp.GemmDescriptor(m, n, 5, batch=batch, beta=1.0, has_bias=True)
+    desc = gp.GemmDescriptor(m, n, 5, batch=batch, has_bias=True)
     a, b, c0, bias = gemm_operands(desc)
     for be in backends(device):
         c = on(device, c0.copy())
         run_plan(gp.GemmPlan, desc, gp.GemmArgs(on(device, a), on(device, b), c,
-                                                on(device, bias)), device,
+                                                on(device, bias), beta=1.0), device,
                  gp.PlanPreference(backend=be))
         np.testing.assert_array_equal(gp.to_host(c), c0)
 
@@ -113,8 +116,6 @@ def test_descriptor_errors():
     with pytest.raises(gp.InvalidProblem, match="argument 'batch'"):
         gp.GemmPlan.select(s, gp.GemmDescriptor(3, 4, 5, batch=2, broadcast_a=True,
                                                 broadcast_b=True))
-    with pytest.raises(gp.InvalidProblem, match="argument 'alpha'"):
-        gp.GemmPlan.select(s, gp.GemmDescriptor(3, 4, 5, alpha="2"))
     with pytest.raises(gp.Unsupported, match="argument 'm'"):
         gp.GemmPlan.select(s, gp.GemmDescriptor(2**31, 4, 5))
     with pytest.raises(gp.Unsupported, match="argument 'dtype'.*i32"):
@@ -122,8 +123,50 @@ def test_descriptor_errors():
     with pytest.raises(gp.Unsupported, match="nvrtc requested"):
         gp.GemmPlan.select(s, gp.GemmDescriptor(3, 4, 5),
                            gp.PlanPreference(backend=gp.BackendKind.NVRTC))
-    # Negative alpha/beta are values, not extents.
-    gp.GemmPlan.select(s, gp.GemmDescriptor(3, 4, 5, alpha=-2, beta=-1))
+    with pytest.raises(gp.InvalidProblem, match="argument 'trans_a'"):
+        gp.GemmPlan.select(s, gp.GemmDescriptor(3, 4, 5, trans_a="yes"))
+
+
+def test_alpha_beta_are_run_arguments():
+    """A new alpha or beta reuses the plan; a non-number is rejected at run, nothing written."""
+    from gpuplan.execute import _PLANS
+    s = gp.Stream.host()
+    desc = gp.GemmDescriptor(3, 4, 5)
+    a, b, c0, _ = gemm_operands(desc)
+    plan = gp.GemmPlan.select(s, desc)
+    for alpha, beta in ((-2, -1.0), (np.float32(0.5), 2), (3.0, 0.0)):
+        c = c0.copy()
+        plan.run(s, None, gp.GemmArgs(a, b, c, alpha=alpha, beta=beta))
+        assert_gemm_close(c, gemm_reference(desc, a, b, c0, None, alpha, beta), desc, c0,
+                          beta=beta)
+    c = c0.copy()
+    for bad in ("2", None, True):
+        assert_rejected(lambda bad=bad: plan.run(s, None, gp.GemmArgs(a, b, c, alpha=bad)),
+                        gp.InvalidProblem, [c], "gemm: argument 'alpha'", "a real number")
+    assert_rejected(lambda: plan.run(s, None, gp.GemmArgs(a, b, c, beta=[1.0])),
+                    gp.InvalidProblem, [c], "argument 'beta'")
+    x = random((6, 5), np.float32)
+    before = len(_PLANS)
+    for alpha in (0.5, 0.25, -3.0):
+        np.testing.assert_allclose(gp.functional.matmul(x, x, trans_b=True, alpha=alpha),
+                                   alpha * (x @ x.T), rtol=1e-5, atol=1e-6)
+    assert len(_PLANS) - before <= 1
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_spec_checks(device, dtype):
+    """The declared operands' checks (gpuplan.spec_check): dtype, short/long buffers, strided
+    views, wrong side, missing bias, C overlapping an input; results against float64."""
+    desc = gp.GemmDescriptor(6, 5, 4, batch=2, trans_b=True, has_bias=True, dtype=dtype)
+    a, b, c0, bias = gemm_operands(desc, seed=4)
+
+    def reference(a, b, c, bias, alpha, beta):
+        return gemm_reference(desc, a, b, c, bias, alpha, beta)
+
+
+    check_plan(gp.GemmPlan, desc, dict(a=a, b=b, c=c0, bias=bias, alpha=0.5, beta=-1.0),
+               reference, device=device, scale=4, pref=gp.PlanPreference(
+                   backend=None if device == "cpu" else gp.BackendKind.NVRTC))
 
 
 def test_argument_errors_leave_c_untouched(device):
@@ -157,7 +200,7 @@ def test_bias_without_has_bias_and_aliasing_are_rejected():
     a, b, c, _ = gemm_operands(desc)
     plan = gp.GemmPlan.select(s, desc)
     assert_rejected(lambda: plan.run(s, None, gp.GemmArgs(a, b, c, np.zeros(4, np.float32))),
-                    gp.InvalidProblem, [c], "'bias'", "has_bias=False")
+                    gp.InvalidProblem, [c], "'bias'", "absent")
     assert_rejected(lambda: plan.run(s, None, gp.GemmArgs(c, b, c)), gp.InvalidProblem, [c],
                     "'c'", "distinct", "'a'")
 
@@ -262,16 +305,18 @@ def test_device_sku_selection_and_guarantees():
 def test_tiled_unaligned_operands_use_scalar_loads(dtype, trans_a, trans_b):
     # Operands starting one element into their buffer: not 16-byte aligned (scalar path).
     desc = gp.GemmDescriptor(136, 80, 64, batch=2, trans_a=trans_a, trans_b=trans_b,
-                             alpha=2.0, beta=-1.0, has_bias=True, dtype=dtype)
+                             has_bias=True, dtype=dtype)
     a, b, c0, bias = gemm_operands(desc, seed=5)
     a_buf = gp.to_device(np.concatenate([a.reshape(-1)[:1], a.reshape(-1)]), "cuda")
     b_buf = gp.to_device(np.concatenate([b.reshape(-1)[:1], b.reshape(-1)]), "cuda")
     a_dev = a_buf[1:].reshape(a.shape)
     b_dev = b_buf[1:].reshape(b.shape)
     c = on("cuda", c0.copy())
-    run_plan(gp.GemmPlan, desc, gp.GemmArgs(a_dev, b_dev, c, on("cuda", bias)), "cuda",
+    run_plan(gp.GemmPlan, desc, gp.GemmArgs(a_dev, b_dev, c, on("cuda", bias), alpha=2.0,
+                                            beta=-1.0), "cuda",
              gp.PlanPreference(backend=gp.BackendKind.NVRTC))
-    assert_gemm_close(c, gemm_reference(desc, a, b, c0, bias), desc, c0, bias)
+    assert_gemm_close(c, gemm_reference(desc, a, b, c0, bias, 2.0, -1.0), desc, c0, bias,
+                      beta=-1.0)
 
 
 @pytest.mark.gpu

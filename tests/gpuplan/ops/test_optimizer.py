@@ -1,5 +1,5 @@
-"""Optimizer-step plans (AdamW, multi-tensor AdamW, SGD) against float64 NumPy references
-implementing PyTorch's formulas, over several steps, on host and device."""
+"""Optimizer-step plans (AdamW, multi-tensor AdamW, SGD) against the float64 NumPy references
+of PyTorch's formulas (gpuplan.testing), over several steps, on host and device."""
 
 from __future__ import annotations
 
@@ -7,7 +7,18 @@ import numpy as np
 import pytest
 
 import gpuplan as gp
-from tests.plan_testing import assert_close, assert_rejected, f64, on, random, run_plan
+from gpuplan.spec_check import check_plan
+from tests.plan_testing import (
+    adamw_reference,
+    assert_close,
+    assert_rejected,
+    f64,
+    on,
+    random,
+    run_plan,
+    sgd_reference,
+    stream_for,
+)
 
 # (param dtype, grad dtype) pairs with kernels
 PAIRS = [
@@ -20,24 +31,6 @@ LOWP = [pytest.param(None, id="nolowp"), pytest.param(np.float16, id="f16copy"),
         pytest.param(gp.bfloat16, id="bf16copy")]
 SIZES = [1, 7, 1000, 66001]
 HP = dict(lr=1e-2, beta1=0.9, beta2=0.99, eps=1e-8, weight_decay=0.1)
-
-
-def ref_adamw(p, g, m, v, *, lr, beta1, beta2, eps, weight_decay, step):
-    """PyTorch AdamW, float64, textbook form."""
-    p = p * (1 - lr * weight_decay)
-    m = beta1 * m + (1 - beta1) * g
-    v = beta2 * v + (1 - beta2) * g * g
-    mhat, vhat = m / (1 - beta1**step), v / (1 - beta2**step)
-    return p - lr * mhat / (np.sqrt(vhat) + eps), m, v
-
-
-def ref_sgd(p, g, buf, *, lr, momentum, dampening, weight_decay, nesterov, first_step):
-    """PyTorch SGD (torch.optim.sgd._single_tensor_sgd), float64."""
-    d = g + weight_decay * p if weight_decay else g
-    if momentum:
-        buf = d.copy() if first_step else momentum * buf + (1 - dampening) * d
-        d = d + momentum * buf if nesterov else buf
-    return p - lr * d, buf
 
 
 def _state(n, dtype, seed=0):
@@ -61,7 +54,7 @@ def test_adamw_matches_reference_over_steps(device, pdt, gdt, lowp, n):
         plan = run_plan(gp.AdamWPlan, desc,
                         gp.AdamWArgs(dp, on(device, g), dm, dv, step=step, param_lowp=dl, **HP),
                         device)
-        rp, rm, rv = ref_adamw(rp, f64(g), rm, rv, step=step, **HP)
+        rp, rm, rv = adamw_reference(rp, g, rm, rv, step=step, **HP)
     assert_close(dp, rp, pdt, scale=4)
     assert_close(dm, rm, pdt, scale=4)
     assert_close(dv, rv, pdt, scale=4)
@@ -98,7 +91,7 @@ def test_sgd_matches_reference_over_steps(device, pdt, gdt, hp, n):
         run_plan(gp.SGDPlan, desc,
                  gp.SGDArgs(dp, on(device, g), dbuf, lr=0.05, first_step=step == 1,
                             param_lowp=dl, **hp), device)
-        rp, rbuf = ref_sgd(rp, f64(g), rbuf, lr=0.05, first_step=step == 1, **hp)
+        rp, rbuf = sgd_reference(rp, g, rbuf, lr=0.05, first_step=step == 1, **hp)
     assert_close(dp, rp, pdt, scale=4)
     if hp["momentum"]:
         assert_close(dbuf, rbuf, pdt, scale=4)
@@ -121,7 +114,7 @@ def test_multi_tensor_adamw_matches_reference(device, pdt, gdt, lowp):
                                        [d[1] for d in dev], [d[2] for d in dev], step=step,
                                        params_lowp=lows, **HP)
         run_plan(gp.AdamWMultiTensorPlan, desc, args, device)
-        refs = [ref_adamw(r[0], f64(g), r[1], r[2], step=step, **HP)
+        refs = [adamw_reference(r[0], g, r[1], r[2], step=step, **HP)
                 for r, g in zip(refs, grads, strict=True)]
     for k, (d, r) in enumerate(zip(dev, refs, strict=True)):
         for a, b in zip(d, r, strict=True):
@@ -131,20 +124,70 @@ def test_multi_tensor_adamw_matches_reference(device, pdt, gdt, lowp):
 
 
 def test_empty_extents(device):
+    """Empty problems return at once (the run body never starts) after their operands were
+    checked; an empty tensor among non-empty ones is skipped and left as it was."""
     z = on(device, np.zeros((0,), np.float32))
-    run_plan(gp.AdamWPlan, gp.AdamWDescriptor(0), gp.AdamWArgs(z, z, z, z, lr=1.0, step=1),
-             device)
-    run_plan(gp.SGDPlan, gp.SGDDescriptor(0), gp.SGDArgs(z, z, z, lr=1.0, momentum=0.9), device)
-    run_plan(gp.AdamWMultiTensorPlan, gp.AdamWMultiTensorDescriptor(()),
-             gp.AdamWMultiTensorArgs([], [], [], [], lr=1.0, step=1), device)
-    run_plan(gp.AdamWMultiTensorPlan, gp.AdamWMultiTensorDescriptor((0, 0)),
-             gp.AdamWMultiTensorArgs([z, z], [z, z], [z, z], [z, z], lr=1.0, step=1), device)
+    for plan_cls, desc, args in [
+            (gp.AdamWPlan, gp.AdamWDescriptor(0), gp.AdamWArgs(z, z, z, z, None, lr=1.0, step=1)),
+            (gp.SGDPlan, gp.SGDDescriptor(0), gp.SGDArgs(z, z, z, None, lr=1.0, momentum=0.9)),
+            (gp.AdamWMultiTensorPlan, gp.AdamWMultiTensorDescriptor(()),
+             gp.AdamWMultiTensorArgs([], [], [], [], lr=1.0, step=1)),
+            (gp.AdamWMultiTensorPlan, gp.AdamWMultiTensorDescriptor((0, 0)),
+             gp.AdamWMultiTensorArgs([z, z], [z, z], [z, z], [z, z], lr=1.0, step=1))]:
+        s = stream_for(device)
+        plan = plan_cls.select(s, desc)
+        plan._run_impl = _never_run  # the step body must not start
+        plan.run(s, gp.Workspace.allocate(s, plan.workspace_size()), args)
+    # Still checked: a wrong dtype in an empty problem is an error.
+    z64 = on(device, np.zeros((0,), np.float64))
+    with pytest.raises(gp.Unsupported, match="'grad'"):
+        run_plan(gp.AdamWPlan, gp.AdamWDescriptor(0), gp.AdamWArgs(z, z64, z, z, None, lr=1.0,
+                                                                   step=1), device)
+    # A non-empty tensor beside an empty one is updated; the empty one is skipped.
+    p, m, v = (on(device, a) for a in _state(5, np.float32))
+    before = [gp.to_host(a).copy() for a in (p, m, v)]
+    g = on(device, random((5,), np.float32, seed=4))
+    run_plan(gp.AdamWMultiTensorPlan, gp.AdamWMultiTensorDescriptor((0, 5)),
+             gp.AdamWMultiTensorArgs([z, p], [z, g], [z, m], [z, v], step=1, **HP), device)
+    for a, want in zip((p, m, v), adamw_reference(*before[:1], g, *before[1:], step=1, **HP),
+                       strict=True):
+        assert_close(a, want, np.float32, scale=4)
+
+
+def _never_run(*args):
+    raise AssertionError("an empty problem ran its step body")
+
+
+@pytest.mark.parametrize("lowp", [None, gp.bfloat16])
+def test_spec_checks(device, lowp):
+    """Every malformed operand the declarations imply (gpuplan.spec_check: dtype, short/long
+    buffer, strided view, wrong side, missing, overlapping) is rejected with nothing written;
+    the accepted call matches the float64 references."""
+    n = 10
+    p, m, v = _state(n, np.float32)
+    g = random((n,), gp.bfloat16, seed=3)
+
+    def adamw_ref(param, grad, exp_avg, exp_avg_sq, param_lowp=None, **hp):
+        rp, rm, rv = adamw_reference(param, grad, exp_avg, exp_avg_sq, **hp)
+        return {"param": rp, "exp_avg": rm, "exp_avg_sq": rv}  # param_lowp: other tests
+
+    check_plan(gp.AdamWPlan, gp.AdamWDescriptor(n, np.float32, gp.bfloat16, lowp),
+               dict(param=p, grad=g, exp_avg=m, exp_avg_sq=v, step=2, **HP), adamw_ref,
+               device=device, scale=4)
+
+    def sgd_ref(param, grad, momentum_buf, param_lowp=None, **hp):
+        rp, rbuf = sgd_reference(param, grad, momentum_buf, **hp)
+        return {"param": rp, "momentum_buf": rbuf}
+
+    check_plan(gp.SGDPlan, gp.SGDDescriptor(n, np.float32, gp.bfloat16, lowp),
+               dict(param=p, grad=g, momentum_buf=m, lr=0.1, momentum=0.9, dampening=0.1,
+                    weight_decay=0.01), sgd_ref, device=device, scale=4)
 
 
 def test_functional_api_in_place(device):
     p, m, v = (a.reshape(4, 6) for a in _state(24, np.float32))
     g = random((4, 6), gp.bfloat16, seed=5)
-    rp, rm, rv = ref_adamw(f64(p), f64(g), f64(m), f64(v), step=3, **HP)
+    rp, rm, rv = adamw_reference(p, g, m, v, step=3, **HP)
     dp, dm, dv = on(device, p), on(device, m), on(device, v)
     low = on(device, np.zeros((4, 6), np.float16))
     assert gp.functional.adamw_step(dp, on(device, g), dm, dv, step=3, param_lowp=low,
@@ -156,8 +199,7 @@ def test_functional_api_in_place(device):
     q = on(device, p.copy())
     buf = on(device, np.zeros((4, 6), np.float32))
     gp.functional.sgd_step(q, on(device, g), buf, lr=0.1, momentum=0.9, first_step=True)
-    rq, rbuf = ref_sgd(f64(p), f64(g), None, lr=0.1, momentum=0.9, dampening=0.0,
-                       weight_decay=0.0, nesterov=False, first_step=True)
+    rq, rbuf = sgd_reference(p, g, None, lr=0.1, momentum=0.9, first_step=True)
     assert_close(q, rq, np.float32)
     assert_close(buf, rbuf, np.float32)
     gp.functional.sgd_step(q, on(device, g), None, lr=0.1)  # plain SGD needs no buffer
@@ -189,7 +231,7 @@ def test_descriptor_errors():
         gp.SGDPlan.select(s, gp.SGDDescriptor(4, np.float32, None, np.float32))
     with pytest.raises(gp.InvalidProblem, match="argument 'n'"):
         gp.SGDPlan.select(s, gp.SGDDescriptor(-2))
-    with pytest.raises(gp.InvalidProblem, match=r"argument 'sizes\[1\]'"):
+    with pytest.raises(gp.InvalidProblem, match=r"argument 'sizes'.*\(3, -1\)"):
         gp.AdamWMultiTensorPlan.select(s, gp.AdamWMultiTensorDescriptor((3, -1)))
     with pytest.raises(gp.Unsupported, match="nvrtc requested"):
         gp.AdamWPlan.select(s, gp.AdamWDescriptor(4),
@@ -237,7 +279,7 @@ def test_sgd_argument_errors_leave_state_untouched(device):
     outs = [p, buf]
 
     def run(**kw):
-        a = dict(param=p, grad=g, momentum_buf=buf, lr=0.1, momentum=0.9) | kw
+        a = dict(param=p, grad=g, momentum_buf=buf, param_lowp=None, lr=0.1, momentum=0.9) | kw
         return lambda: plan.run(s, None, gp.SGDArgs(**a))
 
     assert_rejected(run(momentum_buf=None), gp.InvalidProblem, outs, "'momentum_buf'", "None")
@@ -271,12 +313,43 @@ def test_multi_tensor_argument_errors(device):
     assert_rejected(run(exp_avg_sqs=[vs[0], vs[1].astype(np.float64)]), gp.Unsupported, outs,
                     "'exp_avg_sqs[1]'")
     assert_rejected(run(params_lowp=[None, None]), gp.InvalidProblem, outs, "'params_lowp")
+    assert_rejected(run(grads=(gs[0], None)), gp.InvalidProblem, outs, "'grads[1]'", "None")
+    assert_rejected(run(exp_avgs=ms[0]), gp.InvalidProblem, outs, "'exp_avgs'", "2 arrays")
+    wide = on(device, np.zeros(10, np.float32))
+    assert_rejected(run(params=[ps[0], wide[::2]]), gp.InvalidProblem, outs, "'params[1]'",
+                    "contiguous")
+    assert_rejected(run(exp_avg_sqs=[vs[0], ps[1]]), gp.InvalidProblem, outs, "distinct",
+                    "'params[1]'")
+    for name, bad, words in [("lr", -1.0, "[0.0"), ("step", 0, ">= 1"), ("beta2", 1.0, "1.0)")]:
+        assert_rejected(run(**{name: bad}), gp.InvalidProblem, outs, f"'{name}'", words)
     if device == "cuda":
         assert_rejected(run(grads=[gs[0], gp.to_host(gs[1])]), gp.InvalidProblem, outs,
                         "'grads[1]'")
         good = gp.AdamWMultiTensorArgs(ps, gs, ms, vs, lr=0.1, step=1)
         assert_rejected(lambda: plan.run(s, gp.Workspace.none(), good), gp.WorkspaceTooSmall,
                         outs, "'ws'", f">= {plan.workspace_size()} bytes", "0 bytes")
+
+
+def test_multi_tensor_check_takes_the_signature_path(device, monkeypatch):
+    """Well-formed lists (flat views of [r, c] tensors, as optim.AdamW passes them) pass on
+    one signature comparison per list: the per-array precise check never runs."""
+    def precise(*args):
+        raise AssertionError("the precise per-array check ran on well-formed lists")
+
+    monkeypatch.setattr(gp.AdamWMultiTensorPlan, "_explain", precise)
+    shapes = [(3, 4), (5,), (2, 8)]
+    lists = [[on(device, random(s, np.float32, seed=10 * j + k)).reshape(-1)
+              for k, s in enumerate(shapes)] for j in range(4)]
+    lists[3] = [abs(v) for v in lists[3]]  # exp_avg_sq >= 0
+    desc = gp.AdamWMultiTensorDescriptor(tuple(int(np.prod(s)) for s in shapes))
+    before = [[gp.to_host(a).copy() for a in seq] for seq in lists]
+    run_plan(gp.AdamWMultiTensorPlan, desc, gp.AdamWMultiTensorArgs(*lists, step=1, **HP),
+             device)
+    for k in range(len(shapes)):
+        want = adamw_reference(before[0][k], before[1][k], before[2][k], before[3][k], step=1,
+                               **HP)
+        for j, w in zip((0, 2, 3), want, strict=True):
+            assert_close(lists[j][k], w, np.float32, scale=4)
 
 
 def test_sku():
@@ -304,7 +377,7 @@ def test_device_adamw_large_grid_stride(accelerator):
     hp, hm, hv = (gp.to_host(a).copy() for a in (p, m, v))
     g = gp.asarray(random((n,), np.float32, seed=3), device=accelerator)
     gp.functional.adamw_step(p, g, m, v, step=2, **HP)
-    run_plan(gp.AdamWPlan, gp.AdamWDescriptor(n), gp.AdamWArgs(hp, gp.to_host(g), hm, hv, step=2,
-                                                               **HP), "cpu")
+    run_plan(gp.AdamWPlan, gp.AdamWDescriptor(n), gp.AdamWArgs(hp, gp.to_host(g), hm, hv, None,
+                                                               step=2, **HP), "cpu")
     assert_close(p, f64(hp), np.float32)
     assert_close(v, f64(hv), np.float32)

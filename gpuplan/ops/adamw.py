@@ -1,0 +1,320 @@
+"""AdamW steps, fused and in place: one tensor (AdamWPlan) or many in one launch
+(AdamWMultiTensorPlan). With t = step (from 1), PyTorch's AdamW:
+
+    p = p * (1 - lr * wd)
+    m = beta1 * m + (1 - beta1) * g
+    v = beta2 * v + (1 - beta2) * g^2
+    p = p - lr / (1 - beta1^t) * m / (sqrt(v) / sqrt(1 - beta2^t) + eps)
+
+Dtypes, SKUs and the shared checks: gpuplan/ops/optimizer.py.
+"""
+
+from __future__ import annotations
+
+import math
+from operator import attrgetter
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+
+from gpuplan import backend
+from gpuplan.errors import InvalidProblem, describe
+from gpuplan.execute import call
+from gpuplan.nvrtc import cdiv, launch
+from gpuplan.ops.optimizer import (
+    DTYPE_FIELDS,
+    MODULE,
+    THREADS,
+    FusedStepPlan,
+    check_disjoint,
+    check_real,
+    first_overlap,
+    flat_operands,
+    grad_dtype,
+    lowp_dtype,
+    lowp_present,
+    raise_overlap,
+)
+from gpuplan.spec import REQUIRED, Extent, In, InOut, OpSpec, Out, Scalar, Shape
+from gpuplan.stream import Stream, Workspace
+
+__all__ = [
+    "AdamWDescriptor", "AdamWArgs", "AdamWPlan",
+    "AdamWMultiTensorDescriptor", "AdamWMultiTensorArgs", "AdamWMultiTensorPlan",
+]
+__functional__ = ["adamw_step"]
+
+#: elements per block of the multi-tensor kernel
+MULTI_TENSOR_CHUNK = 16384
+
+HYPER = (Scalar("lr", REQUIRED), Scalar("step", REQUIRED), Scalar("beta1", 0.9),
+         Scalar("beta2", 0.999), Scalar("eps", 1e-8), Scalar("weight_decay", 1e-2))
+
+
+def adamw_scalars(op: str, args: Any, dtype: np.dtype) -> tuple:
+    """(decay, beta1, 1-beta1, beta2, 1-beta2, step_size, 1/sqrt(bc2), eps) as `dtype`, from
+    the args' run-time hyperparameters (checked here: floats in range and an int step take
+    one comparison chain, anything else the precise checks)."""
+    lr, b1, b2, eps, wd, t = (args.lr, args.beta1, args.beta2, args.eps, args.weight_decay,
+                              args.step)
+    if not (type(lr) is type(b1) is type(b2) is type(eps) is type(wd) is float
+            and type(t) is int and 0.0 <= lr < _INF and 0.0 <= b1 < 1.0 and 0.0 <= b2 < 1.0
+            and 0.0 <= eps < _INF and 0.0 <= wd < _INF and t >= 1):
+        lr, b1, b2, eps, wd, t = _checked_hyper(op, args)
+    bc1, bc2 = 1.0 - b1 ** t, 1.0 - b2 ** t
+    vals = (1.0 - lr * wd, b1, 1.0 - b1, b2, 1.0 - b2, lr / bc1, 1.0 / math.sqrt(bc2), eps)
+    return tuple(map(dtype.type, vals))
+
+
+_INF = math.inf
+
+
+def _checked_hyper(op: str, args: Any) -> tuple:
+    t = args.step
+    hyper = (check_real(op, "lr", args.lr, 0.0),
+             check_real(op, "beta1", args.beta1, 0.0, 1.0, hi_open=True),
+             check_real(op, "beta2", args.beta2, 0.0, 1.0, hi_open=True),
+             check_real(op, "eps", args.eps, 0.0),
+             check_real(op, "weight_decay", args.weight_decay, 0.0))
+    if isinstance(t, bool) or not isinstance(t, (int, np.integer)) or t < 1:
+        raise InvalidProblem(describe(op, "step", "an integer >= 1", repr(t)))
+    return (*hyper, int(t))
+
+
+def _adamw_numpy(p: Any, g: Any, m: Any, v: Any, lowp: Any, s: tuple) -> None:
+    decay, b1, omb1, b2, omb2, step_size, inv_sqrt_bc2, eps = s
+    # In place, rounding exactly like the expressions in the comments (no temporaries
+    # beyond two scratch arrays).
+    g = g.astype(p.dtype, copy=False)
+    t = np.multiply(g, omb1)
+    m *= b1
+    m += t                        # m = b1 * m + (1 - b1) * g
+    np.multiply(g, g, out=t)
+    t *= omb2
+    v *= b2
+    v += t                        # v = b2 * v + (1 - b2) * g * g
+    den = np.sqrt(v)
+    den *= inv_sqrt_bc2
+    den += eps
+    np.divide(m, den, out=t)
+    t *= step_size
+    p *= decay
+    p -= t                        # p = p * decay - step_size * (m / (sqrt(v) / sqrt(bc2) + eps))
+    if lowp is not None:
+        lowp[...] = p.astype(lowp.dtype)
+
+
+# -- one tensor ------------------------------------------------------------------------------
+
+SPEC = OpSpec(
+    "adamw_step",
+    fields=(Extent("n"), *DTYPE_FIELDS),
+    operands=(InOut("param", ("n",), distinct=True), In("grad", ("n",), dtype=grad_dtype),
+              InOut("exp_avg", ("n",), distinct=("grad", "exp_avg_sq")),
+              InOut("exp_avg_sq", ("n",), distinct=("grad",)),
+              Out("param_lowp", ("n",), dtype=lowp_dtype, present=lowp_present)),
+    scalars=HYPER,
+    empty=("n",),
+)
+AdamWDescriptor = SPEC.descriptor(
+    "AdamWDescriptor", "AdamW over n weights of dtype (f32/f64), gradients of grad_dtype "
+    "(None: dtype), an f16/bf16 copy of the weights when lowp_dtype is set.")
+AdamWArgs = SPEC.args(
+    "AdamWArgs", "param, exp_avg, exp_avg_sq [n] updated in place; grad [n]; param_lowp [n] "
+    "(overwritten) or None; lr, step (from 1), beta1, beta2, eps, weight_decay per call.")
+
+
+class AdamWPlan(FusedStepPlan):
+    """One fused AdamW step over one flat tensor (SKUs: ``numpy``, ``fused``: one launch)."""
+
+    op = "adamw_step"
+    spec = SPEC
+    kernel = "adamw_step_kernel"
+
+    def _check_args(self, args: Any) -> None:
+        self._scalars = adamw_scalars(self.op, args, self._dtype)
+
+    def _run_numpy(self, stream: Stream, ws: Workspace, args: Any) -> None:
+        _adamw_numpy(args.param, args.grad, args.exp_avg, args.exp_avg_sq, args.param_lowp,
+                     self._scalars)
+
+    def _run_fused(self, stream: Stream, ws: Workspace, args: Any) -> None:
+        fn = MODULE.function(self._kernel, stream.device_id)
+        lowp = args.param if args.param_lowp is None else args.param_lowp  # unread when None
+        launch(stream, fn, self._grid, THREADS,
+               (args.param, args.grad, args.exp_avg, args.exp_avg_sq, lowp, self._n)
+               + self._scalars + (self._write_lowp,))
+
+
+# -- many tensors in one launch --------------------------------------------------------------
+
+_LISTS = ("params", "grads", "exp_avgs", "exp_avg_sqs", "params_lowp")
+MULTI_SPEC = OpSpec(
+    "adamw_multi_tensor_step",
+    fields=(Shape("sizes"), *DTYPE_FIELDS),
+    # The operands are lists of flat arrays, one per size: the spec's operands are single
+    # arrays, so the lists ride with the run-time scalars and AdamWMultiTensorPlan checks
+    # them against a signature resolved once per plan.
+    operands=(),
+    scalars=(*(Scalar(name, REQUIRED) for name in _LISTS[:4]), *HYPER,
+             Scalar("params_lowp", None)),
+    empty=lambda d: not any(d.sizes),
+)
+AdamWMultiTensorDescriptor = MULTI_SPEC.descriptor(
+    "AdamWMultiTensorDescriptor", "AdamW over len(sizes) flat tensors of these sizes sharing "
+    "dtypes and hyperparameters (fields as AdamWDescriptor).")
+AdamWMultiTensorArgs = MULTI_SPEC.args(
+    "AdamWMultiTensorArgs", "params, grads, exp_avgs, exp_avg_sqs: one flat array per size "
+    "(as AdamWArgs per tensor); params_lowp: a list when lowp_dtype is set, else None.")
+
+#: per array: (class, shape, strides, dtype): one tuple comparison per list checks them all.
+_SIGNATURE = attrgetter("__class__", "shape", "strides", "dtype")
+_SIGNATURE_CUDA = attrgetter("__class__", "shape", "strides", "dtype", "data.device_id")
+_PTR = attrgetter("data.ptr")
+
+
+class AdamWMultiTensorPlan(FusedStepPlan):
+    """AdamW over a list of tensors sharing dtypes and hyperparameters.
+
+    The ``fused`` SKU makes one launch: a table of (n, param, grad, exp_avg, exp_avg_sq,
+    lowp) addresses per tensor and a (tensor, start) row per block of MULTI_TENSOR_CHUNK
+    elements, both written into the workspace; each element gets exactly AdamWPlan's math.
+    The per-call check is one signature comparison per list (class, shape, strides, dtype,
+    device of every array, resolved at select), then one overlap test of all the buffers.
+    """
+
+    op = "adamw_multi_tensor_step"
+    spec = MULTI_SPEC
+    kernel = "adamw_multi_tensor_kernel"
+
+    @classmethod
+    def _chunk_count(cls, desc: Any) -> int:
+        return sum(cdiv(int(s), MULTI_TENSOR_CHUNK) for s in desc.sizes)
+
+    @classmethod
+    def _workspace_bytes(cls, desc: Any) -> int:
+        return 8 * (6 * len(desc.sizes) + 2 * cls._chunk_count(desc))
+
+    def _prepare(self) -> None:
+        super()._prepare()
+        d = self.desc
+        sizes = tuple(int(s) for s in d.sizes)
+        t, nchunks = len(sizes), self._chunk_count(d)
+        has_lowp = d.lowp_dtype is not None
+        self._names = _LISTS if has_lowp else _LISTS[:4]
+        self._dtypes = (d.dtype, grad_dtype(d), d.dtype, d.dtype, lowp_dtype(d))
+        cuda = self._stream.kind == "cuda"
+        array_type = backend._namespace_for(self._stream.kind).ndarray
+        self._get = _SIGNATURE_CUDA if cuda else _SIGNATURE
+        extra = (self._stream.device_id,) if cuda else ()
+        self._signatures = tuple(
+            tuple((array_type, (n,), (np.dtype(dt).itemsize,), np.dtype(dt), *extra)
+                  for n in sizes)
+            for dt in self._dtypes[:len(self._names)])
+        self._sizes, self._chunks = sizes, nchunks
+        # Per call only the addresses change: the element counts and the chunk rows of the
+        # launch table are written once.
+        self._table = np.zeros(6 * t + 2 * nchunks, dtype=np.int64)
+        tensors = self._table[: 6 * t].reshape(t, 6)
+        chunks = self._table[6 * t:].reshape(nchunks, 2)
+        tensors[:, 0] = sizes
+        per = [cdiv(n, MULTI_TENSOR_CHUNK) for n in sizes]
+        chunks[:, 0] = np.repeat(np.arange(t, dtype=np.int64), per)
+        chunks[:, 1] = np.concatenate(
+            [np.arange(c, dtype=np.int64) for c in per] or [np.zeros(0, np.int64)]
+        ) * MULTI_TENSOR_CHUNK
+        itemsizes = np.array([np.dtype(x).itemsize for x in self._dtypes[:len(self._names)]])
+        self._itemsizes = np.repeat(itemsizes, t)
+        self._nbytes = (itemsizes[:, None] * np.array(sizes, dtype=np.int64)).reshape(-1)
+        self._live = np.tile(np.array(sizes) > 0, len(self._names))
+        self._ptrs: np.ndarray | None = None
+
+    def _lists(self, args: Any) -> tuple:
+        return tuple(getattr(args, name) for name in self._names)
+
+    def _check_args(self, args: Any) -> None:
+        if self.desc.lowp_dtype is None and args.params_lowp is not None:
+            raise InvalidProblem(describe(self.op, "params_lowp",
+                                          "None (the descriptor's lowp_dtype is None)",
+                                          type(args.params_lowp).__name__))
+        lists = self._lists(args)
+        t, get = len(self._sizes), self._get
+        for name, seq, sig in zip(self._names, lists, self._signatures, strict=True):
+            try:
+                ok = type(seq) in (list, tuple) and len(seq) == t and tuple(map(get, seq)) == sig
+            except AttributeError:  # None or not an array
+                ok = False
+            if not ok:
+                self._explain(name, seq)
+        flat = [a for seq in lists for a in seq]
+        if not self._stream.is_host:  # the addresses are needed for the launch table anyway
+            self._ptrs = ptrs = np.fromiter(map(_PTR, flat), np.int64, len(flat))
+            live = self._live
+            if (ptrs[live] % self._itemsizes[live]).any():  # a misaligned view: say which
+                for name, seq in zip(self._names, lists, strict=True):
+                    self._explain(name, seq)
+            pair = first_overlap(ptrs[live], ptrs[live] + self._nbytes[live])
+            if pair is not None:
+                idx = np.flatnonzero(live)
+                raise_overlap(self.op, self._label(int(idx[pair[0]])),
+                              self._label(int(idx[pair[1]])))
+        else:
+            check_disjoint(self.op, flat, self._label)
+        self._scalars = adamw_scalars(self.op, args, self._dtype)
+
+    def _label(self, k: int) -> str:
+        t = len(self._sizes)
+        return f"{self._names[k // t]}[{k % t}]"
+
+    def _explain(self, name: str, seq: Any) -> None:
+        """The precise error for list `name` (whose signature or alignment did not match),
+        from a spec of its arrays; returns when every array is acceptable after all."""
+        t = len(self._sizes)
+        if not isinstance(seq, (list, tuple)) or len(seq) != t:
+            given = f"{len(seq)} arrays" if isinstance(seq, (list, tuple)) else repr(seq)
+            raise InvalidProblem(describe(self.op, name, f"a list of {t} arrays", given))
+        dtype = self._dtypes[_LISTS.index(name)]
+        labels = [f"{name}[{k}]" for k in range(t)]
+        one = OpSpec(self.op, fields=(), operands=[
+            In(label, (n,), dtype=(dtype,)) for label, n in zip(labels, self._sizes,
+                                                                 strict=True)])
+        one.resolve(self.op, None).check(SimpleNamespace(**dict(zip(labels, seq, strict=True))),
+                                         self._stream)
+
+    def _run_numpy(self, stream: Stream, ws: Workspace, args: Any) -> None:
+        lowps = args.params_lowp or (None,) * len(self._sizes)
+        for k, n in enumerate(self._sizes):
+            if n:
+                _adamw_numpy(args.params[k], args.grads[k], args.exp_avgs[k],
+                             args.exp_avg_sqs[k], lowps[k], self._scalars)
+
+    def _run_fused(self, stream: Stream, ws: Workspace, args: Any) -> None:
+        lists = self._lists(args)
+        t = len(self._sizes)
+        host = self._table
+        host[: 6 * t].reshape(t, 6)[:, 1:1 + len(lists)] = self._ptrs.reshape(len(lists), t).T
+        table = ws.view(np.int64, host.size)
+        # Ordered on the stream after earlier launches that read this workspace; returns once
+        # the pageable host table has been staged, so `host` may be rewritten by the next call.
+        table.set(host, stream=stream.cuda_stream)
+        fn = MODULE.function(self._kernel, stream.device_id)
+        launch(stream, fn, self._chunks, THREADS,
+               (table[: 6 * t], table[6 * t:], np.int64(MULTI_TENSOR_CHUNK)) + self._scalars
+               + (self._write_lowp,), reachable=[a for seq in lists for a in seq])
+
+
+# -- functional API ------------------------------------------------------------------------
+
+
+def adamw_step(param: Any, grad: Any, exp_avg: Any, exp_avg_sq: Any, *, lr: float,
+               beta1: float, beta2: float, eps: float, weight_decay: float, step: int,
+               param_lowp: Any = None) -> None:
+    """One AdamW step in place on param, exp_avg, exp_avg_sq (and param_lowp if given); every
+    array has param's shape (in-place ones C-contiguous)."""
+    p, g, m, v, low = flat_operands(AdamWPlan.op, param, (
+        ("grad", grad, False), ("exp_avg", exp_avg, True), ("exp_avg_sq", exp_avg_sq, True),
+        ("param_lowp", param_lowp, True)))
+    desc = AdamWDescriptor(p.size, p.dtype, g.dtype, None if low is None else low.dtype)
+    call(AdamWPlan, desc, like=p, param=p, grad=g, exp_avg=m, exp_avg_sq=v, param_lowp=low,
+         lr=lr, step=step, beta1=beta1, beta2=beta2, eps=eps, weight_decay=weight_decay)
