@@ -252,7 +252,6 @@ def sgd_reference(p: Any, g: Any, buf: Any, *, lr: float, momentum: float = 0.0,
     return p - lr * d, buf
 
 
-
 # -- float64 references of the embedding and quantize families (tests, kernel cases) ---------
 
 
@@ -346,8 +345,8 @@ __all__ = [
     "TOLERANCES", "assert_close", "assert_gemm_close", "assert_rejected", "f64",
     "gemm_operands", "gemm_reference", "layer_norm_reference", "on",
     "random", "run_plan", "stream_for", "tol", "float16", "float32", "float64", "bfloat16",
-    "cross_entropy_reference", "cross_entropy_reduce_reference", "cross_entropy_grad_reference",
-    "cross_entropy_over_blocks",
     "embedding_reference", "embedding_backward_reference", "flush_f32", "quantize_reference64",
     "quantize_reference_exact", "scale_reference64", "scaled_reference_exact",
+    "cross_entropy_reference", "cross_entropy_reduce_reference", "cross_entropy_grad_reference",
+    "cross_entropy_over_blocks",
 ]
