@@ -13,14 +13,10 @@ A plan family subclasses `Plan` and provides:
 
 `select` filters the candidates by the `PlanPreference`; `run` calls `can_implement`
 first, so a rejected call writes nothing.
-
-Families without a ``spec`` (the legacy contract: ``_candidates(desc, on_device)``, a full
-``_check_args`` and ``_is_empty``) still work while they are being ported.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import enum
 import math
 from collections.abc import Sequence
@@ -39,7 +35,8 @@ from gpuplan.errors import (
     WorkspaceTooSmall,
     describe,
 )
-from gpuplan.spec import OpSpec, Resolved
+from gpuplan.resolve import Resolved
+from gpuplan.spec import OpSpec
 from gpuplan.stream import Stream, Workspace
 
 
@@ -118,20 +115,16 @@ class Plan:
 
     op: ClassVar[str] = "plan"
     category: ClassVar[str] = "generic"
-    spec: ClassVar[OpSpec | None] = None
-    #: (legacy families) integer descriptor fields that may be negative.
-    signed_fields: ClassVar[frozenset[str]] = frozenset({"padding_idx", "ignore_index"})
+    spec: ClassVar[OpSpec]
 
     def __init__(self, stream: Stream, desc: Any, candidate: Candidate) -> None:
         self._stream = stream
         self.desc = desc
         self._cand = candidate
         self._run_impl = getattr(self, f"_run_{candidate.variant}")
-        self._resolved: Resolved | None = None
         self._index_dtype: str | None = None
-        if self.spec is not None:
-            self._resolved = self.spec.resolve(self.op, desc)
-            self._prepare()
+        self._resolved: Resolved = self.spec.resolve(self.op, desc)
+        self._prepare()
 
     def _prepare(self) -> None:
         """Derive per-plan launch constants from ``self.desc`` (once, at select)."""
@@ -141,10 +134,7 @@ class Plan:
     def select(cls, stream: Stream, desc: Any, pref: PlanPreference | None = None) -> Plan:
         pref = pref or PlanPreference()
         cls._check_descriptor(desc)
-        if cls.spec is not None:
-            cands = list(cls._candidates(desc, stream))
-        else:
-            cands = list(cls._candidates(desc, not stream.is_host))
+        cands = list(cls._candidates(desc, stream))
         if not cands:
             raise Unsupported(describe(cls.op, "desc", "a supported problem", desc))
         reasons = []
@@ -161,19 +151,12 @@ class Plan:
 
     @classmethod
     def _check_descriptor(cls, desc: Any) -> None:
-        if cls.spec is not None:
-            for name in cls.spec.field_names:
-                if not hasattr(desc, name):
-                    want = getattr(cls.spec.descriptor_cls, "__name__", "descriptor")
-                    raise InvalidProblem(describe(cls.op, "desc", f"a {want}",
-                                                  type(desc).__name__))
-            cls.spec.check_descriptor(cls.op, desc)
-            return
-        for f in dataclasses.fields(desc):
-            v = getattr(desc, f.name)
-            if isinstance(v, (int, np.integer)) and not isinstance(v, bool):
-                if f.name not in cls.signed_fields and v < 0:
-                    raise InvalidProblem(describe(cls.op, f.name, "an extent >= 0", v))
+        for name in cls.spec.field_names:
+            if not hasattr(desc, name):
+                want = getattr(cls.spec.descriptor_cls, "__name__", "descriptor")
+                raise InvalidProblem(describe(cls.op, "desc", f"a {want}",
+                                              type(desc).__name__))
+        cls.spec.check_descriptor(cls.op, desc)
 
     @classmethod
     def _candidates(cls, desc: Any, stream: Stream) -> Sequence[Candidate]:
@@ -228,41 +211,13 @@ class Plan:
     # -- execution --------------------------------------------------------------------
     def can_implement(self, args: Any) -> None:
         """Raise the right GpuPlanError if `args` does not fit this plan; return None if it does."""
-        if self._resolved is not None:
-            index = self._resolved.check(args, self._stream)
-            if index is not None:
-                self._index_dtype = index
-            self._check_args(args)
-            return
-        kind = self._stream.kind
-        for name in _field_names(type(args)):
-            a = getattr(args, name)
-            if a is None:
-                continue
-            if type(a) is np.ndarray:  # the host fast path: no CuPy question to ask
-                if kind != "cpu":
-                    self._raise_wrong_side(name, a)
-                continue
-            if not hasattr(a, "shape"):
-                continue
-            if backend.device_of(a) != kind:
-                self._raise_wrong_side(name, a)
-            if kind == "cuda" and a.device.id != self._stream.device_id:
-                raise InvalidProblem(
-                    describe(self.op, name, f"an array on device {self._stream.device_id}",
-                             f"one on device {a.device.id}")
-                )
+        index = self._resolved.check(args, self._stream)
+        if index is not None:
+            self._index_dtype = index
         self._check_args(args)
 
-    def _raise_wrong_side(self, name: str, a: Any) -> None:
-        raise InvalidProblem(
-            describe(self.op, name, f"a {_SIDE[self._stream.kind]} array to match the plan's "
-                                    f"stream", _SIDE[backend.device_of(a)]))
-
     def _check_args(self, args: Any) -> None:
-        """Cross-operand rules beyond the spec (spec families); every check (legacy ones)."""
-        if self._resolved is None:
-            raise NotImplementedError
+        """Cross-operand rules a declaration cannot state (none by default)."""
 
     def run(self, stream: Stream, ws: Workspace | None, args: Any) -> None:
         if stream is not self._stream and (
@@ -296,7 +251,7 @@ class Plan:
         self._run_impl(stream, ws, args)
 
     def _is_empty(self) -> bool:
-        return self._resolved is not None and self._resolved.empty
+        return self._resolved.empty
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.sku()}>"
@@ -305,7 +260,6 @@ class Plan:
 _NO_WORKSPACE = Workspace.none()
 _NAMESPACES: dict[str, Any] = {}
 
-_SIDE = {"cpu": "host (NumPy)", "cuda": "device (CuPy)", "emulated": "emulated-device"}
 
 
 def _unavailable(cand: Candidate, stream: Stream) -> str | None:
@@ -393,17 +347,6 @@ def _as_shape(shape: Sequence[int]) -> tuple[int, ...]:
     if type(shape) is tuple and all(type(s) is int for s in shape):
         return shape
     return tuple(int(s) for s in shape)
-
-
-_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
-
-
-def _field_names(cls: type) -> tuple[str, ...]:
-    """Field names of a dataclass type (dataclasses.fields() rebuilds a tuple per call)."""
-    names = _FIELD_NAMES.get(cls)
-    if names is None:
-        names = _FIELD_NAMES[cls] = tuple(f.name for f in dataclasses.fields(cls))
-    return names
 
 
 def check_index_dtype(op: str, name: str, a: Any) -> np.dtype:

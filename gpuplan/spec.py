@@ -22,9 +22,9 @@ An operand's shape is a tuple whose entries are ints, descriptor field names or
 expressions over them (``"rows * cols"``), or a callable ``desc -> tuple``. Its dtype is a
 descriptor field name (``"dtype"``, the default), a dtype, a tuple of allowed dtypes,
 ``INDEX`` (int32 or int64, taken from the array) or a callable ``desc -> dtype``.
-`Plan` resolves every operand once per descriptor (`Resolved`) and checks a call's
-arrays against that: a shape, dtype and layout comparison per operand, the precise
-error message built only when a check fails.
+`Plan` resolves every operand once per descriptor (`gpuplan.resolve.Resolved`) and checks
+a call's arrays against that: a shape, dtype and layout comparison per operand, the
+precise error message built only when a check fails.
 """
 
 from __future__ import annotations
@@ -58,6 +58,10 @@ INDEX_DTYPES = (np.dtype(np.int32), np.dtype(np.int64))
 
 
 # -- descriptor fields --------------------------------------------------------------------
+
+
+def _dtypes(allowed: Any) -> tuple:
+    return tuple(as_dtype(a) for a in allowed)
 
 
 @dataclass(frozen=True)
@@ -272,8 +276,10 @@ class OpSpec:
         for f in self.fields:
             f.check(op, getattr(desc, f.name))
 
-    def resolve(self, op: str, desc: Any) -> Resolved:
-        """Every operand's concrete shape and dtype(s) for `desc` (done once per plan)."""
+    def resolve(self, op: str, desc: Any) -> Any:
+        """Every operand's concrete shape and dtype(s) for `desc` (done once per plan): a
+        `gpuplan.resolve.Resolved`, which holds the per-call check."""
+        from gpuplan.resolve import Resolved
         return Resolved(op, self, desc)
 
 
@@ -286,221 +292,3 @@ def _dc_field(name: str, default: Any) -> tuple:
 def _caller_module() -> str:
     import sys
     return sys._getframe(2).f_globals.get("__name__", __name__)
-
-
-def _dtypes(allowed: Any) -> tuple:
-    return tuple(as_dtype(a) for a in allowed)
-
-
-def _eval_extent(entry: Any, desc: Any, env: dict) -> int:
-    if isinstance(entry, (int, np.integer)) and not isinstance(entry, bool):
-        return int(entry)
-    if isinstance(entry, str):
-        if entry in env:
-            return int(env[entry])
-        return int(eval(entry, {"__builtins__": {}, "prod": math.prod}, env))  # noqa: S307
-    return int(entry(desc))
-
-
-class Resolved:
-    """Operands of one descriptor resolved to concrete shapes and dtypes, with the per-call
-    check. ``rows`` holds one tuple per operand:
-    (name, shape, dtype or None, allowed dtypes, required, present, contiguous, alignment).
-    """
-
-    __slots__ = ("op", "spec", "rows", "shapes", "dtypes", "distinct", "empty", "allocatable",
-                 "given_rows", "given_distinct")
-
-    def __init__(self, op: str, spec: OpSpec, desc: Any) -> None:
-        self.op, self.spec = op, spec
-        env = {f: getattr(desc, f) for f in spec.field_names}
-        rows, shapes, dtypes = [], {}, {}
-        for o in spec.operands:
-            if callable(o.shape):
-                shape = tuple(int(e) for e in o.shape(desc))
-            else:
-                shape = tuple(_eval_extent(e, desc, env) for e in o.shape)
-            allowed = self._allowed(o, desc)
-            rule = o.present(desc) if callable(o.present) else o.present
-            if rule is None:
-                present = True
-            elif rule is True:
-                present = None  # either
-            elif isinstance(rule, str):
-                present = bool(getattr(desc, rule))
-            else:  # a callable's verdict: False (must be None) / True (required)
-                present = bool(rule)
-            one = allowed[0] if len(allowed) == 1 else None
-            rows.append((o.name, shape, one, allowed, present, o.contiguous, o.alignment))
-            shapes[o.name], dtypes[o.name] = shape, one
-        self.rows = tuple(rows)
-        self.shapes, self.dtypes = shapes, dtypes
-        self.distinct = tuple(
-            (o.name, tuple(n for n in (spec.inputs if o.distinct is True else o.distinct)
-                           if n != o.name))
-            for o in spec.operands if o.role != "in" and o.distinct)
-        self.empty = self._is_empty(spec, desc, env)
-        #: outputs `call` allocates when not passed: required, of one known dtype.
-        self.allocatable = tuple(r[0] for r in rows if r[0] in spec.outputs and r[4] is True
-                                 and r[2] is not None)
-        # What is left to check when `call` allocated every allocatable output itself (right
-        # by construction, overlapping nothing): the operands the caller gave.
-        self.given_rows = tuple(r for r in self.rows if r[0] not in self.allocatable)
-        self.given_distinct = tuple(p for p in self.distinct if p[0] not in self.allocatable)
-
-    @staticmethod
-    def _allowed(o: Operand, desc: Any) -> tuple:
-        rule = o.dtype
-        if callable(rule) and not isinstance(rule, type):
-            rule = rule(desc)
-        if rule == INDEX:
-            return INDEX_DTYPES
-        if isinstance(rule, str):
-            return (as_dtype(getattr(desc, rule)),)
-        if isinstance(rule, (tuple, list)):
-            return _dtypes(rule)
-        return (as_dtype(rule),)
-
-    def _is_empty(self, spec: OpSpec, desc: Any, env: dict) -> bool:
-        if spec.empty is None:  # nothing to write: every output has no element
-            outs = [self.shapes[n] for n in spec.outputs if self._present(n) is not False]
-            return bool(outs) and all(math.prod(s) == 0 for s in outs)
-        if callable(spec.empty):
-            return bool(spec.empty(desc))
-        return any(_eval_extent(e, desc, env) == 0 for e in spec.empty)
-
-    def _present(self, name: str) -> bool | None:
-        for row in self.rows:
-            if row[0] == name:
-                return row[4]
-        raise KeyError(name)
-
-    # -- the per-call check ----------------------------------------------------------------
-    def check(self, args: Any, stream: Any, fresh: bool = False) -> str | None:
-        """Raise the first operand error of `args` for a plan on `stream`; return the index
-        dtype's short name when an INDEX operand is present (else None). ``fresh``: the
-        allocatable outputs were just allocated from this plan's shapes (`execute.call`);
-        only the other operands are checked.
-
-        The common case (right array type, shape, dtype object and layout) costs a few
-        attribute reads per operand; anything else goes through `_explain`, which raises
-        the precise error or accepts an equal-but-not-identical dtype.
-        """
-        host = stream.is_host
-        cuda, device_id = stream.kind == "cuda", stream.device_id
-        array_type = _array_type(stream.kind)
-        index = None
-        for name, shape, dtype, allowed, present, contiguous, align in (
-                self.given_rows if fresh else self.rows):
-            try:
-                a = getattr(args, name)
-            except AttributeError:
-                raise InvalidProblem(describe(self.op, "args", f"args with an operand '{name}'",
-                                              type(args).__name__)) from None
-            if a is None:
-                if present:
-                    raise InvalidProblem(describe(self.op, name, "an array", "None"))
-                continue
-            if present is False:
-                raise InvalidProblem(describe(self.op, name, "None (the descriptor declares "
-                                                             "it absent)", "an array"))
-            if type(a) is not array_type:
-                _check_side(self.op, name, a, stream)
-            if cuda and a.data.device_id != device_id:
-                raise InvalidProblem(describe(self.op, name, f"an array on device {device_id}",
-                                              f"one on device {a.data.device_id}"))
-            if not (a.shape == shape and (a.dtype is dtype or a.dtype in allowed)) or (
-                    contiguous and not a.flags.c_contiguous):
-                self._explain(name, a, shape, allowed, contiguous)
-            if dtype is None and allowed is INDEX_DTYPES:
-                index = "i32" if a.dtype.itemsize == 4 else "i64"
-            if host:
-                if align is None and a.flags.aligned:
-                    continue
-            elif not a.size or a.data.ptr % (align or a.dtype.itemsize) == 0:
-                continue
-            _check_alignment(self.op, name, a, align)
-        for out, inputs in self.given_distinct if fresh else self.distinct:
-            o = getattr(args, out)
-            if o is None or not o.size:
-                continue
-            for iname in inputs:
-                i = getattr(args, iname)
-                if i is not None and i.size and _overlap(o, i, host):
-                    raise InvalidProblem(describe(self.op, out,
-                                                  f"a buffer distinct from '{iname}'",
-                                                  "an overlapping buffer"))
-        return index
-
-    def _explain(self, name: str, a: Any, shape: tuple, allowed: tuple,
-                 contiguous: bool) -> None:
-        adt = as_dtype(a.dtype)
-        if adt not in allowed:
-            names = " or ".join(short_name(x) for x in allowed)
-            raise Unsupported(describe(self.op, name, f"dtype {names}", short_name(adt)))
-        a_shape = tuple(a.shape)
-        if a_shape != shape:
-            need = math.prod(shape)
-            if a.size < need:
-                from gpuplan.errors import BufferTooSmall
-                raise BufferTooSmall(
-                    describe(self.op, name, f"at least {need} elements (shape {shape})",
-                             f"{a.size} elements (shape {a_shape})"))
-            raise InvalidProblem(describe(self.op, name, f"shape {shape}", f"shape {a_shape}"))
-        if contiguous and not a.flags.c_contiguous:
-            raise InvalidProblem(describe(self.op, name, "a C-contiguous array",
-                                          "a strided view"))
-
-
-_ARRAY_TYPES: dict[str, type] = {}
-
-
-def _array_type(kind: str) -> type:
-    """The array class of plans on a stream of `kind` (np.ndarray, cupy.ndarray, ...)."""
-    t = _ARRAY_TYPES.get(kind)
-    if t is None:
-        if kind == "cpu":
-            t = np.ndarray
-        elif kind == "emulated":
-            from gpuplan.emulator.array import EmulatedArray
-            t = EmulatedArray
-        else:
-            from gpuplan import backend
-            t = backend.cupy_module().ndarray
-        _ARRAY_TYPES[kind] = t
-    return t
-
-
-_SIDE = {"cpu": "host (NumPy)", "cuda": "device (CuPy)", "emulated": "emulated-device"}
-
-
-def _check_side(op: str, name: str, a: Any, stream: Any) -> None:
-    """InvalidProblem unless `a` is an array living where the plan's stream runs."""
-    from gpuplan import backend
-    if not hasattr(a, "shape") or not hasattr(a, "dtype"):
-        raise InvalidProblem(describe(op, name, "an array", type(a).__name__))
-    where = backend.device_of(a)
-    if where != stream.kind:
-        raise InvalidProblem(describe(op, name, f"a {_SIDE[stream.kind]} array to match the "
-                                                f"plan's stream", _SIDE[where]))
-
-
-def _overlap(a: Any, b: Any, host: bool) -> bool:
-    if host:
-        return bool(np.may_share_memory(a, b))
-    a0, b0 = a.data.ptr, b.data.ptr
-    return a0 < b0 + b.nbytes and b0 < a0 + a.nbytes
-
-
-def _check_alignment(op: str, name: str, a: Any, align: int | None) -> None:
-    from gpuplan.errors import MisalignedOperand
-    align = align or a.dtype.itemsize
-    if isinstance(a, np.ndarray):
-        if a.dtype.alignment % align == 0 and a.flags.aligned:
-            return
-        ptr = a.ctypes.data
-    else:
-        ptr = a.data.ptr
-    if a.size and ptr % align:
-        raise MisalignedOperand(describe(op, name, f"an address aligned to {align} bytes",
-                                         f"{ptr:#x}"))

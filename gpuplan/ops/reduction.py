@@ -50,6 +50,7 @@ from gpuplan.plan import (
     check_operand,
     host_candidate,
 )
+from gpuplan.resolve import array_type_of as _array_type  # a stream's array class
 from gpuplan.spec import (
     Choice,
     DType,
@@ -60,7 +61,6 @@ from gpuplan.spec import (
     Out,
     Shape,
     Value,
-    _array_type,  # the array class of a stream's plans
 )
 from gpuplan.stream import Stream, Workspace
 
