@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import platform
+
 import numpy as np
 import pytest
 
@@ -37,7 +39,9 @@ def test_allocator_opt_out(monkeypatch):
     monkeypatch.setenv("GPUPLAN_HOST_MALLOC", "default")
     assert host.tune_allocator.__wrapped__() is False
     monkeypatch.delenv("GPUPLAN_HOST_MALLOC")
-    assert host.tune_allocator.__wrapped__() in (True, False)  # False off glibc
+    # glibc has mallopt and accepts both thresholds; elsewhere there is nothing to tune.
+    on_glibc = platform.libc_ver()[0] == "glibc"
+    assert host.tune_allocator.__wrapped__() is on_glibc
 
 
 def test_single_process_leaves_blas_alone(blas_pool):
