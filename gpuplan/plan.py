@@ -195,9 +195,10 @@ class Plan:
         if dtype is None:
             raise InvalidProblem(describe(self.op, name, "an operand of one dtype to allocate",
                                           "one whose dtype comes from the arrays"))
-        xp = _NAMESPACES.get(self._stream.kind)
+        kind = self._stream._kind
+        xp = _NAMESPACES.get(kind)
         if xp is None:
-            xp = _NAMESPACES[self._stream.kind] = backend._namespace_for(self._stream.kind)
+            xp = _NAMESPACES[kind] = backend._namespace_for(kind)
         return xp.empty(self._resolved.shapes[name], dtype=dtype)
 
     def precision_guarantee(self) -> PrecisionGuarantee:

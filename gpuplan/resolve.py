@@ -107,9 +107,9 @@ class Resolved:
         attribute reads per operand; anything else goes through `_explain`, which raises
         the precise error or accepts an equal-but-not-identical dtype.
         """
-        host = stream.is_host
-        cuda, device_id = stream.kind == "cuda", stream.device_id
-        array_type = array_type_of(stream.kind)
+        kind = stream._kind  # slots read directly: this runs on every plan call
+        host, cuda, device_id = kind == "cpu", kind == "cuda", stream._device_id
+        array_type = _ARRAY_TYPES.get(kind) or array_type_of(kind)
         index = None
         for name, shape, dtype, allowed, present, contiguous, align in (
                 self.given_rows if fresh else self.rows):
