@@ -33,35 +33,52 @@ def assert_close(actual, expect, dtype):
     np.testing.assert_allclose(f64(actual), expect, rtol=rtol, atol=atol)
 
 
-def module_gradcheck(module, x, eps=1e-6, rtol=1e-6, atol=1e-8, max_entries=40):
-    """Float64 check of d sum(module(x) * R)/d(input and every parameter) against central
-    differences (at most `max_entries` entries per tensor, spread over it)."""
+def module_gradcheck(module, x, rtol=1e-6, atol=1e-8):
+    """Float64 ag.gradcheck of module(x) with respect to x and every parameter, every element.
+
+    The module's own Parameter tensors are passed to gradcheck as inputs (the lambda ignores
+    them: the module reads them itself), so gradcheck perturbs them in place and compares
+    the finite differences with the gradients that backward accumulates into them."""
     x = ag.tensor(np.asarray(x, dtype=np.float64), requires_grad=True)
-    out = module(x)
-    weights = rand(out.shape, seed=99)
-    (out * ag.tensor(weights)).sum().backward()
+    params = list(module.parameters())
+    assert all(p.requires_grad and p.dtype == float64 for p in params), type(module).__name__
+    assert ag.gradcheck(lambda x, *params: module(x), [x, *params], rtol=rtol, atol=atol)
 
-    def objective():
-        with ag.no_grad():
-            return float((f64(module(ag.tensor(x.data))) * weights).sum())
 
-    targets = [("input", x)] + list(module.named_parameters())
-    assert targets, "nothing to check"
-    for name, t in targets:
-        assert t.grad is not None, name
-        grad = f64(t.grad)
-        flat = t.data.reshape(-1)
-        for i in np.unique(np.linspace(0, flat.size - 1, min(flat.size, max_entries)).astype(int)):
-            orig = flat[i]
-            flat[i] = orig + eps
-            up = objective()
-            flat[i] = orig - eps
-            down = objective()
-            flat[i] = orig
-            numeric = (up - down) / (2 * eps)
-            assert abs(grad.reshape(-1)[i] - numeric) <= atol + rtol * abs(numeric), (
-                f"{type(module).__name__} d/d{name}[{i}]: analytic {grad.reshape(-1)[i]}, "
-                f"numeric {numeric}")
+class _Scale(ag.Function):
+    """y = x * w with a gradient for w that is off by `w_error` (0: correct)."""
+
+    @staticmethod
+    def forward(ctx, x, w, w_error):
+        ctx.saved = (x, w, w_error)
+        return x * w
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, w, w_error = ctx.saved
+        return dy * w, (dy * x).sum(axis=0) * (1 + w_error)
+
+
+class _ScaleModule(nn.Module):
+    def __init__(self, w_error):
+        super().__init__()
+        self.w_error = w_error
+        self.weight = nn.Parameter(rand((4,), seed=1))
+
+    def forward(self, x):
+        return _Scale.apply(x, self.weight, w_error=self.w_error)
+
+
+def test_module_gradcheck_checks_the_parameters():
+    """The helper perturbs the module's own parameters: a correct gradient passes (the
+    numerical gradient is the non-zero one), a wrong parameter gradient fails."""
+    x = rand((3, 4), seed=2)
+    module_gradcheck(_ScaleModule(0.0), x)
+    module = _ScaleModule(1e-4)
+    before = module.weight.data.copy()
+    with pytest.raises(ag.GradcheckError, match="gradient of input 1 "):
+        module_gradcheck(module, x)
+    np.testing.assert_array_equal(module.weight.data, before)  # restored after perturbing
 
 
 # -- Linear -----------------------------------------------------------------------------------
@@ -250,7 +267,7 @@ def test_gelu(device, dtype, approximate):
 
 
 def test_activation_gradchecks_and_errors():
-    x = rand((4, 5), seed=3) + 0.05  # keep ReLU's kink away from the sampled points
+    x = rand((4, 5), seed=3) + 0.05  # keep ReLU's kink (0) more than eps from every element
     for module in (nn.GELU(), nn.GELU("tanh"), nn.ReLU(), nn.Identity()):
         module_gradcheck(module, x)
     with pytest.raises(ValueError, match="approximate"):

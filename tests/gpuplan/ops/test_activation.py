@@ -8,6 +8,7 @@ import math
 import numpy as np
 import pytest
 
+import autograd as ag
 import gpuplan as gp
 from gpuplan.host_math import erf
 from gpuplan.ops.activation import UNARY_OPS
@@ -61,14 +62,26 @@ def _alpha(op):
     return -1.75 if op == "scale" else None
 
 
-def test_reference_derivatives_match_finite_differences():
-    x = np.linspace(-3, 3, 101) + 0.013  # avoid relu's kink at 0
-    h = 1e-6
-    for op in UNARY_OPS:
-        a = _alpha(op)
-        fd = (ref_unary(op, x + h, a) - ref_unary(op, x - h, a)) / (2 * h)
-        np.testing.assert_allclose(ref_derivative(op, x, a), fd, rtol=1e-6, atol=1e-7,
-                                   err_msg=op)
+class _ReferenceUnary(ag.Function):
+    """The float64 references as an autograd Function: forward ref_unary, backward
+    dy * ref_derivative, so that ag.gradcheck can check one against the other."""
+
+    @staticmethod
+    def forward(ctx, x, op, alpha):
+        ctx.saved = (x, op, alpha)
+        return ref_unary(op, x, alpha)
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, op, alpha = ctx.saved
+        return dy * ref_derivative(op, x, alpha)
+
+
+@pytest.mark.parametrize("op", UNARY_OPS)
+def test_reference_derivative_passes_gradcheck(op):
+    x = ag.tensor(np.linspace(-3, 3, 101) + 0.013, requires_grad=True)  # relu's kink: 0
+    assert ag.gradcheck(lambda x: _ReferenceUnary.apply(x, op=op, alpha=_alpha(op)), [x],
+                        rtol=1e-6, atol=1e-7)
 
 
 def test_host_erf_is_accurate():
