@@ -55,6 +55,7 @@ REQUIRED = _REQUIRED
 #: dtype rule of an index operand: int32 or int64, whichever the array has.
 INDEX = "index"
 INDEX_DTYPES = (np.dtype(np.int32), np.dtype(np.int64))
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
 
 # -- descriptor fields --------------------------------------------------------------------
@@ -89,13 +90,16 @@ class Extent(Field):
 
 @dataclass(frozen=True)
 class Index(Field):
-    """An int that may be negative, or None when the default is None (padding_idx...)."""
+    """An int that may be negative, or None when the default is None (padding_idx...). It
+    must fit int64: kernels take it as a ``long long``."""
 
     def check(self, op: str, value: Any) -> None:
         if value is None and self.default is None:
             return
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
             raise InvalidProblem(describe(op, self.name, "an int", repr(value)))
+        if not _INT64_MIN <= value <= _INT64_MAX:
+            raise InvalidProblem(describe(op, self.name, "an int in the int64 range", value))
 
 
 @dataclass(frozen=True)

@@ -255,28 +255,30 @@ def sgd_reference(p: Any, g: Any, buf: Any, *, lr: float, momentum: float = 0.0,
 # -- float64 references of the embedding and quantize families (tests, kernel cases) ---------
 
 
-def embedding_reference(weight: Any, indices: Any) -> np.ndarray:
-    """out[..., :] = weight[indices[...], :] in float64, a zero row where the index is outside
-    [0, V): shape indices.shape + (D,)."""
+def embedding_reference(weight: Any, indices: Any, index_offset: int = 0) -> np.ndarray:
+    """out[..., :] = weight[indices[...] - index_offset, :] in float64 (Python-int index
+    math), a zero row where that row is outside [0, V): shape indices.shape + (D,)."""
     w = f64(weight)
     idx = gp.to_host(indices)
     out = np.zeros((idx.size, w.shape[1]))
     for n, v in enumerate(idx.reshape(-1).tolist()):
-        if 0 <= v < w.shape[0]:
-            out[n] = w[v]
+        if 0 <= v - index_offset < w.shape[0]:
+            out[n] = w[v - index_offset]
     return out.reshape(idx.shape + (w.shape[1],))
 
 
 def embedding_backward_reference(dout: Any, indices: Any, num_embeddings: int,
-                                 padding_idx: int | None = None) -> np.ndarray:
-    """dweight [V, D] from zeros in float64: dweight[i] += dout[n] for every n whose index i
-    is in [0, V) and is not padding_idx (dout [..., D], indices [...])."""
+                                 padding_idx: int | None = None,
+                                 index_offset: int = 0) -> np.ndarray:
+    """dweight [V, D] from zeros in float64: dweight[i - index_offset] += dout[n] for every n
+    whose index i is not padding_idx (compared unshifted) and whose row i - index_offset is
+    in [0, V) (dout [..., D], indices [...])."""
     d = f64(dout)
     d = d.reshape(-1, d.shape[-1])
     dw = np.zeros((num_embeddings, d.shape[1]))
     for n, i in enumerate(gp.to_host(indices).reshape(-1).tolist()):
-        if 0 <= i < num_embeddings and i != padding_idx:
-            dw[i] += d[n]
+        if 0 <= i - index_offset < num_embeddings and i != padding_idx:
+            dw[i - index_offset] += d[n]
     return dw
 
 

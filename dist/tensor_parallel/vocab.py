@@ -30,8 +30,9 @@ class VocabParallelEmbedding(Module):
 
     Rank t holds rows [start_t, end_t) (see vocab_range; exact rows of the dense
     nn.Embedding with the same seed), looks up the indices that fall in its block (zero
-    rows for the others) and all-reduces: out = AllReduce_t(lookup_t). Backward needs no
-    collective: each rank scatters dout into its own rows only.
+    rows for the others: the embedding plans' index_offset=start_t) and all-reduces:
+    out = AllReduce_t(lookup_t). Backward needs no collective: each rank scatters dout
+    into its own rows only.
     """
 
     def __init__(self, num_embeddings: int, embedding_dim: int, padding_idx: int | None = None,
@@ -66,14 +67,10 @@ class VocabParallelEmbedding(Module):
         if idx.dtype.kind not in "iu":
             raise InvalidProblem(describe("VocabParallelEmbedding", "input", "integer indices",
                                           idx.dtype))
-        # Indices outside [start, end) become out of range locally: zero rows forward,
-        # skipped backward (the embedding plans' contract).
-        local = idx.astype(np.int64) - self.vocab_start
-        local[(idx < self.vocab_start) | (idx >= self.vocab_end)] = -1
-        pad = self.padding_idx
-        local_pad = pad - self.vocab_start if pad is not None and \
-            self.vocab_start <= pad < self.vocab_end else None
-        out = F.embedding(local, self.weight, padding_idx=local_pad)
+        # The plans shift global indices into this block (index_offset): the others give
+        # zero rows forward and are skipped backward; padding_idx stays global.
+        out = F.embedding(idx, self.weight, padding_idx=self.padding_idx,
+                          index_offset=self.vocab_start)
         return reduce_from_tensor_parallel_region(out, self.comm)
 
     def extra_repr(self) -> str:

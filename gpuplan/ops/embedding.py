@@ -1,8 +1,12 @@
 """Embedding lookup (gather) and its backward (scatter-add into the weight gradient).
 
-Forward:  out[n, :] = weight[indices[n], :], a zero row where indices[n] is outside [0, V).
-Backward: dweight[indices[n], :] += dout[n, :], skipping rows whose index is padding_idx,
-negative or >= V. The caller zeroes dweight (or passes a running gradient to add to).
+Entry n looks up row r_n = indices[n] - index_offset (index_offset: where this table's
+block starts in the caller's index space, 0 for a whole table; a vocab-parallel shard
+passes its first vocabulary id).
+Forward:  out[n, :] = weight[r_n, :], a zero row where r_n is outside [0, V).
+Backward: dweight[r_n, :] += dout[n, :], skipping entries whose r_n is outside [0, V) and
+those with indices[n] == padding_idx (padding_idx is in the caller's, unshifted, space).
+The caller zeroes dweight (or passes a running gradient to add to).
 The index dtype (int32 or int64) is taken from the `indices` array.
 """
 
@@ -45,29 +49,33 @@ _MODULE = CudaModule(
 
 _EXTENTS = (Extent("num_embeddings"), Extent("embedding_dim"), Extent("num_indices"))
 _DTYPE = DType("dtype", FLOAT_DTYPES, default=np.float32)
+_OFFSET = Index("index_offset", default=0)
 _INDICES = In("indices", ("num_indices",), INDEX)
 _ROWS = ("num_indices", "embedding_dim")
 _TABLE = ("num_embeddings", "embedding_dim")
 
 FORWARD = OpSpec(
-    "embedding", fields=(*_EXTENTS, _DTYPE),
+    "embedding", fields=(*_EXTENTS, _DTYPE, _OFFSET),
     operands=(In("weight", _TABLE), _INDICES, Out("out", _ROWS)),
 )  # empty: out has no element (N == 0 or D == 0); V == 0 writes zero rows
 BACKWARD = OpSpec(
-    "embedding_backward", fields=(*_EXTENTS, Index("padding_idx", default=None), _DTYPE),
+    "embedding_backward",
+    fields=(*_EXTENTS, Index("padding_idx", default=None), _DTYPE, _OFFSET),
     operands=(In("dout", _ROWS), _INDICES, InOut("dweight", _TABLE, distinct=("dout", "indices"))),
     empty=("num_indices", "embedding_dim", "num_embeddings"),
 )
 
 EmbeddingDescriptor = FORWARD.descriptor(
     "EmbeddingDescriptor", "weight [num_embeddings, embedding_dim] gathered by "
-                           "indices [num_indices] into out [num_indices, embedding_dim].")
+                           "indices [num_indices] - index_offset into out "
+                           "[num_indices, embedding_dim].")
 EmbeddingArgs = FORWARD.args(
     "EmbeddingArgs", "weight [V, D], indices [N] (int32 or int64), out [N, D] (written).")
 EmbeddingBackwardDescriptor = BACKWARD.descriptor(
     "EmbeddingBackwardDescriptor", "dout [num_indices, embedding_dim] scatter-added into "
-                                   "dweight [num_embeddings, embedding_dim]; rows whose index "
-                                   "is padding_idx (None: no padding row) are skipped.")
+                                   "dweight [num_embeddings, embedding_dim] at rows indices "
+                                   "- index_offset; entries whose index is padding_idx "
+                                   "(unshifted; None: no padding) are skipped.")
 EmbeddingBackwardArgs = BACKWARD.args(
     "EmbeddingBackwardArgs", "dout [N, D], indices [N] (int32 or int64), dweight [V, D] "
                              "(accumulated into: the caller zeroes it).")
@@ -81,6 +89,16 @@ def _kernels(template: str, dtype: Any) -> dict[str, str]:
 def _launch_shape(n: int, d: int) -> tuple[int, int]:
     """(grid, threads): one block per row (grid-stride past 65535 * 8), threads over D."""
     return int(min(n, 65535 * 8)), int(min(256, max(32, -(-d // 32) * 32)))
+
+
+def _shifted_rows(idx: np.ndarray, offset: int, v: int) -> tuple[np.ndarray, np.ndarray]:
+    """(rows, valid): rows = idx - offset, valid where that lies in [0, v). As the kernels
+    do, the difference is taken in uint64 and trusted only where idx >= offset: exact for
+    every int64 index and offset (no overflow)."""
+    if not offset:
+        return idx, (idx >= 0) & (idx < v)
+    diff = idx.astype(np.uint64) - np.uint64(offset % 2**64)
+    return diff.view(np.int64), (idx >= offset) & (diff < np.uint64(v))
 
 
 class EmbeddingPlan(Plan):
@@ -103,14 +121,14 @@ class EmbeddingPlan(Plan):
         self._kernel = _kernels("embedding_forward", d.dtype)
         self._launch_dims = _launch_shape(d.num_indices, d.embedding_dim)
         self._extents = (np.int64(d.num_indices), np.int64(d.num_embeddings),
-                         np.int64(d.embedding_dim))
+                         np.int64(d.embedding_dim), np.int64(d.index_offset))
 
     def _run_numpy(self, stream: Stream, ws: Workspace, args: Any) -> None:
-        if self.desc.num_embeddings == 0:
+        d = self.desc
+        if d.num_embeddings == 0:
             args.out[...] = 0
             return
-        idx = args.indices
-        valid = (idx >= 0) & (idx < self.desc.num_embeddings)
+        idx, valid = _shifted_rows(args.indices, d.index_offset, d.num_embeddings)
         if valid.all():
             np.take(args.weight, idx, axis=0, out=args.out)
             return
@@ -153,15 +171,19 @@ class EmbeddingBackwardPlan(Plan):
         self._acc = accumulator(d.dtype)
         self._kernel = _kernels(f"embedding_backward_{self._cand.variant}", d.dtype)
         self._launch_dims = _launch_shape(d.num_indices, d.embedding_dim)
-        # -1 never matches a valid row, and negative indices are skipped anyway.
-        self._padding = -1 if d.padding_idx is None else int(d.padding_idx)
+        # The kernels compare rows: padding_idx's row in this table, or -1 (never a valid
+        # row) when there is none or it falls outside [0, V) after the shift.
+        pad = None if d.padding_idx is None else int(d.padding_idx) - int(d.index_offset)
+        self._padding_row = pad if pad is not None and 0 <= pad < d.num_embeddings else -1
         self._extents = (np.int64(d.num_indices), np.int64(d.num_embeddings),
-                         np.int64(d.embedding_dim), np.int64(self._padding))
+                         np.int64(d.embedding_dim), np.int64(self._padding_row),
+                         np.int64(d.index_offset))
 
     def _run_numpy(self, stream: Stream, ws: Workspace, args: Any) -> None:
         d = self.desc
-        idx = args.indices.astype(np.int64)
-        keep = (idx >= 0) & (idx < d.num_embeddings) & (idx != self._padding)
+        shifted, valid = _shifted_rows(args.indices, d.index_offset, d.num_embeddings)
+        idx = shifted.astype(np.int64, copy=False)
+        keep = valid & (idx != self._padding_row)
         rows = np.nonzero(keep)[0]
         if rows.size == 0:
             return
@@ -228,24 +250,27 @@ def _descriptor(cls: type, *fields: Any) -> Any:
     return desc
 
 
-def embedding(weight: Any, indices: Any) -> Any:
-    """out[..., :] = weight[indices[...], :] for indices of any shape: indices.shape + (D,)."""
+def embedding(weight: Any, indices: Any, index_offset: int = 0) -> Any:
+    """out[..., :] = weight[indices[...] - index_offset, :] (zero rows outside the table) for
+    indices of any shape: indices.shape + (D,)."""
     flat = indices if indices.ndim == 1 else indices.reshape(-1)
     v, dim = weight.shape
     out = call(EmbeddingPlan, _descriptor(EmbeddingDescriptor, v, dim, flat.shape[0],
-                                          weight.dtype),
+                                          weight.dtype, index_offset),
                like=weight, weight=weight, indices=flat)
     return out if flat is indices else out.reshape(indices.shape + (dim,))
 
 
 def embedding_backward(dout: Any, indices: Any, num_embeddings: int,
-                       padding_idx: int | None = None, deterministic: bool = False) -> Any:
-    """dweight [num_embeddings, D] (fresh zeros) with dweight[indices[n]] += dout[n]."""
+                       padding_idx: int | None = None, deterministic: bool = False,
+                       index_offset: int = 0) -> Any:
+    """dweight [num_embeddings, D] (fresh zeros) with dweight[indices[n] - index_offset] +=
+    dout[n], skipping rows outside the table and entries with indices[n] == padding_idx."""
     dim = dout.shape[-1]
     flat_idx = indices if indices.ndim == 1 else indices.reshape(-1)
     dweight = backend.array_namespace(dout).zeros((num_embeddings, dim), dtype=dout.dtype)
     desc = _descriptor(EmbeddingBackwardDescriptor, num_embeddings, dim, flat_idx.shape[0],
-                       padding_idx, dout.dtype)
+                       padding_idx, dout.dtype, index_offset)
     call(EmbeddingBackwardPlan, desc, like=dout, dout=dout.reshape(-1, dim), indices=flat_idx,
          dweight=dweight, pref=_PREFERENCES[bool(deterministic)])
     return dweight

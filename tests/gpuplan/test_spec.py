@@ -91,6 +91,8 @@ def test_other_field_kinds():
         Choice("op", ("a", "b")).check("t", "c")
     Index("padding_idx", default=None).check("t", -3)
     Index("padding_idx", default=None).check("t", None)
+    with pytest.raises(gp.InvalidProblem, match="int64 range"):  # kernels take a long long
+        Index("index_offset", default=0).check("t", 2**63)
     with pytest.raises(gp.InvalidProblem):
         Shape("shape").check("t", (2, -1))
     with pytest.raises(gp.InvalidProblem, match="finite"):

@@ -39,6 +39,22 @@ def test_padding_idx_gets_no_gradient(device):
     np.testing.assert_array_equal(w.grad.numpy()[2], [0, 0])
 
 
+@pytest.mark.parametrize("index_dtype", [np.int32, np.int64])
+def test_index_offset_shifts_lookups_and_keeps_padding_global(device, index_dtype):
+    """The table holds indices [10, 16) of a larger one: others give zero rows and no
+    gradient; padding_idx=12 is a global index (row 2), not the local row 12 or -2."""
+    idx = np.array([[11, 4, 12], [10, 15, 16], [12, 13, 9]], dtype=index_dtype)
+    gradcheck_on(device, lambda w: F.embedding(idx, w, index_offset=10), _w())
+    w = ag.tensor(_w(), requires_grad=True, device=device)
+    out = F.embedding(idx, w, padding_idx=12, index_offset=10)
+    np.testing.assert_array_equal(out.numpy(), embedding_reference(_w(), idx, 10))
+    dout = np.random.default_rng(2).uniform(-1, 1, (3, 3, 3))
+    out.backward(dout)
+    np.testing.assert_allclose(w.grad.numpy(),
+                               embedding_backward_reference(dout, idx, 6, 12, 10), rtol=1e-6)
+    assert not w.grad.numpy()[2].any() and w.grad.numpy()[1].any()
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_dtypes(device, dtype):
     idx = np.random.default_rng(1).integers(0, 11, (4, 9))

@@ -30,16 +30,18 @@ def test_vocab_range_is_a_balanced_partition(vocab, size):
 
 
 @pytest.mark.parametrize("vocab", [11, 8])
-@pytest.mark.parametrize("padding_idx", [None, 5])
-def test_embedding_matches_dense(tp_config, vocab, padding_idx):
+@pytest.mark.parametrize("padding_idx", [None, 5, -1])
+@pytest.mark.parametrize("index_dtype", [np.int64, np.int32])
+def test_embedding_matches_dense(tp_config, vocab, padding_idx, index_dtype):
     dense = nn.Embedding(vocab, 3, padding_idx=padding_idx, dtype=F64, seed=2)
     emb = dist.VocabParallelEmbedding(vocab, 3, padding_idx=padding_idx, config=tp_config,
                                       dtype=F64, seed=2)
     start, end = vocab_range(vocab, tp_config.rank, tp_config.size)
     assert (emb.vocab_start, emb.vocab_end) == (start, end)
     close(emb.weight, dense.weight.numpy()[start:end], rtol=0)
-    idx = np.array([[0, 5, vocab - 1, 3], [5, 2, 2, vocab - 1]], np.int64)
-    r = random((2, 4, 3), F64, seed=3)
+    # Indices outside [0, vocab) give zero rows and no gradient, as in the dense layer.
+    idx = np.array([[0, 5, vocab - 1, 3, -1], [5, 2, 2, vocab - 1, vocab]], index_dtype)
+    r = random((2, 5, 3), F64, seed=3)
     y = emb(idx)
     close(y, dense(idx).numpy())
     (y * ag.tensor(r)).sum().backward()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -24,10 +26,19 @@ from tests.plan_testing import (
 SHAPES = [(1, 1, 1), (7, 5, 11), (50, 33, 257), (1000, 768, 4096)]
 
 
-def _indices(n: int, v: int, dtype, seed: int = 1) -> np.ndarray:
+def _indices(n: int, v: int, dtype, seed: int = 1, offset: int = 0) -> np.ndarray:
     rng = np.random.default_rng(seed)
-    idx = rng.integers(-2, v + 2, size=n)  # includes negative and out-of-range rows
+    idx = rng.integers(-2, v + 2, size=n) + offset  # includes rows outside [0, v) after -offset
     return idx.astype(dtype)
+
+
+#: index_offset values: a shard's start, a negative one, one beyond int32 (int64 only).
+OFFSETS = [5, -3, 2**31 + 7]
+
+
+def _offsets(index_dtype):
+    return [o for o in OFFSETS if np.iinfo(index_dtype).min <= o - 2 and
+            o + 2 <= np.iinfo(index_dtype).max - 64]
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -64,11 +75,13 @@ def test_backward_matches_reference(device, dtype, index_dtype, v, d, n, determi
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_deterministic_backward_is_bit_identical_to_host(device, dtype):
+@pytest.mark.parametrize("offset", [0, -6])
+def test_deterministic_backward_is_bit_identical_to_host(device, dtype, offset):
     v, d, n = 13, 40, 3000  # many repeats per row: order of additions matters
     dout = random((n, d), dtype, seed=5)
-    idx = _indices(n, v, np.int64)
-    desc = gp.EmbeddingBackwardDescriptor(v, d, n, padding_idx=None, dtype=dtype)
+    idx = _indices(n, v, np.int64, offset=offset)
+    desc = gp.EmbeddingBackwardDescriptor(v, d, n, padding_idx=None, dtype=dtype,
+                                          index_offset=offset)
     pref = gp.PlanPreference(deterministic=True)
     host = np.zeros((v, d), dtype=dtype)
     run_plan(gp.EmbeddingBackwardPlan, desc, gp.EmbeddingBackwardArgs(dout, idx, host), "cpu",
@@ -82,20 +95,101 @@ def test_deterministic_backward_is_bit_identical_to_host(device, dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("index_dtype", INDEX_DTYPES)
-def test_plans_through_check_plan(device, dtype, index_dtype):
+@pytest.mark.parametrize("offset", [0, 6])
+def test_plans_through_check_plan(device, dtype, index_dtype, offset):
     """Results against the references, then every malformed operand the specs imply."""
     v, d, n = 9, 7, 20
     w, dout = random((v, d), dtype), random((n, d), dtype, seed=2)
-    idx = _indices(n, v, index_dtype)
-    check_plan(gp.EmbeddingPlan, gp.EmbeddingDescriptor(v, d, n, dtype),
+    idx = _indices(n, v, index_dtype, offset=offset)
+    check_plan(gp.EmbeddingPlan, gp.EmbeddingDescriptor(v, d, n, dtype, offset),
                {"weight": w, "indices": idx},
-               lambda weight, indices, out: embedding_reference(weight, idx), device=device)
+               lambda weight, indices, out: embedding_reference(weight, idx, offset),
+               device=device)
     dw0 = random((v, d), dtype, seed=3)  # accumulated into
     before = f64(dw0)  # on the host check_plan's dweight is dw0 itself, updated in place
-    check_plan(gp.EmbeddingBackwardPlan, gp.EmbeddingBackwardDescriptor(v, d, n, 4, dtype),
+    pad = offset + 4
+    check_plan(gp.EmbeddingBackwardPlan,
+               gp.EmbeddingBackwardDescriptor(v, d, n, pad, dtype, offset),
                {"dout": dout, "indices": idx, "dweight": dw0},
                lambda dout, indices, dweight: before + embedding_backward_reference(
-                   dout, idx, v, 4), device=device, scale=2)
+                   dout, idx, v, pad, offset), device=device, scale=2)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("index_dtype", INDEX_DTYPES)
+@pytest.mark.parametrize("v,d,n", SHAPES[1:3])
+def test_shifted_forward_matches_reference(device, dtype, index_dtype, v, d, n):
+    """Entry n reads row indices[n] - index_offset; rows outside the block give zeros."""
+    w = random((v, d), dtype)
+    for offset in _offsets(index_dtype):
+        idx = _indices(n, v, index_dtype, offset=offset)
+        out = on(device, np.full((n, d), 7, dtype=dtype))
+        run_plan(gp.EmbeddingPlan, gp.EmbeddingDescriptor(v, d, n, dtype, index_offset=offset),
+                 gp.EmbeddingArgs(on(device, w), on(device, idx), out), device)
+        np.testing.assert_array_equal(f64(out), embedding_reference(w, idx, offset))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("index_dtype", INDEX_DTYPES)
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_shifted_backward_matches_reference(device, dtype, index_dtype, deterministic):
+    """padding_idx is compared unshifted: offset + 2 is padding, the local index 2 is not
+    (it is out of the block, or another row); a padding_idx outside the block skips nothing."""
+    v, d, n = 17, 33, 300
+    dout = random((n, d), dtype, seed=3)
+    pref = gp.PlanPreference(deterministic=deterministic)
+    for offset in _offsets(index_dtype):
+        idx = _indices(n, v, index_dtype, offset=offset)
+        idx[:4] = [offset + 2, 2, offset - 1, offset + v]
+        for pad in (offset + 2, offset - 1, offset + v, None):
+            dw = on(device, np.zeros((v, d), dtype=dtype))
+            desc = gp.EmbeddingBackwardDescriptor(v, d, n, pad, dtype, index_offset=offset)
+            run_plan(gp.EmbeddingBackwardPlan, desc,
+                     gp.EmbeddingBackwardArgs(on(device, dout), on(device, idx), dw), device,
+                     pref)
+            want = embedding_backward_reference(dout, idx, v, pad, index_offset=offset)
+            assert_close(dw, want, dtype, scale=max(1.0, n / v / 4))
+            if pad == offset + 2:
+                assert not gp.to_host(dw)[2].any()
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_extreme_offsets_do_not_overflow(device, deterministic):
+    """int64 indices and offsets at the type's ends: idx - offset is never wrapped around
+    into the block (INT64_MIN - (INT64_MAX - 3) wraps to row 4 in int64 arithmetic)."""
+    lo, hi = np.iinfo(np.int64).min, np.iinfo(np.int64).max
+    v, d = 8, 3
+    w = random((v, d), np.float64)
+    cases = [(hi - 3, [lo, lo + 1, hi - 3, hi, -1, 0]),
+             (lo + 2, [hi, hi - 1, lo + 2, lo + 9, lo, 0])]
+    for offset, values in cases:
+        idx = np.array(values, np.int64)
+        n = idx.size
+        out = on(device, np.full((n, d), 7.0))
+        run_plan(gp.EmbeddingPlan, gp.EmbeddingDescriptor(v, d, n, np.float64, offset),
+                 gp.EmbeddingArgs(on(device, w), on(device, idx), out), device)
+        np.testing.assert_array_equal(f64(out), embedding_reference(w, idx, offset))
+        dout = random((n, d), np.float64, seed=4)
+        dw = on(device, np.zeros((v, d)))
+        run_plan(gp.EmbeddingBackwardPlan,
+                 gp.EmbeddingBackwardDescriptor(v, d, n, lo, np.float64, offset),
+                 gp.EmbeddingBackwardArgs(on(device, dout), on(device, idx), dw), device,
+                 gp.PlanPreference(deterministic=deterministic))
+        assert_close(dw, embedding_backward_reference(dout, idx, v, lo, offset), np.float64)
+
+
+def test_descriptor_fields_keep_the_seed_order():
+    """DESIGN.md fixes the seed fields; index_offset (default 0) comes last in both."""
+    for cls, names in [(gp.EmbeddingDescriptor, ["num_embeddings", "embedding_dim",
+                                                 "num_indices", "dtype", "index_offset"]),
+                       (gp.EmbeddingBackwardDescriptor,
+                        ["num_embeddings", "embedding_dim", "num_indices", "padding_idx",
+                         "dtype", "index_offset"])]:
+        fields = dataclasses.fields(cls)
+        assert [f.name for f in fields] == names
+        assert fields[-1].default == 0
+    assert gp.EmbeddingBackwardDescriptor(3, 4, 5).padding_idx is None
+    assert gp.EmbeddingDescriptor(3, 4, 5).dtype == np.float32
 
 
 def test_backward_accumulates_into_existing_gradient():
@@ -135,6 +229,17 @@ def test_descriptor_errors():
         gp.EmbeddingBackwardPlan.select(s, gp.EmbeddingBackwardDescriptor(3, 4, 5, 1.5))
     with pytest.raises(gp.InvalidProblem, match="'embedding_dim'.*>= 0"):
         gp.EmbeddingBackwardPlan.select(s, gp.EmbeddingBackwardDescriptor(3, -4, 5))
+    for bad, words in [(None, "an int"), (2.0, "an int"), (True, "an int"),
+                       (2**63, "int64 range"), (-(2**63) - 1, "int64 range")]:
+        with pytest.raises(gp.InvalidProblem, match=f"embedding: argument 'index_offset'.*"
+                                                    f"{words}"):
+            gp.EmbeddingPlan.select(s, gp.EmbeddingDescriptor(3, 4, 5, index_offset=bad))
+        with pytest.raises(gp.InvalidProblem, match="embedding_backward: argument "
+                                                    "'index_offset'"):
+            gp.EmbeddingBackwardPlan.select(
+                s, gp.EmbeddingBackwardDescriptor(3, 4, 5, index_offset=bad))
+    with pytest.raises(gp.InvalidProblem, match="'padding_idx'.*int64 range"):
+        gp.EmbeddingBackwardPlan.select(s, gp.EmbeddingBackwardDescriptor(3, 4, 5, 2**64))
     # A negative padding_idx is a valid descriptor: it never matches a row (rows < 0 are
     # skipped anyway); autograd's embedding counts a negative one from V before it gets here.
     plan = gp.EmbeddingBackwardPlan.select(s, gp.EmbeddingBackwardDescriptor(3, 2, 2, -1))
@@ -187,6 +292,12 @@ def test_sku_and_functional_api():
     np.testing.assert_array_equal(out[1, 1], 0)
     dw = gp.functional.embedding_backward(np.ones((2, 2, 3), np.float32), idx, 10,
                                           padding_idx=1)
+    assert dw[2].tolist() == [1, 1, 1] and dw[1].tolist() == [0, 0, 0]
+    # index_offset: the table holds indices [10, 20) of a larger one; padding stays global.
+    out = gp.functional.embedding(w, idx + 10, index_offset=10)
+    np.testing.assert_array_equal(out, embedding_reference(w, idx + 10, 10))
+    dw = gp.functional.embedding_backward(np.ones((2, 2, 3), np.float32), idx + 10, 10,
+                                          padding_idx=11, index_offset=10)
     assert dw[2].tolist() == [1, 1, 1] and dw[1].tolist() == [0, 0, 0]
     plan = gp.EmbeddingPlan.select(gp.Stream.host(), gp.EmbeddingDescriptor(10, 3, 4))
     plan.can_implement(gp.EmbeddingArgs(w, idx.reshape(-1), np.empty((4, 3), np.float32)))
