@@ -41,8 +41,9 @@ class Stream:
         self._cuda = cuda_stream
         self._device_id = device_id
         self._kind = kind or ("cpu" if cuda_stream is None else "cuda")
-        #: hashable identity (what plan caches key on): equal streams have equal keys.
-        self.key = (self._kind, id(cuda_stream))
+        #: hashable identity (what plan caches key on): equal streams have equal keys. The
+        #: device is part of it: CuPy's null stream is one object for every device.
+        self.key = (self._kind, id(cuda_stream), device_id)
 
     @classmethod
     def host(cls) -> Stream:
@@ -136,7 +137,7 @@ class Stream:
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Stream) and other._cuda is self._cuda and \
-            other._kind == self._kind
+            other._kind == self._kind and other._device_id == self._device_id
 
     def __hash__(self) -> int:
         return id(self._cuda)

@@ -91,7 +91,8 @@ class _VocabParallelCrossEntropy(Function):
     def forward(ctx, logits, target, comm, vocab_start, vocab_total, ignore_index, reduction):
         block = dict(vocab_start=vocab_start, vocab_total=vocab_total)
         row_max = _all_reduce(comm, GF.cross_entropy_partial_max(logits), "max")
-        stats = _all_reduce(comm, GF.cross_entropy_partial(logits, target, row_max, **block),
+        stats = _all_reduce(comm, GF.cross_entropy_partial(logits, target, row_max,
+                                                           ignore_index=ignore_index, **block),
                             "sum")
         ctx.opts = dict(block, ignore_index=ignore_index, reduction=reduction)
         loss, lse = GF.cross_entropy_finish(target, row_max, stats, vocab_total=vocab_total,

@@ -262,10 +262,12 @@ def cross_entropy_partial_max(logits: Any) -> Any:
 
 
 def cross_entropy_partial(logits: Any, target: Any, row_max: Any, *, vocab_start: int,
-                          vocab_total: int) -> Any:
-    """stats [2, N] of the block starting at vocab_start, given the global row_max [N]."""
+                          vocab_total: int, ignore_index: int = -100) -> Any:
+    """stats [2, N] of the block starting at vocab_start, given the global row_max [N];
+    targets equal to ignore_index contribute no target logit."""
     n, v = logits.shape
-    desc = CrossEntropyPartialDescriptor(n, v, vocab_start, vocab_total, dtype=logits.dtype)
+    desc = CrossEntropyPartialDescriptor(n, v, vocab_start, vocab_total, ignore_index,
+                                         dtype=logits.dtype)
     return call(CrossEntropyPartialPlan, desc, like=logits, logits=backend.ascontiguous(logits),
                 target=backend.ascontiguous(target), row_max=row_max)
 

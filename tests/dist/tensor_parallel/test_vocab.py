@@ -51,14 +51,17 @@ def test_embedding_matches_dense(tp_config, vocab, padding_idx, index_dtype):
 
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
 @pytest.mark.parametrize("vocab", [12, 7])
-def test_cross_entropy_matches_dense(tp_config, reduction, vocab):
+@pytest.mark.parametrize("ignore_index", [-100, -1, 2])  # 2: a real class, ignored
+def test_cross_entropy_matches_dense(tp_config, reduction, vocab, ignore_index):
     start, end = vocab_range(vocab, tp_config.rank, tp_config.size)
     logits = random((6, vocab), F64, seed=4, low=-3, high=3)
-    target = np.array([0, vocab - 1, 3, -100, 6, 1], np.int64)
+    target = np.array([0, vocab - 1, 3, ignore_index, 6, 2], np.int64)
     full, part = ag.tensor(logits, requires_grad=True), ag.tensor(
         logits[:, start:end], requires_grad=True)
-    ref = nn.functional.cross_entropy(full, target, reduction=reduction)
-    got = dist.vocab_parallel_cross_entropy(part, target, tp_config, reduction=reduction)
+    ref = nn.functional.cross_entropy(full, target, ignore_index=ignore_index,
+                                      reduction=reduction)
+    got = dist.vocab_parallel_cross_entropy(part, target, tp_config, ignore_index=ignore_index,
+                                            reduction=reduction)
     close(got, ref.numpy())
     g = random(ref.shape, F64, seed=5) if reduction == "none" else None
     ref.backward(g)
