@@ -26,7 +26,8 @@ def _eval_extent(entry: Any, desc: Any, env: dict) -> int:
 class Resolved:
     """Operands of one descriptor resolved to concrete shapes and dtypes, with the per-call
     check. ``rows`` holds one tuple per operand:
-    (name, shape, dtype or None, allowed dtypes, required, present, contiguous, alignment).
+    (name, shape, dtype or None, allowed dtypes, present, contiguous, alignment), `present`
+    being True (required), None (optional) or False (must be None).
     """
 
     __slots__ = ("op", "spec", "rows", "shapes", "dtypes", "distinct", "empty", "allocatable",

@@ -4,8 +4,8 @@ messages are derived from that declaration.
 
     SPEC = OpSpec(
         "layer_norm",
-        fields=(Extent("rows"), Extent("cols"), Real("eps", 1e-5), Flag("has_weight", True),
-                DType("dtype", FLOAT_DTYPES)),
+        fields=(Extent("rows"), Extent("cols"), Real("eps", lo=0.0, default=1e-5),
+                Flag("has_weight", default=True), DType("dtype", FLOAT_DTYPES)),
         operands=(In("x", ("rows", "cols")), In("weight", ("cols",), present="has_weight"),
                   Out("y", ("rows", "cols")), Out("mean", ("rows",), dtype=np.float32)),
         empty=("rows",),
@@ -79,13 +79,18 @@ class Field:
 
 @dataclass(frozen=True)
 class Extent(Field):
-    """A non-negative int (a size)."""
+    """An int size, at least ``min`` (0) and at most ``max`` (no bound when None)."""
+
+    min: int = 0
+    max: int | None = None
 
     def check(self, op: str, value: Any) -> None:
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
             raise InvalidProblem(describe(op, self.name, "an int extent", repr(value)))
-        if value < 0:
-            raise InvalidProblem(describe(op, self.name, "an extent >= 0", value))
+        if value < self.min:
+            raise InvalidProblem(describe(op, self.name, f"an extent >= {self.min}", value))
+        if self.max is not None and value > self.max:
+            raise Unsupported(describe(op, self.name, f"an extent <= {self.max}", value))
 
 
 @dataclass(frozen=True)
@@ -104,10 +109,10 @@ class Index(Field):
 
 @dataclass(frozen=True)
 class Shape(Field):
-    """A tuple of extents."""
+    """A tuple of extents (a tuple: descriptors are hashed)."""
 
     def check(self, op: str, value: Any) -> None:
-        if not isinstance(value, (tuple, list)) or any(
+        if not isinstance(value, tuple) or any(
                 isinstance(e, bool) or not isinstance(e, (int, np.integer)) or e < 0
                 for e in value):
             raise InvalidProblem(describe(op, self.name, "a tuple of extents >= 0", value))
@@ -152,7 +157,11 @@ class Flag(Field):
 
 @dataclass(frozen=True)
 class Real(Field):
-    """A finite real number fixed for the plan's life (eps, a fixed scale)."""
+    """A finite real number fixed for the plan's life (eps, a fixed scale), within
+    [lo, hi] when those are given."""
+
+    lo: float | None = None
+    hi: float | None = None
 
     def check(self, op: str, value: Any) -> None:
         if isinstance(value, bool) or not isinstance(value, (int, float, np.integer,
@@ -160,6 +169,11 @@ class Real(Field):
             raise InvalidProblem(describe(op, self.name, "a real number", repr(value)))
         if not math.isfinite(value):
             raise InvalidProblem(describe(op, self.name, "a finite number", value))
+        lo, hi = self.lo, self.hi
+        if (lo is not None and value < lo) or (hi is not None and value > hi):
+            want = (f"a number in [{lo}, {hi}]" if lo is not None and hi is not None
+                    else f"a number >= {lo}" if lo is not None else f"a number <= {hi}")
+            raise InvalidProblem(describe(op, self.name, want, value))
 
 
 @dataclass(frozen=True)
@@ -246,7 +260,16 @@ class OpSpec:
 
     def make_args(self, **kw: Any) -> Any:
         """The args object from keywords, absent operands None whatever their position."""
-        return self.args_cls(**{**self._absent, **kw})
+        try:
+            return self.args_cls(**{**self._absent, **kw})
+        except TypeError:
+            names = [o.name for o in self.operands] + [s.name for s in self.scalars]
+            unknown = sorted(set(kw) - set(names))
+            missing = [s.name for s in self.scalars
+                       if s.default is _REQUIRED and s.name not in kw]
+            raise InvalidProblem(describe(
+                self.op, "args", f"operands and scalars among {names}",
+                f"unknown {unknown}" if unknown else f"no {missing}")) from None
 
     # -- class generation ------------------------------------------------------------------
     def descriptor(self, name: str, doc: str = "", module: str | None = None) -> type:

@@ -168,9 +168,6 @@ class _BroadcastPlan(_MapPlan):
     @classmethod
     def _check_descriptor(cls, desc: Any) -> None:
         super()._check_descriptor(desc)
-        for name in ("a_shape", "b_shape"):
-            if type(getattr(desc, name)) is not tuple:
-                raise InvalidProblem(describe(cls.op, name, "a tuple", getattr(desc, name)))
         _, dims = broadcast_dims(cls.op, desc.a_shape, desc.b_shape)
         if len(dims) > _MAX_DIMS:
             raise Unsupported(describe(cls.op, "a_shape", f"at most {_MAX_DIMS} dims after "

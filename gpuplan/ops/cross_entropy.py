@@ -183,9 +183,10 @@ class BlockBackward:
                                            args.dlogits, *self._scalars))
 
 
-_FIELDS = (Extent("n"), Extent("vocab"), Index("ignore_index", default=-100),
+_FIELDS = (Extent("n"), Extent("vocab", min=1), Index("ignore_index", default=-100),
            Choice("reduction", choices=REDUCTIONS, default="mean"),
-           Real("label_smoothing", default=0.0), DType("dtype", FLOAT_DTYPES, default=np.float32))
+           Real("label_smoothing", lo=0.0, hi=1.0, default=0.0),
+           DType("dtype", FLOAT_DTYPES, default=np.float32))
 _LOGITS, _TARGET = In("logits", ("n", "vocab")), In("target", ("n",), INDEX)
 FORWARD = OpSpec("cross_entropy", fields=_FIELDS, operands=(
     _LOGITS, _TARGET, Out("loss", loss_shape, acc_dtype, distinct=("logits", "target", "lse")),
@@ -211,15 +212,6 @@ CrossEntropyBackwardArgs = BACKWARD.args(
 
 class _CrossEntropyBase(Plan):
     category = "loss"
-
-    @classmethod
-    def _check_descriptor(cls, desc: Any) -> None:
-        super()._check_descriptor(desc)
-        e = desc.label_smoothing
-        if not 0.0 <= e <= 1.0:
-            raise InvalidProblem(describe(cls.op, "label_smoothing", "a value in [0, 1]", e))
-        if desc.vocab < 1:
-            raise InvalidProblem(describe(cls.op, "vocab", "a vocabulary size >= 1", desc.vocab))
 
     def _check_args(self, args: Any) -> None:
         if self._stream.is_host:

@@ -58,7 +58,7 @@ __all__ = [
 __functional__ = ["cross_entropy_partial_max", "cross_entropy_partial", "cross_entropy_finish",
                   "cross_entropy_partial_backward"]
 
-_FIELDS = (Extent("n"), Extent("vocab"), Extent("vocab_start"), Extent("vocab_total"),
+_FIELDS = (Extent("n"), Extent("vocab"), Extent("vocab_start"), Extent("vocab_total", min=1),
            Index("ignore_index", default=-100),
            Choice("reduction", choices=REDUCTIONS, default="mean"),
            DType("dtype", FLOAT_DTYPES, default=np.float32))
@@ -102,9 +102,6 @@ class _PartialBase(Plan):
     @classmethod
     def _check_descriptor(cls, desc: Any) -> None:
         super()._check_descriptor(desc)
-        if desc.vocab_total < 1:
-            raise InvalidProblem(describe(cls.op, "vocab_total", "a vocabulary size >= 1",
-                                          desc.vocab_total))
         if desc.vocab_start + desc.vocab > desc.vocab_total:
             raise InvalidProblem(describe(
                 cls.op, "vocab_start", f"a block inside [0, {desc.vocab_total})",

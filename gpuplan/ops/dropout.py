@@ -122,13 +122,14 @@ def _grid(n: int) -> int:
 # -- declarations ---------------------------------------------------------------------------
 
 _N = ("n",)
-_FIELDS = (Extent("n"), Real("p"), DType("dtype", FLOAT_DTYPES, default=np.float32))
+_FIELDS = (Extent("n"), Real("p", lo=0.0, hi=1.0),
+           DType("dtype", FLOAT_DTYPES, default=np.float32))
 #: the per-call counter stream: a new (seed, offset) every step never selects a new plan.
 _RNG = (Scalar("seed"), Scalar("offset", 0))
 FORWARD = OpSpec("dropout", fields=_FIELDS, operands=(In("x", _N), Out("y", _N)), scalars=_RNG)
 BACKWARD = OpSpec("dropout_backward", fields=_FIELDS, operands=(In("dy", _N), Out("dx", _N)),
                   scalars=_RNG)
-MASK = OpSpec("dropout_mask", fields=(Extent("n"), Real("p")),
+MASK = OpSpec("dropout_mask", fields=(Extent("n"), Real("p", lo=0.0, hi=1.0)),
               operands=(Out("mask", _N, np.bool_),), scalars=_RNG)
 
 DropoutDescriptor = FORWARD.descriptor(
@@ -147,12 +148,6 @@ DropoutMaskArgs = MASK.args("DropoutMaskArgs", "mask [n] bool, written; seed, of
 
 class _RandomPlan(Plan):
     """Shared checks and launch constants of the Philox plans."""
-
-    @classmethod
-    def _check_descriptor(cls, desc: Any) -> None:
-        super()._check_descriptor(desc)
-        if not 0.0 <= desc.p <= 1.0:
-            raise InvalidProblem(describe(cls.op, "p", "a probability 0 <= p <= 1", desc.p))
 
     def _check_args(self, args: Any) -> None:
         for name in ("seed", "offset"):

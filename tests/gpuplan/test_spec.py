@@ -172,3 +172,37 @@ def test_every_activation_through_check_plan(device, dtype, backward):
             check_plan(gp.UnaryPlan, desc, {"x": x, "alpha": alpha},
                        lambda x, y, alpha, n=act.name: ref_unary(n, x, alpha),
                        device=device, scale=4)
+
+
+def test_bounds_are_declared():
+    Real("p", lo=0.0, hi=1.0).check("t", 0.5)
+    with pytest.raises(gp.InvalidProblem, match=r"t: argument 'p': expected a number in "
+                                                r"\[0.0, 1.0\], given 1.5"):
+        Real("p", lo=0.0, hi=1.0).check("t", 1.5)
+    with pytest.raises(gp.InvalidProblem, match="a number >= 0.0"):
+        Real("eps", lo=0.0).check("t", -1e-9)
+    with pytest.raises(gp.InvalidProblem, match="an extent >= 1, given 0"):
+        Extent("vocab", min=1).check("t", 0)
+    with pytest.raises(gp.Unsupported, match="an extent <= 8, given 9"):
+        Extent("dims", max=8).check("t", 9)
+    with pytest.raises(gp.InvalidProblem, match="a tuple of extents"):
+        Shape("shape").check("t", [2, 3])  # a list would not hash as a cache key
+
+
+def test_dropout_and_cross_entropy_bounds_come_from_their_declarations():
+    s = gp.Stream.host()
+    with pytest.raises(gp.InvalidProblem, match="dropout: argument 'p'"):
+        gp.DropoutPlan.select(s, gp.DropoutDescriptor(4, 1.5))
+    with pytest.raises(gp.InvalidProblem, match="cross_entropy: argument 'label_smoothing'"):
+        gp.CrossEntropyPlan.select(s, gp.CrossEntropyDescriptor(2, 3, label_smoothing=-0.1))
+    with pytest.raises(gp.InvalidProblem, match="cross_entropy: argument 'vocab'"):
+        gp.CrossEntropyPlan.select(s, gp.CrossEntropyDescriptor(2, 0))
+
+
+def test_call_with_a_misspelled_or_missing_argument_is_a_plan_error():
+    from gpuplan.execute import call
+    x = np.ones(4, np.float32)
+    with pytest.raises(gp.InvalidProblem, match=r"unary: argument 'args'.*unknown \['xx'\]"):
+        call(gp.UnaryPlan, gp.UnaryDescriptor("relu", 4), like=x, xx=x)
+    with pytest.raises(gp.InvalidProblem, match=r"dropout: argument 'args'.*no \['seed'\]"):
+        call(gp.DropoutPlan, gp.DropoutDescriptor(4, 0.5), like=x, x=x)
