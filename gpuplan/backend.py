@@ -123,14 +123,6 @@ def is_device_array(a: object) -> bool:
     return cp is not None and isinstance(a, cp.ndarray)
 
 
-def is_host_array(a: object) -> bool:
-    return isinstance(a, np.ndarray) and not isinstance(a, _emu.EmulatedArray)
-
-
-def is_emulated_array(a: object) -> bool:
-    return isinstance(a, _emu.EmulatedArray)
-
-
 def array_namespace(a: object) -> Any:
     """numpy for host arrays, cupy for CUDA arrays, the emulated namespace for emulated ones."""
     if type(a) is np.ndarray:

@@ -348,28 +348,3 @@ def _as_shape(shape: Sequence[int]) -> tuple[int, ...]:
     if type(shape) is tuple and all(type(s) is int for s in shape):
         return shape
     return tuple(int(s) for s in shape)
-
-
-def check_index_dtype(op: str, name: str, a: Any) -> np.dtype:
-    if a is None or not hasattr(a, "dtype"):
-        raise InvalidProblem(describe(op, name, "an int32 or int64 array", type(a).__name__))
-    return check_dtype(op, name, a.dtype, (np.int32, np.int64))
-
-
-def check_writable_distinct(op: str, outputs: dict[str, Any], inputs: dict[str, Any]) -> None:
-    """InvalidProblem if an output aliases an input (kernels read inputs while writing)."""
-    for oname, o in outputs.items():
-        for iname, i in inputs.items():
-            if o is None or i is None or o.size == 0 or i.size == 0:
-                continue
-            if _may_share(o, i):
-                raise InvalidProblem(describe(op, oname, f"a buffer distinct from '{iname}'",
-                                              "an overlapping buffer"))
-
-
-def _may_share(a: Any, b: Any) -> bool:
-    if backend.device_of(a) == "cuda":
-        a0, a1 = a.data.ptr, a.data.ptr + a.nbytes
-        b0, b1 = b.data.ptr, b.data.ptr + b.nbytes
-        return a0 < b1 and b0 < a1
-    return bool(np.may_share_memory(a, b))

@@ -26,7 +26,7 @@ from gpuplan.dtypes import short_name as sn
 from gpuplan.errors import InvalidProblem, Unsupported, describe
 from gpuplan.execute import call
 from gpuplan.nvrtc import CudaModule, cdiv, launch
-from gpuplan.ops.reduction import launch_reduce, reduce_layout
+from gpuplan.ops.reduce_launch import SUM, launch_reduce, reduce_layout
 from gpuplan.plan import BackendKind, Candidate, Plan, host_candidate
 from gpuplan.spec import Choice, DType, Extent, In, OpSpec, Out, Shape
 from gpuplan.stream import Stream, Workspace
@@ -297,11 +297,11 @@ class BinaryBackwardPlan(_BroadcastPlan):
                 self._grad(stream, which, (a, b, args.dc, dst))
             elif not self._math.reads_operands or n == 0:  # (an empty dc sums to zeros)
                 sign = self._signs[which] if n else 1.0
-                launch_reduce(stream, layout, 0, args.dc, dst, sign, ws, self._temp)
+                launch_reduce(stream, layout, SUM, args.dc, dst, sign, ws, self._temp)
             else:
                 temp = ws.view(self._acc, n, 0)
                 self._grad(stream, which, (a, b, args.dc, temp))
-                launch_reduce(stream, layout, 0, temp, dst, 1.0, ws, self._temp)
+                launch_reduce(stream, layout, SUM, temp, dst, 1.0, ws, self._temp)
 
     def _grad(self, stream: Stream, which: int, arrays: tuple) -> None:
         fn = _MODULE.function(self._kernels[which], stream.device_id)

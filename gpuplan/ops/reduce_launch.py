@@ -1,6 +1,6 @@
 """Reduction kernels (reduction.cu): the table of reductions, which kernel reduces a
 (shape, reduced axes) problem, and its launches. Shared by `gpuplan.ops.reduction`
-(ReducePlan, GlobalNormPlan) and the broadcast gradients of the elementwise family
+(ReducePlan, GlobalNormPlan) and the broadcast gradients of the binary family
 (`reduce_layout`, `launch_reduce`).
 
 Every reduction is one row of `REDUCTIONS`. The kernels know only how values combine

@@ -5,7 +5,7 @@ global_l2_norm:  y = sqrt(sum_i sum_j x_i[j]^2) over a list of tensors (gradient
 
 The reductions are the rows of `reduce_launch.REDUCTIONS` (names, CUDA combine, NumPy
 math); layouts and launches live in `gpuplan.ops.reduce_launch` (`reduce_layout` and
-`launch_reduce` are re-exported here for the elementwise family). Both plans are
+`launch_reduce` are re-exported here for the binary family). Both plans are
 deterministic and bit-stable on the GPU: the order in which values are combined is a
 function of the problem's shape only (logical element index, constant block sizes, fixed
 split lengths), never of the grid size, the device or the scheduling.
