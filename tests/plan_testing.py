@@ -12,4 +12,26 @@ DTYPES = [pytest.param(d, id=gp.dtypes.short_name(d)) for d in FLOAT_DTYPES]
 INDEX_DTYPES = [pytest.param(np.dtype(np.int32), id="i32"), pytest.param(np.dtype(np.int64),
                                                                           id="i64")]
 
-__all__ = ["DTYPES", "INDEX_DTYPES", *_testing_all]
+
+
+def compile_with_enums(cu_file: str, exprs: list[str], enums: dict[str, tuple[str, ...]],
+                       options: tuple[str, ...] = ()) -> None:
+    """NVRTC-compile `cu_file` (a path beside gpuplan/ops) for the name expressions `exprs`
+    with the enums generated from `enums` as the op modules generate them from their
+    tables (no GPU needed: NVRTC only). Raises on a compile error; skips without CuPy."""
+    pytest.importorskip("cupy")
+    from pathlib import Path
+
+    from cupy._core import core
+    from cupy.cuda import compiler
+
+    from gpuplan.nvrtc import COMPILE_OPTIONS, enum_options
+
+    path = Path(cu_file)
+    opts = (tuple(core.assemble_cupy_compiler_options(())) + COMPILE_OPTIONS
+            + (f"-I{path.parent}", "-arch=sm_80") + tuple(options) + enum_options(enums))
+    compiler._NVRTCProgram(path.read_text(), path.name, name_expressions=list(exprs),
+                           method="ptx").compile(opts)
+
+
+__all__ = ["DTYPES", "INDEX_DTYPES", "compile_with_enums", *_testing_all]

@@ -16,6 +16,7 @@ from tests.plan_testing import (
     DTYPES,
     assert_close,
     assert_rejected,
+    compile_with_enums,
     f64,
     on,
     random,
@@ -202,24 +203,12 @@ def test_functional_api(device):
 
 
 def _compile_activation(names: tuple[str, ...]) -> None:
-    """NVRTC-compile activation.cu's forward and backward for the last row of `names`
-    (no GPU needed), the enum coming from `names` as the module's does from the table."""
-    pytest.importorskip("cupy")
-    from pathlib import Path
-
-    from cupy._core import core
-    from cupy.cuda import compiler
-
-    from gpuplan.nvrtc import COMPILE_OPTIONS, enum_options
+    """activation.cu's forward and backward for the last row of `names`, compiled."""
     from gpuplan.ops import activation
-
-    path = Path(activation.__file__).with_name("activation.cu")
     last = len(names) - 1
-    exprs = [f"unary_forward<float, {last}>", f"unary_backward<float, {last}>"]
-    opts = (tuple(core.assemble_cupy_compiler_options(())) + COMPILE_OPTIONS
-            + (f"-I{path.parent}", "-arch=sm_80") + enum_options({"Activation": names}))
-    compiler._NVRTCProgram(path.read_text(), path.name, name_expressions=exprs,
-                           method="ptx").compile(opts)
+    compile_with_enums(activation._MODULE.path,
+                       [f"unary_forward<float, {last}>", f"unary_backward<float, {last}>"],
+                       {"Activation": names})
 
 
 def test_the_cuda_enum_is_generated_from_the_table():

@@ -12,6 +12,7 @@ from tests.plan_testing import (
     DTYPES,
     assert_close,
     assert_rejected,
+    compile_with_enums,
     f64,
     on,
     random,
@@ -252,24 +253,12 @@ def test_functional_binary_reuses_one_plan():
 
 
 def _compile_binary(names: tuple[str, ...]) -> None:
-    """NVRTC-compile binary.cu's kernels for the last row of `names` (no GPU needed), the
-    enum coming from `names` as the module's does from the table."""
-    pytest.importorskip("cupy")
-    from pathlib import Path
-
-    from cupy._core import core
-    from cupy.cuda import compiler
-
-    from gpuplan.nvrtc import COMPILE_OPTIONS, enum_options
+    """binary.cu's kernels for the last row of `names`, compiled."""
     from gpuplan.ops import binary
-
-    path = Path(binary.__file__).with_name("binary.cu")
     last = len(names) - 1
-    exprs = [f"binary_contiguous<float, {last}>", f"binary_grad<float, float, {last}, 1>"]
-    opts = (tuple(core.assemble_cupy_compiler_options(())) + COMPILE_OPTIONS
-            + (f"-I{path.parent}", "-arch=sm_80") + enum_options({"BinaryOp": names}))
-    compiler._NVRTCProgram(path.read_text(), path.name, name_expressions=exprs,
-                           method="ptx").compile(opts)
+    compile_with_enums(binary._MODULE.path, [f"binary_contiguous<float, {last}>",
+                                             f"binary_grad<float, float, {last}, 1>"],
+                       {"BinaryOp": names})
 
 
 def test_the_cuda_enum_is_generated_from_the_table():

@@ -16,6 +16,7 @@ from tests.plan_testing import (
     DTYPES,
     assert_close,
     assert_rejected,
+    compile_with_enums,
     f64,
     on,
     random,
@@ -206,23 +207,13 @@ def test_reduce_through_check_plan(device, dtype, op):
 
 
 def _compile_reduction(combines: tuple[str, ...], norm_types: tuple[str, ...]) -> None:
-    """NVRTC-compile reduction.cu (no GPU needed) for the last combine of `combines`, the
-    enums coming from the given names as the module's do from its tables."""
-    pytest.importorskip("cupy")
+    """reduction.cu for the last combine of `combines`, compiled with the given tables."""
     from pathlib import Path
-
-    from cupy._core import core
-    from cupy.cuda import compiler
-
-    from gpuplan.nvrtc import COMPILE_OPTIONS, enum_options
-
-    path = Path(reduce_launch.__file__).with_name("reduction.cu")
-    exprs = [f"reduce_cols<float, float, {len(combines) - 1}>", "global_l2_norm<float>"]
-    opts = (tuple(core.assemble_cupy_compiler_options(())) + COMPILE_OPTIONS
-            + (f"-I{path.parent}", "-arch=sm_80", f"-DGPUPLAN_NORM_CHUNK={NORM_CHUNK}")
-            + enum_options({"Combine": combines, "NormType": norm_types}))
-    compiler._NVRTCProgram(path.read_text(), path.name, name_expressions=exprs,
-                           method="ptx").compile(opts)
+    compile_with_enums(Path(reduce_launch.__file__).with_name("reduction.cu"),
+                       [f"reduce_cols<float, float, {len(combines) - 1}>",
+                        "global_l2_norm<float>"],
+                       {"Combine": combines, "NormType": norm_types},
+                       (f"-DGPUPLAN_NORM_CHUNK={NORM_CHUNK}",))
 
 
 def test_the_cuda_enums_are_generated_from_the_tables():
