@@ -30,12 +30,11 @@ from gpuplan.dtypes import as_dtype, short_name
 from gpuplan.errors import (
     BufferTooSmall,
     InvalidProblem,
-    MisalignedOperand,
     Unsupported,
     WorkspaceTooSmall,
     describe,
 )
-from gpuplan.resolve import Resolved
+from gpuplan.resolve import Resolved, check_alignment
 from gpuplan.spec import OpSpec
 from gpuplan.stream import Stream, Workspace
 
@@ -331,17 +330,7 @@ def check_operand(
         raise InvalidProblem(describe(op, name, f"shape {shape}", f"shape {a_shape}"))
     if contiguous and not a.flags.c_contiguous:
         raise InvalidProblem(describe(op, name, "a C-contiguous array", "a strided view"))
-    align = alignment or adt.itemsize
-    if isinstance(a, np.ndarray):
-        # flags.aligned: data and strides are multiples of the dtype's alignment.
-        if adt.alignment % align == 0 and a.flags.aligned:
-            return
-        ptr = a.ctypes.data
-    else:
-        ptr = a.data.ptr
-    if a.size and ptr % align:
-        raise MisalignedOperand(describe(op, name, f"an address aligned to {align} bytes",
-                                         f"{ptr:#x}"))
+    check_alignment(op, name, a, alignment)
 
 
 def _as_shape(shape: Sequence[int]) -> tuple[int, ...]:

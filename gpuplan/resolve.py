@@ -141,7 +141,7 @@ class Resolved:
                     continue
             elif not a.size or a.data.ptr % (align or a.dtype.itemsize) == 0:
                 continue
-            _check_alignment(self.op, name, a, align)
+            check_alignment(self.op, name, a, align)
         for out, inputs in self.given_distinct if fresh else self.distinct:
             o = getattr(args, out)
             if o is None or not o.size:
@@ -213,7 +213,9 @@ def _overlap(a: Any, b: Any, host: bool) -> bool:
     return a0 < b0 + b.nbytes and b0 < a0 + a.nbytes
 
 
-def _check_alignment(op: str, name: str, a: Any, align: int | None) -> None:
+def check_alignment(op: str, name: str, a: Any, align: int | None) -> None:
+    """MisalignedOperand unless `a`'s address is a multiple of `align` (default: its
+    itemsize); NumPy arrays answer from flags.aligned when that settles it."""
     align = align or a.dtype.itemsize
     if isinstance(a, np.ndarray):
         if a.dtype.alignment % align == 0 and a.flags.aligned:
