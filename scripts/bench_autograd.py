@@ -312,7 +312,9 @@ def bench_torch(model: nn.GPT, cfg: nn.GPTConfig, idx, targets, repeat: int) -> 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--device", choices=["cpu", "cuda"], default=None)
+    parser.add_argument("--device", choices=["cpu", "cuda", "emulated"], default=None,
+                        help="emulated: the emulated device (only meaningful with "
+                             "--stub-math: it measures the device-side Python path)")
     parser.add_argument("--gpt", choices=list(GPT_SHAPES), default=None,
                         help="GPT shape (default: gpt2 on cuda, small on cpu)")
     parser.add_argument("--dtype", default="float32", help="float32 | bf16 | float16")
