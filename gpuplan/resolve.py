@@ -26,8 +26,9 @@ def _eval_extent(entry: Any, desc: Any, env: dict) -> int:
 class Resolved:
     """Operands of one descriptor resolved to concrete shapes and dtypes, with the per-call
     check. ``rows`` holds one tuple per operand:
-    (name, shape, dtype or None, allowed dtypes, present, contiguous, alignment), `present`
-    being True (required), None (optional) or False (must be None).
+    (name, shape, dtype or None, allowed dtypes, present, contiguous, alignment, written),
+    `present` being True (required), None (optional) or False (must be None) and `written`
+    True for outputs and in-place operands.
     """
 
     __slots__ = ("op", "spec", "rows", "shapes", "dtypes", "distinct", "empty", "allocatable",
@@ -53,7 +54,8 @@ class Resolved:
             else:  # a callable's verdict: False (must be None) / True (required)
                 present = bool(rule)
             one = allowed[0] if len(allowed) == 1 else None
-            rows.append((o.name, shape, one, allowed, present, o.contiguous, o.alignment))
+            rows.append((o.name, shape, one, allowed, present, o.contiguous, o.alignment,
+                         o.role != "in"))
             shapes[o.name], dtypes[o.name] = shape, one
         self.rows = tuple(rows)
         self.shapes, self.dtypes = shapes, dtypes
@@ -112,7 +114,7 @@ class Resolved:
         host, cuda, device_id = kind == "cpu", kind == "cuda", stream._device_id
         array_type = _ARRAY_TYPES.get(kind) or array_type_of(kind)
         index = None
-        for name, shape, dtype, allowed, present, contiguous, align in (
+        for name, shape, dtype, allowed, present, contiguous, align, written in (
                 self.given_rows if fresh else self.rows):
             try:
                 a = getattr(args, name)
@@ -136,6 +138,9 @@ class Resolved:
                 self._explain(name, a, shape, allowed, contiguous)
             if dtype is None and allowed is INDEX_DTYPES:
                 index = "i32" if a.dtype.itemsize == 4 else "i64"
+            if written and not cuda and not a.flags.writeable:  # (CuPy arrays always are)
+                raise InvalidProblem(describe(self.op, name, "a writable array",
+                                              "a read-only one"))
             if host:
                 if align is None and a.flags.aligned:
                     continue

@@ -11,9 +11,9 @@ before the run) and scalar as float64 host arrays / values and returns the expec
 outputs by name (an array when the spec has one output). With `bad_inputs` every operand is
 then replaced, one at a time, by what the spec forbids: a dtype outside its rule, a buffer
 one element short (BufferTooSmall) or long (InvalidProblem), a strided view, an array on the
-other side (host vs device), None when required, and an output overlapping an input it must
-be distinct from. Each call must raise the matching GpuPlanError and leave every output and
-in-place operand byte-identical. Needs pytest.
+other side (host vs device), None when required, a read-only output, and an output
+overlapping an input it must be distinct from. Each call must raise the matching
+GpuPlanError and leave every output and in-place operand byte-identical. Needs pytest.
 """
 
 from __future__ import annotations
@@ -103,7 +103,8 @@ def sweep_bad_inputs(plan: gp.Plan, stream: gp.Stream, host: dict[str, Any],
 
 def _variants(plan: gp.Plan, host: dict[str, Any], device: str):
     """(operand name, bad array or None, expected error class) for every operand."""
-    for name, shape, _dtype, allowed, present, contiguous, _align in plan._resolved.rows:
+    for name, shape, _dtype, allowed, present, contiguous, _align, written in \
+            plan._resolved.rows:
         a = host.get(name)
         if a is None:
             continue
@@ -123,3 +124,7 @@ def _variants(plan: gp.Plan, host: dict[str, Any], device: str):
             yield name, on(device, wide)[..., ::2], gp.InvalidProblem
         if device != "cpu":
             yield name, a.copy(), gp.InvalidProblem  # a host array for a device plan
+        if written and device != "cuda":  # a read-only output (CuPy arrays are writable)
+            frozen = on(device, np.array(a, copy=True))
+            frozen.flags.writeable = False
+            yield name, frozen, gp.InvalidProblem

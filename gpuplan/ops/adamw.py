@@ -170,6 +170,8 @@ AdamWMultiTensorArgs = MULTI_SPEC.args(
 
 #: per array: (class, shape, strides, dtype): one tuple comparison per list checks them all.
 _SIGNATURE = attrgetter("__class__", "shape", "strides", "dtype")
+#: host and emulated arrays the step writes must be writable (CuPy arrays always are).
+_SIGNATURE_WRITTEN = attrgetter("__class__", "shape", "strides", "dtype", "flags.writeable")
 _SIGNATURE_CUDA = attrgetter("__class__", "shape", "strides", "dtype", "data.device_id")
 _PTR = attrgetter("data.ptr")
 
@@ -206,12 +208,14 @@ class AdamWMultiTensorPlan(FusedStepPlan):
         self._dtypes = (d.dtype, grad_dtype(d), d.dtype, d.dtype, lowp_dtype(d))
         cuda = self._stream.kind == "cuda"
         array_type = backend._namespace_for(self._stream.kind).ndarray
-        self._get = _SIGNATURE_CUDA if cuda else _SIGNATURE
-        extra = (self._stream.device_id,) if cuda else ()
+        self._getters = tuple(
+            _SIGNATURE_CUDA if cuda else _SIGNATURE if name == "grads" else _SIGNATURE_WRITTEN
+            for name in self._names)
         self._signatures = tuple(
-            tuple((array_type, (n,), (np.dtype(dt).itemsize,), np.dtype(dt), *extra)
+            tuple((array_type, (n,), (np.dtype(dt).itemsize,), np.dtype(dt),
+                   *((self._stream.device_id,) if cuda else () if name == "grads" else (True,)))
                   for n in sizes)
-            for dt in self._dtypes[:len(self._names)])
+            for name, dt in zip(self._names, self._dtypes, strict=False))
         self._sizes, self._chunks = sizes, nchunks
         # Per call only the addresses change: the element counts and the chunk rows of the
         # launch table are written once.
@@ -239,8 +243,9 @@ class AdamWMultiTensorPlan(FusedStepPlan):
                                           "None (the descriptor's lowp_dtype is None)",
                                           type(args.params_lowp).__name__))
         lists = self._lists(args)
-        t, get = len(self._sizes), self._get
-        for name, seq, sig in zip(self._names, lists, self._signatures, strict=True):
+        t = len(self._sizes)
+        for name, seq, sig, get in zip(self._names, lists, self._signatures, self._getters,
+                                       strict=True):
             try:
                 ok = type(seq) in (list, tuple) and len(seq) == t and tuple(map(get, seq)) == sig
             except AttributeError:  # None or not an array
@@ -276,9 +281,10 @@ class AdamWMultiTensorPlan(FusedStepPlan):
             raise InvalidProblem(describe(self.op, name, f"a list of {t} arrays", given))
         dtype = self._dtypes[_LISTS.index(name)]
         labels = [f"{name}[{k}]" for k in range(t)]
+        role = In if name == "grads" else InOut  # the step writes every other list
         one = OpSpec(self.op, fields=(), operands=[
-            In(label, (n,), dtype=(dtype,)) for label, n in zip(labels, self._sizes,
-                                                                 strict=True)])
+            role(label, (n,), dtype=(dtype,)) for label, n in zip(labels, self._sizes,
+                                                                   strict=True)])
         one.resolve(self.op, None).check(SimpleNamespace(**dict(zip(labels, seq, strict=True))),
                                          self._stream)
 

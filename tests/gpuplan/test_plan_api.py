@@ -224,6 +224,10 @@ def test_run_checks_operands_and_empty_extent():
                     gp.InvalidProblem, [y], "'x'", "expected an array", "list")
     assert_rejected(lambda: plan.run(s, None, DoubleArgs(x, x)),
                     gp.InvalidProblem, [], "'y'", "distinct from 'x'")
+    frozen = np.full(4, 5, np.float32)
+    frozen.flags.writeable = False  # e.g. np.broadcast_to output, a read-only memmap
+    assert_rejected(lambda: plan.run(s, None, DoubleArgs(x, frozen)),
+                    gp.InvalidProblem, [frozen], "'y'", "a writable array", "read-only")
     empty, _ = _run(DoubleDescriptor(0))
     assert empty.workspace_size() == 256  # empty problems still declare the SKU's workspace
 

@@ -120,8 +120,8 @@ def test_sweep_covers_every_operand():
     plan = AxpyPlan.select(gp.Stream.host(), AxpyDescriptor(4, 3, True, np.float64))
     host = {"x": random((4, 3), np.float64), "idx": np.zeros(4, np.int32),
             "bias": np.zeros(3), "y": np.zeros((4, 3))}
-    # x, idx, bias, y: None, dtype, short, long, strided each (idx/bias/y/x) + y overlapping x
-    assert sweep_bad_inputs(plan, gp.Stream.host(), host, {"alpha": 1.0}, "cpu") == 21
+    # x, idx, bias, y: None, dtype, short, long, strided each; y read-only; y overlapping x
+    assert sweep_bad_inputs(plan, gp.Stream.host(), host, {"alpha": 1.0}, "cpu") == 22
 
 
 def test_check_plan_catches_a_wrong_result():

@@ -381,3 +381,28 @@ def test_device_adamw_large_grid_stride(accelerator):
                                                                step=2, **HP), "cpu")
     assert_close(p, f64(hp), np.float32)
     assert_close(v, f64(hv), np.float32)
+
+
+def test_read_only_state_is_rejected_before_any_write():
+    """A read-only param or moment (a memmap opened 'r', a broadcast view) used to get half a
+    step: every tensor before it updated, then NumPy raised. Now nothing is written."""
+    s = gp.Stream.host()
+    sizes = (4, 3)
+    plan = gp.AdamWMultiTensorPlan.select(s, gp.AdamWMultiTensorDescriptor(sizes))
+    for frozen_list in ("params", "exp_avgs", "exp_avg_sqs"):
+        lists = {k: [np.full(n, 0.5, np.float32) for n in sizes]
+                 for k in ("params", "grads", "exp_avgs", "exp_avg_sqs")}
+        lists[frozen_list][1].flags.writeable = False
+        written = lists["params"] + lists["exp_avgs"] + lists["exp_avg_sqs"]
+        assert_rejected(lambda lists=lists: plan.run(s, None, gp.AdamWMultiTensorArgs(
+            **lists, lr=0.1, step=1)), gp.InvalidProblem, written, f"{frozen_list}[1]",
+            "writable")
+    grads = [np.full(n, 0.5, np.float32) for n in sizes]
+    for g in grads:
+        g.flags.writeable = False  # read only: fine
+    params = [np.full(n, 0.5, np.float32) for n in sizes]
+    plan.run(s, None, gp.AdamWMultiTensorArgs(params, grads, [np.zeros(n, np.float32)
+                                                              for n in sizes],
+                                              [np.zeros(n, np.float32) for n in sizes],
+                                              lr=0.1, step=1))
+    assert all((p < 0.5).all() for p in params)
