@@ -133,19 +133,41 @@ def gemm_reference(desc: Any, a: Any, b: Any, c0: Any, bias: Any, alpha: float =
     return np.broadcast_to(out, desc.c_shape())
 
 
+def gelu_reference(x: Any, approximate: str = "none") -> np.ndarray:
+    """GELU in float64 from its definition: x * Phi(x) (erf), or the tanh approximation."""
+    x = f64(x)
+    if approximate == "tanh":
+        return 0.5 * x * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (x + 0.044715 * x**3)))
+    from gpuplan.host_math import erf
+    return 0.5 * x * (1.0 + erf(x / np.sqrt(2.0)))
+
+
+def gemm_epilogue_reference(desc: Any, pre: np.ndarray) -> np.ndarray:
+    """The GEMM's output from its float64 pre-activation P (`gemm_reference`): f(P) for the
+    descriptor's epilogue ("none": P)."""
+    if desc.epilogue == "none":
+        return pre
+    return gelu_reference(pre, "tanh" if desc.epilogue == "gelu_tanh" else "none")
+
+
 def assert_gemm_close(actual: Any, expected: np.ndarray, desc: Any, c0: Any = None,
-                      bias: Any = None, what: str = "gemm", beta: float = 0.0) -> None:
+                      bias: Any = None, what: str = "gemm", beta: float = 0.0,
+                      pre: np.ndarray | None = None) -> None:
     """|err| <= rtol * (|ref| + |addends|) + atol * sqrt(K): sums of K products grow like
     sqrt(K); an addend (beta*C, bias) may be rounded once more before the final rounding.
+    With `pre` (the float64 pre-activation of an epilogue f, `expected` being f(pre)): the
+    pre-activation's bound times max |f'| (1.13 for GELU) plus a rounding of f's value.
     NaN is outside every bound."""
     import math
 
     rtol, atol = tol(desc.dtype)
-    bound = rtol * np.abs(expected) + atol * max(1.0, math.sqrt(desc.k))
+    bound = rtol * np.abs(expected if pre is None else pre) + atol * max(1.0, math.sqrt(desc.k))
     if beta != 0 and c0 is not None:
         bound = bound + rtol * np.abs(beta * f64(c0))
     if bias is not None:
         bound = bound + rtol * np.abs(f64(bias))
+    if pre is not None:
+        bound = 1.13 * bound + rtol * np.abs(expected)
     got = f64(actual)
     assert got.shape == expected.shape, (what, got.shape, expected.shape)
     err = np.abs(got - expected)
@@ -342,13 +364,50 @@ def scaled_reference_exact(scale: Any, v: Any, dtype: Any) -> np.ndarray:
     return flush_f32(s[:, None] * flush_f32(v.astype(np.float32))).astype(dtype)
 
 
+# -- float64 reference of the attention family (tests, kernel cases) -----------------------
+
+
+def _attention_probs(q: Any, k: Any, scale: float, causal: bool) -> tuple[np.ndarray, ...]:
+    """(P, lse) in float64 by the definition: P = softmax(scale * q k^T) over the unmasked
+    keys (j > i + Lk - Lq masked when causal), 0 on fully masked rows, whose lse is -inf."""
+    s = scale * np.einsum("bid,bjd->bij", f64(q), f64(k))
+    lq, lk = s.shape[-2:]
+    if causal:
+        s[:, np.arange(lk)[None, :] > np.arange(lq)[:, None] + (lk - lq)] = -np.inf
+    m = np.max(s, axis=-1, keepdims=True, initial=-np.inf)
+    e = np.exp(s - np.where(np.isfinite(m), m, 0))
+    total = e.sum(axis=-1, keepdims=True)
+    with np.errstate(divide="ignore"):
+        lse = (np.where(np.isfinite(m), m, 0) + np.log(total))[..., 0]
+    return e / np.where(total > 0, total, 1), lse
+
+
+def attention_reference(q: Any, k: Any, v: Any, scale: float, causal: bool
+                        ) -> tuple[np.ndarray, np.ndarray]:
+    """(o, lse) of attention in float64: o = P v (q [B, Lq, D], k, v [B, Lk, D])."""
+    p, lse = _attention_probs(q, k, scale, causal)
+    return p @ f64(v), lse
+
+
+def attention_backward_reference(q: Any, k: Any, v: Any, dout: Any, scale: float,
+                                 causal: bool) -> tuple[np.ndarray, ...]:
+    """(dq, dk, dv) in float64 by the chain rule through P: dv = P^T dO, dP = dO v^T,
+    dS = scale P (dP - rowsum(dP P)), dq = dS k, dk = dS^T q."""
+    p, _ = _attention_probs(q, k, scale, causal)
+    dout = f64(dout)
+    dp = dout @ np.swapaxes(f64(v), -1, -2)
+    ds = scale * p * (dp - (dp * p).sum(axis=-1, keepdims=True))
+    return ds @ f64(k), np.swapaxes(ds, -1, -2) @ f64(q), np.swapaxes(p, -1, -2) @ dout
+
+
 __all__ = [
     "adamw_reference", "sgd_reference",
     "TOLERANCES", "assert_close", "assert_gemm_close", "assert_rejected", "f64",
-    "gemm_operands", "gemm_reference", "layer_norm_reference", "on",
+    "gemm_operands", "gemm_reference", "gemm_epilogue_reference", "gelu_reference",
+    "layer_norm_reference", "on",
     "random", "run_plan", "stream_for", "tol", "float16", "float32", "float64", "bfloat16",
     "embedding_reference", "embedding_backward_reference", "flush_f32", "quantize_reference64",
     "quantize_reference_exact", "scale_reference64", "scaled_reference_exact",
     "cross_entropy_reference", "cross_entropy_reduce_reference", "cross_entropy_grad_reference",
-    "cross_entropy_over_blocks",
+    "cross_entropy_over_blocks", "attention_reference", "attention_backward_reference",
 ]

@@ -14,6 +14,8 @@ FAMILIES: tuple[str, ...] = (
     "reduction",
     "normalization",
     "softmax",
+    "attention",
+    "attention_backward",
     "cross_entropy",
     "cross_entropy_partial",
     "dropout",

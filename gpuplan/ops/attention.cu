@@ -1,0 +1,311 @@
+// Fused attention forward: o = softmax(scale * q k^T [causal]) v and lse per query row, with
+// an online softmax over K/V tiles streamed through shared memory (no [Lq, Lk] buffer).
+// q, o: [B, Lq, D]; k, v: [B, Lk, D]; lse: [B, Lq] in A (f32; f64 for f64). Key j is masked
+// for query i when causal and j > i + (Lk - Lq); a row with every key masked gets o = 0 and
+// lse = -inf. Grid: one CTA per (query tile, batch entry), blockIdx.x = tile + q_tiles * b.
+// Every output is written by one thread, sums run in a fixed order: deterministic.
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+#include "gpuplan_rows.cuh"
+#include "gpuplan_mma.cuh"
+
+namespace attn {
+using gp::exp_;
+using gp::log_;
+using gp::neg_inf;
+
+// Keys [0, end) can be unmasked for queries [q0, q1) (q1 <= lq): all of them unless causal.
+__device__ __forceinline__ long long key_end(long long q1, long long lk, long long offset,
+                                             int causal) {
+    if (!causal) return lk;
+    const long long e = q1 + offset;  // last query q1 - 1 sees keys <= q1 - 1 + offset
+    return e < 0 ? 0 : (e < lk ? e : lk);
+}
+
+// ---------------------------------------------------------------------------------------
+// SIMT kernel, any dtype, D <= 32 * C: 4 warps x 4 query rows per CTA, 32-key tiles. For S a
+// lane owns one key (dot products against the broadcast q rows); for O it owns head-dim
+// columns lane + 32 c. Shared (A elements): Q [16][D], K [32][D + 1] (odd stride: the lanes'
+// rows fall in distinct banks), V [32][D], P [4 warps][4 rows][32].
+constexpr int WARPS = 4, ROWS = 4, BQ = WARPS * ROWS, BK = 32, THREADS = 32 * WARPS;
+
+template <typename T, typename A>
+__device__ __forceinline__ void load_rows(A* __restrict__ s, int ld, const T* __restrict__ g,
+                                          long long row0, int rows, long long n_rows, int d) {
+    // s[r * ld + c] = g[(row0 + r) * d + c] for r < rows (0 past n_rows), c < d; coalesced.
+    // In-tile indices are ints (rows * d <= 4096): no 64-bit division.
+    for (int e = threadIdx.x; e < rows * d; e += blockDim.x) {
+        const int r = e / d, c = e - r * d;
+        s[r * ld + c] = row0 + r < n_rows ? gp::to_acc<T>(g[(row0 + r) * d + c]) : A(0);
+    }
+}
+
+template <typename T, int C>
+__global__ void __launch_bounds__(THREADS, 4)  // 128-register cap: ptxas spills without one
+attention_forward_simt(const T* __restrict__ q, const T* __restrict__ k,
+                       const T* __restrict__ v, T* __restrict__ o,
+                       typename gp::acc_type<T>::type* __restrict__ lse, long long lq,
+                       long long lk, long long dim, long long q_tiles, double scale,
+                       int causal) {
+    using A = typename gp::acc_type<T>::type;
+    const int d = static_cast<int>(dim), tiles = static_cast<int>(q_tiles);
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    A* sq = reinterpret_cast<A*>(smem_raw);
+    A* sk = sq + BQ * d;
+    A* sv = sk + BK * (d + 1);
+    A* sp = sv + BK * d;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const long long b = static_cast<int>(blockIdx.x) / tiles;
+    const long long q0 = static_cast<long long>(static_cast<int>(blockIdx.x) % tiles) * BQ;
+    const long long offset = lk - lq;
+    const A sc = static_cast<A>(scale);
+    load_rows<T, A>(sq, d, q + b * lq * d, q0, BQ, lq, d);
+    const long long q1 = q0 + BQ < lq ? q0 + BQ : lq;
+    const long long kend = key_end(q1, lk, offset, causal);
+
+    A m[ROWS], l[ROWS], acc[ROWS][C];
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) {
+        m[r] = neg_inf<A>();
+        l[r] = A(0);  // this lane's share of the row sum
+#pragma unroll
+        for (int c = 0; c < C; ++c) acc[r][c] = A(0);
+    }
+    const A* qw = sq + warp * ROWS * d;
+    A* pw = sp + warp * ROWS * BK;
+    for (long long k0 = 0; k0 < kend; k0 += BK) {
+        __syncthreads();  // the previous tile is consumed (and Q is loaded)
+        load_rows<T, A>(sk, d + 1, k + b * lk * d, k0, BK, lk, d);
+        load_rows<T, A>(sv, static_cast<int>(d), v + b * lk * d, k0, BK, lk, d);
+        __syncthreads();
+        A s[ROWS];
+#pragma unroll
+        for (int r = 0; r < ROWS; ++r) s[r] = A(0);
+        const A* kr = sk + lane * (d + 1);
+        for (int c = 0; c < d; ++c) {
+            const A kv = kr[c];
+#pragma unroll
+            for (int r = 0; r < ROWS; ++r) s[r] = fma(qw[r * d + c], kv, s[r]);
+        }
+        const long long j = k0 + lane;
+#pragma unroll
+        for (int r = 0; r < ROWS; ++r) {
+            const long long i = q0 + warp * ROWS + r;
+            const bool valid = j < lk && (!causal || j <= i + offset);
+            const A z = valid ? s[r] * sc : neg_inf<A>();
+            const A mt = gp::warp_max(z);
+            const A mn = mt > m[r] ? mt : m[r];
+            A p = A(0), alpha = A(1);
+            if (mn != neg_inf<A>()) {
+                p = exp_(z - mn);
+                alpha = exp_(m[r] - mn);
+            }
+            m[r] = mn;
+            l[r] = l[r] * alpha + p;
+#pragma unroll
+            for (int c = 0; c < C; ++c) acc[r][c] *= alpha;
+            pw[r * BK + lane] = p;
+        }
+        __syncwarp();
+        for (int jj = 0; jj < BK; ++jj) {
+#pragma unroll
+            for (int c = 0; c < C; ++c) {
+                const int col = lane + 32 * c;
+                const A vv = col < d ? sv[jj * d + col] : A(0);
+#pragma unroll
+                for (int r = 0; r < ROWS; ++r) acc[r][c] = fma(pw[r * BK + jj], vv, acc[r][c]);
+            }
+        }
+        __syncwarp();  // P is rewritten by the next tile
+    }
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) {
+        const A total = gp::warp_sum(l[r]);
+        const long long i = q0 + warp * ROWS + r;
+        if (i >= lq) continue;
+        const A inv = total > A(0) ? A(1) / total : A(0);
+        T* orow = o + (b * lq + i) * d;
+#pragma unroll
+        for (int c = 0; c < C; ++c) {
+            const int col = lane + 32 * c;
+            if (col < d) orow[col] = gp::from_acc<T>(acc[r][c] * inv);
+        }
+        if (lane == 0) lse[b * lq + i] = total > A(0) ? m[r] + log_(total) : neg_inf<A>();
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Tensor-core kernel, f16/bf16, D = 64 or 128 (sm_80+): 4 warps x 16 query rows per CTA,
+// 64-key K/V tiles double-buffered (cp.async when VEC: 16-byte aligned bases), S = Q K^T and
+// O += P V by mma.sync m16n8k16 with f32 accumulators; P stays in registers (C fragments
+// repacked as A fragments). Shared tiles are row-major with rows padded by 8 halves (ldmatrix
+// rows in distinct banks): Q [64][D + 8], then K and V [2][64][D + 8].
+constexpr int TC_WARPS = 4, TC_BQ = 16 * TC_WARPS, TC_BK = 64, TC_THREADS = 32 * TC_WARPS;
+
+// Copy rows [row0, row0 + ROWS) of a [n_rows, D] matrix into a padded shared tile (zeros past
+// n_rows). VEC: 16-byte cp.async chunks (commit/wait by the caller); else plain copies.
+template <typename T, int D, int ROWS, bool VEC>
+__device__ __forceinline__ void tc_load(T* __restrict__ s, const T* __restrict__ g,
+                                        long long row0, long long n_rows) {
+    constexpr int LD = D + 8, CHUNKS = D / 8;
+    if constexpr (VEC) {
+        const unsigned base = gp::smem_addr(s);
+        for (int e = threadIdx.x; e < ROWS * CHUNKS; e += blockDim.x) {
+            const int r = e / CHUNKS, c = (e % CHUNKS) * 8;
+            const bool valid = row0 + r < n_rows;
+            const T* src = valid ? g + (row0 + r) * D + c : g;
+            gp::cp_async16(base + 2u * (r * LD + c), src, valid);
+        }
+    } else {
+        const T zero = gp::from_float<T>(0.0f);
+        for (int e = threadIdx.x; e < ROWS * D; e += blockDim.x) {
+            const int r = e / D, c = e % D;
+            s[r * LD + c] = row0 + r < n_rows ? g[(row0 + r) * D + c] : zero;
+        }
+    }
+}
+
+template <typename T, int D, bool VEC>
+__global__ void __launch_bounds__(TC_THREADS)
+attention_forward_tc(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
+                     T* __restrict__ o, float* __restrict__ lse, long long lq, long long lk,
+                     long long d, long long q_tiles, double scale, int causal) {
+    constexpr int LD = D + 8, TILE = TC_BQ * LD, NT = TC_BK / 8, DT = D / 8;
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    T* sq = reinterpret_cast<T*>(smem_raw);
+    T* sk = sq + TILE;        // [2][TC_BK][LD]
+    T* sv = sk + 2 * TILE;    // [2][TC_BK][LD]
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const int tiles = static_cast<int>(q_tiles);
+    const long long b = static_cast<int>(blockIdx.x) / tiles;
+    const long long q0 = static_cast<long long>(static_cast<int>(blockIdx.x) % tiles) * TC_BQ;
+    const long long offset = lk - lq;
+    const float sc = static_cast<float>(scale);
+    const T* kb = k + b * lk * D;
+    const T* vb = v + b * lk * D;
+    const long long q1 = q0 + TC_BQ < lq ? q0 + TC_BQ : lq;
+    const long long kend = key_end(q1, lk, offset, causal);
+    const int n_tiles = static_cast<int>((kend + TC_BK - 1) / TC_BK);
+
+    tc_load<T, D, TC_BQ, VEC>(sq, q + b * lq * D, q0, lq);
+    if (n_tiles > 0) {
+        tc_load<T, D, TC_BK, VEC>(sk, kb, 0, lk);
+        tc_load<T, D, TC_BK, VEC>(sv, vb, 0, lk);
+    }
+    gp::cp_async_commit();
+
+    float acc[DT][4], m[2], l[2];
+#pragma unroll
+    for (int n = 0; n < DT; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[n][e] = 0.0f;
+    m[0] = m[1] = neg_inf<float>();
+    l[0] = l[1] = 0.0f;  // this thread's share of rows g and g + 8
+    const unsigned q_addr = gp::smem_addr(sq) + 2u * gp::a_lane(lane, LD, warp * 16, 0);
+    const long long row_g = q0 + warp * 16 + g;  // rows row_g and row_g + 8
+
+    for (int kt = 0; kt < n_tiles; ++kt) {
+        const int buf = kt & 1;
+        if (kt + 1 < n_tiles) {  // prefetch the next tile into the other buffer
+            tc_load<T, D, TC_BK, VEC>(sk + (buf ^ 1) * TILE, kb, (kt + 1) * TC_BK, lk);
+            tc_load<T, D, TC_BK, VEC>(sv + (buf ^ 1) * TILE, vb, (kt + 1) * TC_BK, lk);
+            gp::cp_async_commit();
+            gp::cp_async_wait<1>();
+        } else {
+            gp::cp_async_wait<0>();
+        }
+        __syncthreads();
+        const unsigned k_base = gp::smem_addr(sk + buf * TILE);
+        const unsigned v_base = gp::smem_addr(sv + buf * TILE);
+
+        float s[NT][4];
+#pragma unroll
+        for (int n = 0; n < NT; ++n)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) s[n][e] = 0.0f;
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk) {
+            unsigned af[4];
+            gp::ldmatrix_x4<false>(af, q_addr + 2u * (kk * 16));
+#pragma unroll
+            for (int p = 0; p < NT / 2; ++p) {
+                unsigned bf[4];
+                gp::ldmatrix_x4<false>(bf, k_base + 2u * gp::b_lane(lane, LD, p * 16, kk * 16));
+                gp::Mma<T>::run(s[2 * p], af, bf[0], bf[1]);
+                gp::Mma<T>::run(s[2 * p + 1], af, bf[2], bf[3]);
+            }
+        }
+        // Online softmax on rows g (e = 0, 1) and g + 8 (e = 2, 3); a row's 64 columns are
+        // spread over the 4 threads of a quad (shuffles with lane masks 1 and 2).
+        const long long k0 = static_cast<long long>(kt) * TC_BK;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const long long i = row_g + 8 * h;
+            float mx = neg_inf<float>();
+#pragma unroll
+            for (int n = 0; n < NT; ++n)
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    const long long j = k0 + n * 8 + 2 * t + e;
+                    const bool valid = j < lk && (!causal || j <= i + offset);
+                    const float z = valid ? s[n][2 * h + e] * sc : neg_inf<float>();
+                    s[n][2 * h + e] = z;
+                    mx = fmaxf(mx, z);
+                }
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            const float mn = fmaxf(m[h], mx);
+            const bool any = mn != neg_inf<float>();
+            const float alpha = any ? exp_(m[h] - mn) : 1.0f;
+            float sum = 0.0f;
+#pragma unroll
+            for (int n = 0; n < NT; ++n)
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    const float p = any ? exp_(s[n][2 * h + e] - mn) : 0.0f;
+                    s[n][2 * h + e] = p;
+                    sum += p;
+                }
+            m[h] = mn;
+            l[h] = l[h] * alpha + sum;
+#pragma unroll
+            for (int n = 0; n < DT; ++n) {
+                acc[n][2 * h] *= alpha;
+                acc[n][2 * h + 1] *= alpha;
+            }
+        }
+#pragma unroll
+        for (int kk = 0; kk < TC_BK / 16; ++kk) {
+            unsigned af[4];
+            gp::c_to_a<T, NT>(af, s, kk);
+#pragma unroll
+            for (int p = 0; p < DT / 2; ++p) {
+                unsigned bf[4];
+                gp::ldmatrix_x4<true>(bf, v_base + 2u * gp::bt_lane(lane, LD, kk * 16, p * 16));
+                gp::Mma<T>::run(acc[2 * p], af, bf[0], bf[1]);
+                gp::Mma<T>::run(acc[2 * p + 1], af, bf[2], bf[3]);
+            }
+        }
+        __syncthreads();  // the next prefetch overwrites this tile's buffer
+    }
+    gp::cp_async_wait<0>();
+
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        float total = l[h];
+        total += __shfl_xor_sync(0xffffffffu, total, 1);
+        total += __shfl_xor_sync(0xffffffffu, total, 2);
+        const long long i = row_g + 8 * h;
+        if (i >= lq) continue;
+        const float inv = total > 0.0f ? 1.0f / total : 0.0f;
+        T* orow = o + (b * lq + i) * D;
+#pragma unroll
+        for (int n = 0; n < DT; ++n) {
+            orow[n * 8 + 2 * t] = gp::from_acc<T>(acc[n][2 * h] * inv);
+            orow[n * 8 + 2 * t + 1] = gp::from_acc<T>(acc[n][2 * h + 1] * inv);
+        }
+        if (t == 0) lse[b * lq + i] = total > 0.0f ? m[h] + log_(total) : neg_inf<float>();
+    }
+}
+
+}  // namespace attn

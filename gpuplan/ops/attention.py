@@ -1,0 +1,253 @@
+"""Fused causal attention, forward (FlashAttention-2 style): O = softmax(scale * Q K^T) V.
+
+Per batch entry b (batch folds every leading axis, e.g. batch x heads), with S = scale * Q K^T
+[Lq, Lk] and key j masked for query i when causal and j > i + (Lk - Lq) (the convention of
+the softmax family; equal to PyTorch's for Lq == Lk):
+
+    lse[b, i] = log sum_{j unmasked} exp(S[i, j])          (-inf when every key is masked)
+    O[b, i]   = sum_{j unmasked} exp(S[i, j] - lse[b, i]) V[b, j]       (0 for such rows)
+
+The kernels tile Q by rows and stream K/V tiles through shared memory with an online softmax
+(running max and sum), so no [Lq, Lk] buffer is ever materialised; `lse` (f32, f64 for f64)
+is saved for the backward (attention_backward.py), which recomputes P from Q, K and lse.
+scale and causal are fixed per model: descriptor fields shared by forward and backward.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from gpuplan import backend
+from gpuplan.dtypes import FLOAT_DTYPES, HALF_DTYPES, accumulator, as_dtype, cuda_name, float64
+from gpuplan.dtypes import short_name as sn
+from gpuplan.errors import Unsupported, describe
+from gpuplan.execute import call
+from gpuplan.nvrtc import CudaModule, cdiv, launch
+from gpuplan.plan import BackendKind, Candidate, Plan, host_candidate
+from gpuplan.spec import DType, Extent, Flag, In, OpSpec, Out, Real
+from gpuplan.stream import Stream, Workspace
+
+__all__ = ["AttentionDescriptor", "AttentionArgs", "AttentionPlan"]
+__functional__ = ["attention"]
+
+#: Head dims the device kernels take (SIMT: any up to this; tensor cores: TC_HEAD_DIMS).
+MAX_HEAD_DIM = 128
+TC_HEAD_DIMS = (64, 128)
+#: SIMT kernels: chunks of 32 head-dim columns per lane (C in the templates), by head_dim.
+SIMT_CHUNKS = (1, 2, 4)
+#: SIMT tiles (attention.cu attn::): 4 warps x 4 rows of queries, 32 keys per K/V tile.
+SIMT_THREADS, SIMT_BQ, SIMT_BK = 128, 16, 32
+#: Tensor-core forward: 4 warps x 16 query rows, 64-key tiles, rows padded by 8 halves.
+TC_THREADS, TC_BQ, TC_BK, TC_PAD = 128, 64, 64, 8
+_MAX_GRID = 2**31 - 1
+
+
+def simt_chunks(head_dim: int) -> int:
+    """C of the SIMT kernels for `head_dim` (each lane holds C columns of a row)."""
+    return next(c for c in SIMT_CHUNKS if head_dim <= 32 * c)
+
+
+def _fwd_simt(t: str, c: int) -> str:
+    return f"attn::attention_forward_simt<{t}, {c}>"
+
+
+def _fwd_tc(t: str, dim: int, vec: bool) -> str:
+    return f"attn::attention_forward_tc<{t}, {dim}, {'true' if vec else 'false'}>"
+
+
+_MODULE = CudaModule(
+    __file__,
+    "attention.cu",
+    [_fwd_simt(cuda_name(t), c) for t in FLOAT_DTYPES for c in SIMT_CHUNKS]
+    + [_fwd_tc(cuda_name(t), dim, vec) for t in HALF_DTYPES for dim in TC_HEAD_DIMS
+       for vec in (False, True)],
+)
+
+
+# -- the declaration ------------------------------------------------------------------------
+
+
+def lse_dtype(desc: Any) -> np.dtype:
+    """The log-sum-exp's dtype: f64 for f64 inputs, else f32."""
+    return float64 if as_dtype(desc.dtype) == float64 else np.dtype(np.float32)
+
+
+FIELDS = (Extent("batch"), Extent("lq"), Extent("lk"), Extent("head_dim"), Real("scale"),
+          Flag("causal", default=False), DType("dtype", FLOAT_DTYPES, default=np.float32))
+Q_SHAPE, KV_SHAPE, LSE_SHAPE = ("batch", "lq", "head_dim"), ("batch", "lk", "head_dim"), (
+    "batch", "lq")
+FORWARD = OpSpec(
+    "attention", fields=FIELDS,
+    operands=(In("q", Q_SHAPE), In("k", KV_SHAPE), In("v", KV_SHAPE), Out("o", Q_SHAPE),
+              Out("lse", LSE_SHAPE, lse_dtype)))
+AttentionDescriptor = FORWARD.descriptor(
+    "AttentionDescriptor", "softmax(scale * Q K^T [causal mask]) V over `batch` entries of "
+    "q [lq, head_dim], k, v [lk, head_dim]; causal masks key j for query i when "
+    "j > i + (lk - lq). Forward and backward share it.")
+AttentionArgs = FORWARD.args(
+    "AttentionArgs", "q [B, Lq, D], k, v [B, Lk, D] in; o [B, Lq, D] and lse [B, Lq] (f32; "
+    "f64 for f64) written.")
+
+
+def causal_mask(lq: int, lk: int) -> np.ndarray:
+    """[lq, lk] bool, True where key j is masked for query i (j > i + lk - lq)."""
+    return np.arange(lk)[None, :] > np.arange(lq)[:, None] + (lk - lq)
+
+
+def host_chunks(desc: Any) -> range:
+    """Batch-entry starts of the host path's chunks: each holds ~4M scores at most."""
+    step = max(1, (1 << 22) // max(1, desc.lq * desc.lk))
+    return range(0, desc.batch, step)
+
+
+def host_scores(desc: Any, q: np.ndarray, k: np.ndarray, mask: Any) -> np.ndarray:
+    """scale * q @ k^T of a chunk, masked entries -inf (in q's dtype)."""
+    s = np.matmul(q, np.swapaxes(k, -1, -2))
+    s *= s.dtype.type(desc.scale)
+    if mask is not None:
+        np.copyto(s, -np.inf, where=mask)
+    return s
+
+
+class _AttentionBase(Plan):
+    """What forward and backward share: the SKU choice and the launch constants."""
+
+    category = "attention"
+    #: accumulators per query row in the device SKUs' workspace (the backward's delta).
+    _ws_per_row = 0
+
+    @classmethod
+    def _candidates(cls, desc: Any, stream: Stream) -> list[Candidate]:
+        d = as_dtype(desc.dtype)
+        if stream.is_host:
+            return [host_candidate(d)]
+        if desc.head_dim > MAX_HEAD_DIM:
+            raise Unsupported(describe(cls.op, "head_dim", f"<= {MAX_HEAD_DIM} on a device",
+                                       desc.head_dim))
+        acc = accumulator(d)
+        ws = cls._ws_per_row * acc.itemsize * desc.batch * desc.lq
+        # Every output element is written by one thread of one CTA, sums in a fixed order,
+        # no atomics: deterministic. Not bit-stable: exp and the mma summation order are
+        # the device's.
+        cands = []
+        if d in HALF_DTYPES and desc.head_dim in TC_HEAD_DIMS:
+            cands.append(Candidate("tensor_core", BackendKind.NVRTC, True, False, sn(d),
+                                   sn(acc), ws, min_compute_capability=80))
+        cands.append(Candidate("simt", BackendKind.NVRTC, True, False, sn(d), sn(acc), ws))
+        return cands
+
+    def _prepare(self) -> None:
+        d = self.desc
+        self._acc = accumulator(d.dtype)
+        self._offset = d.lk - d.lq
+        self._mask = causal_mask(d.lq, d.lk) if d.causal else None
+        self._t = cuda_name(d.dtype)
+        self._chunks = simt_chunks(d.head_dim) if d.head_dim <= MAX_HEAD_DIM else 0
+        self._tc = self._cand.variant == "tensor_core"
+        self._scalars = (np.float64(d.scale), np.int32(d.causal))
+
+
+_SMEM_SET: dict[int, Any] = {}
+
+
+def allow_smem(fn: Any, nbytes: int) -> None:
+    """Raise a kernel's dynamic shared-memory cap to `nbytes` when it needs over 48 KB."""
+    if nbytes > 48 * 1024 and _SMEM_SET.get(id(fn), (None, 0))[1] < nbytes:
+        fn.max_dynamic_shared_size_bytes = nbytes
+        _SMEM_SET[id(fn)] = (fn, nbytes)  # held: its id is never reused by another function
+
+
+def simt_smem(acc: np.dtype, words: int) -> int:
+    """Bytes of `words` accumulator elements (the SIMT kernels' shared tiles)."""
+    return words * acc.itemsize
+
+
+def tc_tile_bytes(rows: int, head_dim: int) -> int:
+    """Bytes of one padded [rows, head_dim + 8] 2-byte tile."""
+    return rows * (head_dim + TC_PAD) * 2
+
+
+class AttentionPlan(_AttentionBase):
+    """(o, lse) = attention(q, k, v) as in the module docstring.
+
+    SKUs on a GPU: ``tensor_core`` (f16/bf16, head_dim 64 or 128, sm_80+): 64 query rows per
+    CTA (16 per warp), 64-key K/V tiles double-buffered by cp.async, S = Q K^T and O += P V
+    by mma.sync m16n8k16 with f32 accumulators, P kept in registers (rounded to the input
+    dtype for the second mma). ``simt`` (every dtype, head_dim <= 128): 16 query rows per
+    CTA (4 per warp), 32-key tiles, one key per lane for S and head-dim columns per lane
+    for O; half types accumulate in f32. Host: ``numpy`` in the accumulator dtype, a chunk
+    of batch entries at a time.
+    """
+
+    op = "attention"
+    spec = FORWARD
+
+    def _prepare(self) -> None:
+        super()._prepare()
+        d = self.desc
+        if self._cand.variant == "numpy":
+            return
+        q_tiles = cdiv(d.lq, TC_BQ if self._tc else SIMT_BQ)
+        self._grid = q_tiles * d.batch
+        if self._grid > _MAX_GRID:
+            raise Unsupported(describe(self.op, "desc", "at most 2**31 - 1 query tiles",
+                                       self._grid))
+        self._consts = (np.int64(d.lq), np.int64(d.lk), np.int64(d.head_dim),
+                        np.int64(q_tiles))
+        if self._tc:
+            self._kernels = (_fwd_tc(self._t, d.head_dim, False),
+                             _fwd_tc(self._t, d.head_dim, True))
+            self._smem = 5 * tc_tile_bytes(TC_BQ, d.head_dim)  # Q, 2 x K, 2 x V
+            self._block = TC_THREADS
+        else:
+            self._kernels = (_fwd_simt(self._t, self._chunks),) * 2
+            dim = d.head_dim
+            self._smem = simt_smem(self._acc, SIMT_BQ * dim + SIMT_BK * (dim + 1)
+                                   + SIMT_BK * dim + SIMT_BQ * SIMT_BK)
+            self._block = SIMT_THREADS
+
+    def _run_numpy(self, stream: Stream, ws: Workspace, args: Any) -> None:
+        d, acc = self.desc, self._acc
+        if d.lk == 0:
+            args.o[...] = 0
+            args.lse[...] = -np.inf
+            return
+        q, k, v = (a.astype(acc, copy=False) for a in (args.q, args.k, args.v))
+        chunks = host_chunks(d)
+        for b0 in chunks:
+            b1 = b0 + chunks.step
+            s = host_scores(d, q[b0:b1], k[b0:b1], self._mask)
+            with np.errstate(invalid="ignore", divide="ignore"):
+                m = s.max(axis=-1, keepdims=True)
+                m[np.isneginf(m)] = 0  # fully masked rows (Lq > Lk): all exp(-inf) = 0
+                s -= m
+                np.exp(s, out=s)
+                total = s.sum(axis=-1, keepdims=True)
+                args.lse[b0:b1] = (m + np.log(total))[..., 0]
+                inv = np.where(total > 0, 1 / np.where(total > 0, total, 1), 0)
+            o = np.matmul(s, v[b0:b1])
+            o *= inv
+            args.o[b0:b1] = o
+
+    def _run_device(self, stream: Stream, ws: Workspace, args: Any) -> None:
+        vec = self._tc and all(backend.data_ptr(a) % 16 == 0 for a in (args.q, args.k, args.v))
+        fn = _MODULE.function(self._kernels[vec], stream.device_id)
+        allow_smem(fn, self._smem)
+        launch(stream, fn, self._grid, self._block,
+               (args.q, args.k, args.v, args.o, args.lse) + self._consts + self._scalars,
+               shared_mem=self._smem)
+
+    _run_simt = _run_tensor_core = _run_device
+
+
+# -- functional API ------------------------------------------------------------------------
+
+
+def attention(q: Any, k: Any, v: Any, *, scale: float, causal: bool = False) -> tuple[Any, Any]:
+    """(o [B, Lq, D], lse [B, Lq]) of q [B, Lq, D], k, v [B, Lk, D] (C-contiguous; shapes and
+    dtypes are checked by the plan)."""
+    desc = AttentionDescriptor(q.shape[0], q.shape[1], k.shape[1], q.shape[2], scale, causal,
+                               q.dtype)
+    return call(AttentionPlan, desc, like=q, q=q, k=k, v=v)

@@ -1,0 +1,285 @@
+// Fused attention backward on tensor cores (f16/bf16, D = 64 or 128, sm_80+): the math of
+// attention_backward.cu (which also computes delta = rowsum(dout * o) first), with every
+// product on mma.sync m16n8k16 and f32 accumulators. P and dS are rounded to T to feed the
+// second mma of each pair from registers (C fragments repacked as A fragments).
+//   dkdv: one CTA per (64-key tile, batch entry), 16 keys per warp, over BS-query tiles:
+//         S^T = K Q^T, dP^T = V dO^T, P^T, dS^T elementwise, dV += P^T dO, dK += dS^T Q.
+//   dq:   one CTA per (64-query tile, batch entry), 16 queries per warp, over 64-key tiles:
+//         S = Q K^T, dP = dO V^T, dS elementwise, dQ += dS K.
+// Streamed tiles are double-buffered (cp.async when VEC: 16-byte aligned bases). Shared
+// tiles are row-major [rows][D + 8] (ldmatrix rows in distinct banks). Each output element
+// is written once, sums in a fixed order, no atomics: deterministic.
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+#include "gpuplan_rows.cuh"
+#include "gpuplan_mma.cuh"
+
+namespace attn {
+using gp::exp_;
+
+constexpr int WARPS = 4, THREADS = 32 * WARPS, BO = 16 * WARPS;
+
+// Rows [row0, row0 + ROWS) of a [n_rows, D] matrix into a padded shared tile, zeros past
+// n_rows (VEC: cp.async chunks, committed by the caller).
+template <typename T, int D, int ROWS, bool VEC>
+__device__ __forceinline__ void tile_load(T* __restrict__ s, const T* __restrict__ g,
+                                          long long row0, long long n_rows) {
+    constexpr int LD = D + 8, CHUNKS = D / 8;
+    if constexpr (VEC) {
+        const unsigned base = gp::smem_addr(s);
+        for (int e = threadIdx.x; e < ROWS * CHUNKS; e += blockDim.x) {
+            const int r = e / CHUNKS, c = (e % CHUNKS) * 8;
+            const bool valid = row0 + r < n_rows;
+            gp::cp_async16(base + 2u * (r * LD + c), valid ? g + (row0 + r) * D + c : g, valid);
+        }
+    } else {
+        const T zero = gp::from_float<T>(0.0f);
+        for (int e = threadIdx.x; e < ROWS * D; e += blockDim.x) {
+            const int r = e / D, c = e % D;
+            s[r * LD + c] = row0 + r < n_rows ? g[(row0 + r) * D + c] : zero;
+        }
+    }
+}
+
+template <int N>
+__device__ __forceinline__ void zero(float (&a)[N][4]) {
+#pragma unroll
+    for (int n = 0; n < N; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) a[n][e] = 0.0f;
+}
+
+// x += A y and z += A2 y2 for one warp's 16 rows: A, A2 row-major [16][D] at this lane's
+// ldmatrix addresses a_addr / a2_addr; y, y2 stored [N * 8][D] (n-major: B^T row-major).
+template <typename T, int D, int N>
+__device__ __forceinline__ void mma_pair_nt(float (&x)[N][4], float (&z)[N][4], unsigned a_addr,
+                                            unsigned a2_addr, unsigned y_base, unsigned y2_base,
+                                            int lane) {
+    constexpr int LD = D + 8;
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+        unsigned af[4], a2f[4];
+        gp::ldmatrix_x4<false>(af, a_addr + 2u * (kk * 16));
+        gp::ldmatrix_x4<false>(a2f, a2_addr + 2u * (kk * 16));
+#pragma unroll
+        for (int p = 0; p < N / 2; ++p) {
+            const unsigned off = 2u * gp::b_lane(lane, LD, p * 16, kk * 16);
+            unsigned bf[4];
+            gp::ldmatrix_x4<false>(bf, y_base + off);
+            gp::Mma<T>::run(x[2 * p], af, bf[0], bf[1]);
+            gp::Mma<T>::run(x[2 * p + 1], af, bf[2], bf[3]);
+            gp::ldmatrix_x4<false>(bf, y2_base + off);
+            gp::Mma<T>::run(z[2 * p], a2f, bf[0], bf[1]);
+            gp::Mma<T>::run(z[2 * p + 1], a2f, bf[2], bf[3]);
+        }
+    }
+}
+
+// acc += W Y: W [16][K] from C fragments w (K / 8 tiles), Y row-major [K][D] in shared.
+template <typename T, int D, int NW>
+__device__ __forceinline__ void mma_acc_nn(float (&acc)[D / 8][4], const float (&w)[NW][4],
+                                           unsigned y_base, int lane) {
+    constexpr int LD = D + 8;
+#pragma unroll
+    for (int kk = 0; kk < NW / 2; ++kk) {
+        unsigned af[4];
+        gp::c_to_a<T, NW>(af, w, kk);
+#pragma unroll
+        for (int p = 0; p < D / 16; ++p) {
+            unsigned bf[4];
+            gp::ldmatrix_x4<true>(bf, y_base + 2u * gp::bt_lane(lane, LD, kk * 16, p * 16));
+            gp::Mma<T>::run(acc[2 * p], af, bf[0], bf[1]);
+            gp::Mma<T>::run(acc[2 * p + 1], af, bf[2], bf[3]);
+        }
+    }
+}
+
+// Rows row0 + g and row0 + g + 8 of a [n_rows, D] output from C fragments, times mul.
+template <typename T, int D>
+__device__ __forceinline__ void store_frag(T* __restrict__ g_out, const float (&acc)[D / 8][4],
+                                           long long row0, long long n_rows, float mul,
+                                           int lane) {
+    const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const long long r = row0 + g + 8 * h;
+        if (r >= n_rows) continue;
+#pragma unroll
+        for (int n = 0; n < D / 8; ++n)
+#pragma unroll
+            for (int e = 0; e < 2; ++e)
+                g_out[r * D + n * 8 + 2 * t + e] = gp::from_acc<T>(acc[n][2 * h + e] * mul);
+    }
+}
+
+template <typename T, int D, bool VEC>
+__global__ void __launch_bounds__(THREADS)
+attention_backward_dkdv_tc(const T* __restrict__ q, const T* __restrict__ k,
+                           const T* __restrict__ v, const T* __restrict__ dout,
+                           const float* __restrict__ lse, const float* __restrict__ delta,
+                           T* __restrict__ dk, T* __restrict__ dv, long long lq, long long lk,
+                           long long d, long long k_tiles, double scale, int causal) {
+    constexpr int LD = D + 8, BS = D == 128 ? 32 : 64, NT = BS / 8, DT = D / 8;
+    constexpr int OWNED = BO * LD, STREAMED = BS * LD;
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    T* sk = reinterpret_cast<T*>(smem_raw);
+    T* sv = sk + OWNED;
+    T* sq = sv + OWNED;          // [2][BS][LD]
+    T* sdo = sq + 2 * STREAMED;  // [2][BS][LD]
+    float* slse = reinterpret_cast<float*>(sdo + 2 * STREAMED);  // [2][BS]
+    float* sdelta = slse + 2 * BS;                               // [2][BS]
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const int tiles = static_cast<int>(k_tiles);
+    const long long b = static_cast<int>(blockIdx.x) / tiles;
+    const long long k0 = static_cast<long long>(static_cast<int>(blockIdx.x) % tiles) * BO;
+    const long long offset = lk - lq;
+    const float sc = static_cast<float>(scale);
+    const T* qb = q + b * lq * D;
+    const T* dob = dout + b * lq * D;
+    long long i_start = causal ? k0 - offset : 0;  // earlier queries see none of these keys
+    i_start = i_start < 0 ? 0 : i_start;
+    const int n_tiles = i_start < lq ? static_cast<int>((lq - i_start + BS - 1) / BS) : 0;
+
+    auto load_stream = [&](int it, int buf) {
+        const long long i0 = i_start + static_cast<long long>(it) * BS;
+        tile_load<T, D, BS, VEC>(sq + buf * STREAMED, qb, i0, lq);
+        tile_load<T, D, BS, VEC>(sdo + buf * STREAMED, dob, i0, lq);
+        if (threadIdx.x < BS) {
+            const long long i = i0 + threadIdx.x;
+            slse[buf * BS + threadIdx.x] = i < lq ? lse[b * lq + i] : 0.0f;
+            sdelta[buf * BS + threadIdx.x] = i < lq ? delta[b * lq + i] : 0.0f;
+        }
+    };
+    tile_load<T, D, BO, VEC>(sk, k + b * lk * D, k0, lk);
+    tile_load<T, D, BO, VEC>(sv, v + b * lk * D, k0, lk);
+    if (n_tiles > 0) load_stream(0, 0);
+    gp::cp_async_commit();
+
+    float gk[DT][4], gv[DT][4];
+    zero(gk);
+    zero(gv);
+    const unsigned k_addr = gp::smem_addr(sk) + 2u * gp::a_lane(lane, LD, warp * 16, 0);
+    const unsigned v_addr = gp::smem_addr(sv) + 2u * gp::a_lane(lane, LD, warp * 16, 0);
+    const long long j_g = k0 + warp * 16 + g;  // keys j_g and j_g + 8
+    for (int it = 0; it < n_tiles; ++it) {
+        const int buf = it & 1;
+        if (it + 1 < n_tiles) {
+            load_stream(it + 1, buf ^ 1);
+            gp::cp_async_commit();
+            gp::cp_async_wait<1>();
+        } else {
+            gp::cp_async_wait<0>();
+        }
+        __syncthreads();
+        const unsigned q_base = gp::smem_addr(sq + buf * STREAMED);
+        const unsigned do_base = gp::smem_addr(sdo + buf * STREAMED);
+        float s[NT][4], dp[NT][4];  // S^T and dP^T: [16 keys][BS queries]
+        zero(s);
+        zero(dp);
+        mma_pair_nt<T, D, NT>(s, dp, k_addr, v_addr, q_base, do_base, lane);
+        const long long i0 = i_start + static_cast<long long>(it) * BS;
+#pragma unroll
+        for (int n = 0; n < NT; ++n)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int col = n * 8 + 2 * t + (e & 1);
+                const long long i = i0 + col, j = j_g + 8 * (e >> 1);
+                const bool valid = i < lq && j < lk && (!causal || j <= i + offset);
+                const float p = valid ? exp_(s[n][e] * sc - slse[buf * BS + col]) : 0.0f;
+                s[n][e] = p;
+                dp[n][e] = p * (dp[n][e] - sdelta[buf * BS + col]);
+            }
+        mma_acc_nn<T, D, NT>(gv, s, do_base, lane);
+        mma_acc_nn<T, D, NT>(gk, dp, q_base, lane);
+        __syncthreads();  // the next prefetch overwrites this buffer
+    }
+    gp::cp_async_wait<0>();
+    store_frag<T, D>(dk + b * lk * D, gk, k0 + warp * 16, lk, sc, lane);
+    store_frag<T, D>(dv + b * lk * D, gv, k0 + warp * 16, lk, 1.0f, lane);
+}
+
+template <typename T, int D, bool VEC>
+__global__ void __launch_bounds__(THREADS)
+attention_backward_dq_tc(const T* __restrict__ q, const T* __restrict__ k,
+                         const T* __restrict__ v, const T* __restrict__ dout,
+                         const float* __restrict__ lse, const float* __restrict__ delta,
+                         T* __restrict__ dq, long long lq, long long lk, long long d,
+                         long long q_tiles, double scale, int causal) {
+    constexpr int LD = D + 8, BS = 64, NT = BS / 8, DT = D / 8;
+    constexpr int OWNED = BO * LD, STREAMED = BS * LD;
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    T* sq = reinterpret_cast<T*>(smem_raw);
+    T* sdo = sq + OWNED;
+    T* sk = sdo + OWNED;         // [2][BS][LD]
+    T* sv = sk + 2 * STREAMED;   // [2][BS][LD]
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const int tiles = static_cast<int>(q_tiles);
+    const long long b = static_cast<int>(blockIdx.x) / tiles;
+    const long long q0 = static_cast<long long>(static_cast<int>(blockIdx.x) % tiles) * BO;
+    const long long offset = lk - lq;
+    const float sc = static_cast<float>(scale);
+    const T* kb = k + b * lk * D;
+    const T* vb = v + b * lk * D;
+    const long long i_g = q0 + warp * 16 + g;  // queries i_g and i_g + 8
+    float lse_h[2], delta_h[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const long long i = i_g + 8 * h;
+        lse_h[h] = i < lq ? lse[b * lq + i] : 0.0f;
+        delta_h[h] = i < lq ? delta[b * lq + i] : 0.0f;
+    }
+    long long kend = lk;
+    if (causal) {
+        const long long q1 = q0 + BO < lq ? q0 + BO : lq;
+        kend = q1 + offset < 0 ? 0 : (q1 + offset < lk ? q1 + offset : lk);
+    }
+    const int n_tiles = static_cast<int>((kend + BS - 1) / BS);
+
+    tile_load<T, D, BO, VEC>(sq, q + b * lq * D, q0, lq);
+    tile_load<T, D, BO, VEC>(sdo, dout + b * lq * D, q0, lq);
+    if (n_tiles > 0) {
+        tile_load<T, D, BS, VEC>(sk, kb, 0, lk);
+        tile_load<T, D, BS, VEC>(sv, vb, 0, lk);
+    }
+    gp::cp_async_commit();
+
+    float gq[DT][4];
+    zero(gq);
+    const unsigned q_addr = gp::smem_addr(sq) + 2u * gp::a_lane(lane, LD, warp * 16, 0);
+    const unsigned do_addr = gp::smem_addr(sdo) + 2u * gp::a_lane(lane, LD, warp * 16, 0);
+    for (int kt = 0; kt < n_tiles; ++kt) {
+        const int buf = kt & 1;
+        if (kt + 1 < n_tiles) {
+            tile_load<T, D, BS, VEC>(sk + (buf ^ 1) * STREAMED, kb, (kt + 1) * BS, lk);
+            tile_load<T, D, BS, VEC>(sv + (buf ^ 1) * STREAMED, vb, (kt + 1) * BS, lk);
+            gp::cp_async_commit();
+            gp::cp_async_wait<1>();
+        } else {
+            gp::cp_async_wait<0>();
+        }
+        __syncthreads();
+        const unsigned k_base = gp::smem_addr(sk + buf * STREAMED);
+        const unsigned v_base = gp::smem_addr(sv + buf * STREAMED);
+        float s[NT][4], dp[NT][4];  // S and dP: [16 queries][BS keys]
+        zero(s);
+        zero(dp);
+        mma_pair_nt<T, D, NT>(s, dp, q_addr, do_addr, k_base, v_base, lane);
+        const long long k0 = static_cast<long long>(kt) * BS;
+#pragma unroll
+        for (int n = 0; n < NT; ++n)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int h = e >> 1;
+                const long long i = i_g + 8 * h, j = k0 + n * 8 + 2 * t + (e & 1);
+                const bool valid = i < lq && j < lk && (!causal || j <= i + offset);
+                const float p = valid ? exp_(s[n][e] * sc - lse_h[h]) : 0.0f;
+                s[n][e] = p * (dp[n][e] - delta_h[h]);
+            }
+        mma_acc_nn<T, D, NT>(gq, s, k_base, lane);
+        __syncthreads();
+    }
+    gp::cp_async_wait<0>();
+    store_frag<T, D>(dq + b * lq * D, gq, q0 + warp * 16, lq, sc, lane);
+}
+
+}  // namespace attn

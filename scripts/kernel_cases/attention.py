@@ -1,0 +1,79 @@
+"""Fused attention forward on the emulated device (SIMT kernels for every dtype and head-dim
+chunk count, tensor-core kernels for f16/bf16 head_dim 64/128 with cp.async and scalar tile
+loads) against the float64 definition (gpuplan.testing.attention_reference) on the same
+rounded inputs. The backward's cases (attention_backward*.py) reuse the helpers here."""
+
+from __future__ import annotations
+
+import numpy as np
+
+import gpuplan as gp
+from gpuplan.dtypes import HALF_DTYPES
+from gpuplan.testing import attention_reference
+from kernel_cases.common import DTYPES, Case, check, dtype_id, emu, f64, random, run_emulated
+
+SCALE = 0.35
+# (batch, lq, lk, head_dim, causal): head_dim 20 / 48 / 100 take the SIMT kernels with 1 / 2
+# / 4 column chunks per lane in every dtype; odd lengths (edge tiles), lq != lk both ways
+# (lq > lk causal: fully masked rows), several key tiles, lk = 0 and head_dim 0 / 1.
+SIMT = [(2, 5, 7, 20, True), (1, 1, 1, 1, False), (2, 9, 4, 20, True), (1, 4, 0, 20, False),
+        (1, 3, 5, 0, True), (2, 33, 40, 48, False), (1, 17, 70, 48, True),
+        (2, 19, 45, 100, True), (1, 16, 33, 100, False)]
+# (batch, lq, lk, head_dim, causal, aligned): the tensor-core kernels (f16/bf16); unaligned
+# bases take the scalar-copy tile loads.
+TC = [(2, 70, 130, 64, True, True), (1, 64, 64, 64, False, True), (1, 80, 30, 64, True, True),
+      (1, 65, 97, 128, True, True), (1, 33, 70, 64, True, False),
+      (1, 40, 20, 128, False, False), (1, 20, 150, 128, False, False)]
+
+
+def place(a: np.ndarray, aligned: bool = True):
+    """`a` on the device under test; unaligned: at a 2-byte offset into its allocation (a
+    base that is not 16-byte aligned, so the kernels take the scalar-copy loads)."""
+    if aligned:
+        return emu(a)
+    buf = emu(np.zeros(a.size + 1, a.dtype))
+    view = buf[1:].reshape(a.shape)
+    view[...] = a
+    assert view.data.ptr % 16, "meant to be misaligned"
+    return view
+
+
+def operands(b: int, lq: int, lk: int, dim: int, dtype, seed: int = 0) -> list[np.ndarray]:
+    """q [b, lq, dim], k, v [b, lk, dim] and dout [b, lq, dim], drawn in `dtype`."""
+    return [random((b, n, dim), dtype, seed=seed + i, low=-1.5, high=1.5)
+            for i, n in enumerate((lq, lk, lk, lq))]
+
+
+def variant_of(dim: int, dtype) -> str:
+    return "tensor_core" if dtype in HALF_DTYPES and dim in (64, 128) else "simt"
+
+
+def forward(dtype, b: int, lq: int, lk: int, dim: int, causal: bool,
+            aligned: bool = True) -> None:
+    q, k, v, _ = operands(b, lq, lk, dim, dtype, seed=1)
+    desc = gp.AttentionDescriptor(b, lq, lk, dim, SCALE, causal, dtype)
+    lse_t = np.float64 if dtype == np.float64 else np.float32
+    o, lse = emu(np.full((b, lq, dim), 7, dtype)), emu(np.full((b, lq), 7, lse_t))
+    plan = run_emulated(gp.AttentionPlan, desc,
+                        gp.AttentionArgs(*(place(a, aligned) for a in (q, k, v)), o, lse))
+    assert plan.sku().variant == variant_of(dim, dtype), plan.sku()
+    ref_o, ref_lse = attention_reference(q, k, v, SCALE, causal)
+    masked = np.isneginf(ref_lse)  # queries that see no key: lse -inf, o = 0 exactly
+    np.testing.assert_array_equal(np.isneginf(f64(lse)), masked, err_msg="attention lse -inf")
+    np.testing.assert_array_equal(f64(o)[masked], 0.0, err_msg="attention masked rows")
+    what = f"attention {b}x{lq}x{lk}x{dim}{' causal' if causal else ''}"
+    check(o, ref_o, dtype, what + " o", scale=4.0)
+    check(f64(lse)[~masked], ref_lse[~masked], lse_t, what + " lse", scale=4.0)
+
+
+def _name(kind: str, dtype, b, lq, lk, dim, causal, aligned=True) -> str:
+    return (f"{kind} {b}x{lq}x{lk}x{dim}{' causal' if causal else ''}"
+            f"{'' if aligned else ' unaligned'} [{dtype_id(dtype)}]")
+
+
+CASES = (
+    [Case(_name("attention", t, *shape), lambda t=t, s=shape: forward(t, *s))
+     for t in DTYPES for shape in SIMT]
+    + [Case(_name("attention", t, *shape), lambda t=t, s=shape: forward(t, *s))
+       for t in HALF_DTYPES for shape in TC]
+)

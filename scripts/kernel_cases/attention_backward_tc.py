@@ -1,0 +1,13 @@
+"""Fused attention backward on tensor cores (attention_backward_tc.cu: f16/bf16, head_dim 64
+and 128, cp.async and scalar-copy tile loads) on the emulated device, against the float64
+chain rule; the delta kernel it runs first is attention_backward.cu's."""
+
+from __future__ import annotations
+
+from gpuplan.dtypes import HALF_DTYPES
+from kernel_cases.attention import TC, _name
+from kernel_cases.attention_backward import backward
+from kernel_cases.common import Case
+
+CASES = [Case(_name("attention_backward", t, *shape), lambda t=t, s=shape: backward(t, *s))
+         for t in HALF_DTYPES for shape in TC]

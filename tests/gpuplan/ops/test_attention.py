@@ -1,0 +1,196 @@
+"""Fused attention plans (forward and backward) against the float64 definition, on the host
+and the device: every dtype, odd lengths, Lq != Lk both ways, causal and not, every SKU."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import autograd as ag
+import gpuplan as gp
+from gpuplan.dtypes import HALF_DTYPES
+from gpuplan.spec_check import check_plan
+from tests.plan_testing import (
+    DTYPES,
+    attention_backward_reference,
+    attention_reference,
+    f64,
+    on,
+    random,
+    stream_for,
+    tol,
+)
+
+SCALE = 0.4
+# (batch, lq, lk, head_dim, causal): a single element; odd lengths with lq < lk and lq > lk
+# (causal: queries that see no key); head_dims taking each SIMT chunk count and both
+# tensor-core sizes (f16/bf16 on a device); several key/query tiles; no keys at all.
+SHAPES = [(1, 1, 1, 1, False), (2, 5, 7, 20, True), (2, 9, 4, 20, True), (1, 6, 11, 48, False),
+          (3, 17, 17, 64, True), (2, 33, 20, 64, False), (1, 70, 130, 128, True),
+          (1, 21, 9, 100, True), (1, 4, 0, 8, False)]
+_IDS = [f"{b}x{lq}x{lk}x{d}{'c' if c else ''}" for b, lq, lk, d, c in SHAPES]
+
+
+def _sweep(*extents):
+    """Whether to sweep bad operands: not with an empty operand (spec_check's strided variant
+    of an empty array is C-contiguous to NumPy, so it cannot be rejected)."""
+    return all(extents)
+
+
+def _lse_dtype(dtype):
+    return np.float64 if dtype == np.float64 else np.float32
+
+
+def _grad_close(got, ref, dtype, what=""):
+    """8x the dtype's tolerance, atol relative to the largest |gradient| (each entry sums
+    up to L terms as large as the largest entries; see the kernel cases)."""
+    rtol, atol = tol(dtype, 8.0)
+    atol *= max(1.0, float(np.abs(ref).max(initial=0.0)))
+    np.testing.assert_allclose(f64(got), ref, rtol=rtol, atol=atol, err_msg=what)
+
+
+def _expected_variant(device, dtype, dim):
+    if device == "cpu":
+        return "numpy"
+    return "tensor_core" if dtype in HALF_DTYPES and dim in (64, 128) else "simt"
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("b,lq,lk,dim,causal", SHAPES, ids=_IDS)
+def test_forward(device, dtype, b, lq, lk, dim, causal):
+    q, k, v = (random((b, n, dim), dtype, seed=i, low=-2, high=2)
+               for i, n in enumerate((lq, lk, lk)))
+    desc = gp.AttentionDescriptor(b, lq, lk, dim, SCALE, causal, dtype)
+    o, lse = attention_reference(q, k, v, SCALE, causal)
+    # lse is -inf exactly where a query sees no key (assert_allclose wants the same infs).
+    plan = check_plan(gp.AttentionPlan, desc, {"q": q, "k": k, "v": v},
+                      lambda **_: {"o": o, "lse": lse}, device=device, scale=4,
+                      bad_inputs=_sweep(b, lq, lk, dim))
+    assert plan.sku().variant == _expected_variant(device, dtype, dim)
+    assert plan.precision_guarantee().deterministic
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("b,lq,lk,dim,causal", SHAPES, ids=_IDS)
+def test_backward(device, dtype, b, lq, lk, dim, causal):
+    q, k, v, dout = (random((b, n, dim), dtype, seed=10 + i, low=-2, high=2)
+                     for i, n in enumerate((lq, lk, lk, lq)))
+    o, lse = attention_reference(q, k, v, SCALE, causal)
+    o, lse = o.astype(dtype), lse.astype(_lse_dtype(dtype))  # as the forward hands them over
+    desc = gp.AttentionDescriptor(b, lq, lk, dim, SCALE, causal, dtype)
+    # deterministic=True: the device SKUs qualify (no atomics), so this selects them.
+    pref = gp.PlanPreference(deterministic=True)
+    # Bad operands first (check_plan's sweep); values with the gradient tolerance below.
+    check_plan(gp.AttentionBackwardPlan, desc,
+               {"q": q, "k": k, "v": v, "o": o, "lse": lse, "dout": dout}, None,
+               device=device, pref=pref, bad_inputs=_sweep(b, lq, lk, dim))
+    grads = gp.functional.attention_backward(*(on(device, a) for a in (q, k, v, o, lse, dout)),
+                                             scale=SCALE, causal=causal)
+    refs = attention_backward_reference(q, k, v, dout, SCALE, causal)
+    for name, got, ref in zip(("dq", "dk", "dv"), grads, refs, strict=True):
+        assert gp.device_of(got) == gp.backend.resolve_device(device)
+        _grad_close(got, ref, dtype, name)
+    plan = gp.AttentionBackwardPlan.select(stream_for(device), desc, pref)
+    assert plan.sku().variant == _expected_variant(device, dtype, dim)
+    assert plan.precision_guarantee().deterministic
+
+
+def test_backward_is_deterministic(device):
+    """The same inputs give the same bits (one CTA writes each gradient element)."""
+    b, lq, lk, dim = 2, 40, 70, 64
+    arrays = [random((b, n, dim), np.float16, seed=20 + i) for i, n in
+              enumerate((lq, lk, lk, lq))]
+    o, lse = (on(device, a) for a in gp.functional.attention(
+        *(on(device, a) for a in arrays[:3]), scale=SCALE, causal=True))
+    runs = [[gp.to_host(g) for g in gp.functional.attention_backward(
+        *(on(device, a) for a in arrays[:3]), o, lse, on(device, arrays[3]), scale=SCALE,
+        causal=True)] for _ in range(2)]
+    for first, second in zip(*runs, strict=True):
+        np.testing.assert_array_equal(first.view(np.uint16), second.view(np.uint16))
+
+
+class _Fused(ag.Function):
+    """The attention plans as an autograd Function (forward saves o and lse)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, causal):
+        o, lse = gp.functional.attention(q, k, v, scale=SCALE, causal=causal)
+        ctx.save_for_backward(q, k, v, o, lse)
+        ctx.causal = causal
+        return o
+
+    @staticmethod
+    def backward(ctx, dout):
+        return gp.functional.attention_backward(*ctx.saved, dout, scale=SCALE,
+                                                causal=ctx.causal)
+
+
+class _Reference(ag.Function):
+    """attention_reference with attention_backward_reference as its gradient."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, causal):
+        ctx.args = (q, k, v, causal)
+        return attention_reference(q, k, v, SCALE, causal)[0]
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, causal = ctx.args
+        return attention_backward_reference(q, k, v, dout, SCALE, causal)
+
+
+@pytest.mark.parametrize("fn", [_Fused, _Reference], ids=["plans", "reference"])
+@pytest.mark.parametrize("lq,lk,causal", [(4, 4, True), (3, 6, True), (5, 3, True),
+                                          (3, 5, False)])
+def test_gradcheck(fn, lq, lk, causal):
+    """Both the host plans and the float64 reference are their forward's gradient."""
+    rng = np.random.default_rng(lq * 10 + lk)
+    ts = [ag.tensor(rng.uniform(-1, 1, (2, n, 3)), requires_grad=True) for n in (lq, lk, lk)]
+    assert ag.gradcheck(lambda q, k, v: fn.apply(q, k, v, causal=causal), ts)
+
+
+def test_sku_choice_and_limits():
+    emu = gp.Stream.emulated()
+    sel = gp.AttentionPlan.select
+    assert sel(emu, gp.AttentionDescriptor(1, 8, 8, 64, 1.0, True, gp.bfloat16)).sku() \
+        .variant == "tensor_core"
+    assert sel(emu, gp.AttentionDescriptor(1, 8, 8, 96, 1.0, True, np.float16)).sku() \
+        .variant == "simt"
+    with pytest.raises(gp.Unsupported, match="attention: argument 'head_dim'"):
+        sel(emu, gp.AttentionDescriptor(1, 8, 8, 129, 1.0, dtype=np.float32))
+    # The host takes any head_dim.
+    host = gp.AttentionPlan.select(gp.Stream.host(),
+                                   gp.AttentionDescriptor(1, 2, 3, 200, 1.0, dtype=np.float32))
+    assert host.sku().variant == "numpy"
+    # The backward needs a [B, Lq] workspace on a device: a zero cap leaves no SKU there.
+    with pytest.raises(gp.Unsupported, match="workspace"):
+        gp.AttentionBackwardPlan.select(emu, gp.AttentionDescriptor(2, 3, 3, 8, 1.0),
+                                        gp.PlanPreference(max_workspace_bytes=0))
+
+
+def test_descriptor_errors():
+    s = gp.Stream.host()
+    with pytest.raises(gp.InvalidProblem, match="attention: argument 'lq'"):
+        gp.AttentionPlan.select(s, gp.AttentionDescriptor(1, -1, 2, 4, 1.0))
+    with pytest.raises(gp.InvalidProblem, match="argument 'scale'"):
+        gp.AttentionPlan.select(s, gp.AttentionDescriptor(1, 2, 2, 4, float("nan")))
+    with pytest.raises(gp.Unsupported, match="argument 'dtype'"):
+        gp.AttentionBackwardPlan.select(s, gp.AttentionDescriptor(1, 2, 2, 4, 1.0,
+                                                                  dtype=np.int32))
+
+
+@pytest.mark.parametrize("b,lq,lk,dim", [(0, 3, 3, 4), (2, 0, 3, 4), (2, 3, 0, 4),
+                                         (2, 3, 3, 0)])
+def test_empty_extents(device, b, lq, lk, dim):
+    """Empty outputs return at once; no keys gives o = 0, lse = -inf and dq = 0; no queries
+    gives dk = dv = 0; head_dim 0 still writes lse = log(number of keys)."""
+    q, dout = (on(device, np.ones((b, lq, dim), np.float32)) for _ in range(2))
+    k, v = (on(device, np.ones((b, lk, dim), np.float32)) for _ in range(2))
+    o, lse = gp.functional.attention(q, k, v, scale=1.0)
+    np.testing.assert_array_equal(gp.to_host(o), 0.0 if lk == 0 else 1.0)
+    np.testing.assert_allclose(gp.to_host(lse), -np.inf if lk == 0 else np.log(lk), rtol=1e-6)
+    dq, dk, dv = gp.functional.attention_backward(q, k, v, o, lse, dout, scale=1.0)
+    assert (dq.shape, dk.shape, dv.shape) == ((b, lq, dim), (b, lk, dim), (b, lk, dim))
+    np.testing.assert_array_equal(gp.to_host(dq), 0.0)
+    np.testing.assert_array_equal(gp.to_host(dk), 0.0)
+    np.testing.assert_array_equal(gp.to_host(dv), 0.0 if lq == 0 else float(lq) / max(lk, 1))
