@@ -245,9 +245,15 @@ class AttentionPlan(_AttentionBase):
 # -- functional API ------------------------------------------------------------------------
 
 
+def contiguous(*arrays: Any) -> list[Any]:
+    """The arrays, strided ones copied to C order (the plans take C-contiguous operands)."""
+    return [a if a.flags.c_contiguous else backend.ascontiguous(a) for a in arrays]
+
+
 def attention(q: Any, k: Any, v: Any, *, scale: float, causal: bool = False) -> tuple[Any, Any]:
-    """(o [B, Lq, D], lse [B, Lq]) of q [B, Lq, D], k, v [B, Lk, D] (C-contiguous; shapes and
-    dtypes are checked by the plan)."""
-    desc = AttentionDescriptor(q.shape[0], q.shape[1], k.shape[1], q.shape[2], scale, causal,
+    """(o [B, Lq, D], lse [B, Lq]) of q [B, Lq, D], k, v [B, Lk, D] (strided inputs are
+    copied; shapes and dtypes are checked by the plan)."""
+    q, k, v = contiguous(q, k, v)
+    desc = AttentionDescriptor(q.shape[0], q.shape[1], k.shape[1], q.shape[-1], scale, causal,
                                q.dtype)
     return call(AttentionPlan, desc, like=q, q=q, k=k, v=v)

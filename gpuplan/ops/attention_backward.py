@@ -35,6 +35,7 @@ from gpuplan.ops.attention import (
     AttentionDescriptor,
     _AttentionBase,
     allow_smem,
+    contiguous,
     host_chunks,
     host_scores,
     lse_dtype,
@@ -198,7 +199,8 @@ class AttentionBackwardPlan(_AttentionBase):
 def attention_backward(q: Any, k: Any, v: Any, o: Any, lse: Any, dout: Any, *, scale: float,
                        causal: bool = False) -> tuple[Any, Any, Any]:
     """(dq, dk, dv) of `attention(q, k, v, scale=scale, causal=causal)` = (o, lse) for the
-    output gradient dout [B, Lq, D] (C-contiguous; checked by the plan)."""
-    desc = AttentionDescriptor(q.shape[0], q.shape[1], k.shape[1], q.shape[2], scale, causal,
+    output gradient dout [B, Lq, D] (strided inputs are copied; checked by the plan)."""
+    q, k, v, o, lse, dout = contiguous(q, k, v, o, lse, dout)
+    desc = AttentionDescriptor(q.shape[0], q.shape[1], k.shape[1], q.shape[-1], scale, causal,
                                q.dtype)
     return call(AttentionBackwardPlan, desc, like=q, q=q, k=k, v=v, o=o, lse=lse, dout=dout)
