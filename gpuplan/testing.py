@@ -364,42 +364,6 @@ def scaled_reference_exact(scale: Any, v: Any, dtype: Any) -> np.ndarray:
     return flush_f32(s[:, None] * flush_f32(v.astype(np.float32))).astype(dtype)
 
 
-# -- float64 reference of the attention family (tests, kernel cases) -----------------------
-
-
-def _attention_probs(q: Any, k: Any, scale: float, causal: bool) -> tuple[np.ndarray, ...]:
-    """(P, lse) in float64 by the definition: P = softmax(scale * q k^T) over the unmasked
-    keys (j > i + Lk - Lq masked when causal), 0 on fully masked rows, whose lse is -inf."""
-    s = scale * np.einsum("bid,bjd->bij", f64(q), f64(k))
-    lq, lk = s.shape[-2:]
-    if causal:
-        s[:, np.arange(lk)[None, :] > np.arange(lq)[:, None] + (lk - lq)] = -np.inf
-    m = np.max(s, axis=-1, keepdims=True, initial=-np.inf)
-    e = np.exp(s - np.where(np.isfinite(m), m, 0))
-    total = e.sum(axis=-1, keepdims=True)
-    with np.errstate(divide="ignore"):
-        lse = (np.where(np.isfinite(m), m, 0) + np.log(total))[..., 0]
-    return e / np.where(total > 0, total, 1), lse
-
-
-def attention_reference(q: Any, k: Any, v: Any, scale: float, causal: bool
-                        ) -> tuple[np.ndarray, np.ndarray]:
-    """(o, lse) of attention in float64: o = P v (q [B, Lq, D], k, v [B, Lk, D])."""
-    p, lse = _attention_probs(q, k, scale, causal)
-    return p @ f64(v), lse
-
-
-def attention_backward_reference(q: Any, k: Any, v: Any, dout: Any, scale: float,
-                                 causal: bool) -> tuple[np.ndarray, ...]:
-    """(dq, dk, dv) in float64 by the chain rule through P: dv = P^T dO, dP = dO v^T,
-    dS = scale P (dP - rowsum(dP P)), dq = dS k, dk = dS^T q."""
-    p, _ = _attention_probs(q, k, scale, causal)
-    dout = f64(dout)
-    dp = dout @ np.swapaxes(f64(v), -1, -2)
-    ds = scale * p * (dp - (dp * p).sum(axis=-1, keepdims=True))
-    return ds @ f64(k), np.swapaxes(ds, -1, -2) @ f64(q), np.swapaxes(p, -1, -2) @ dout
-
-
 __all__ = [
     "adamw_reference", "sgd_reference",
     "TOLERANCES", "assert_close", "assert_gemm_close", "assert_rejected", "f64",
@@ -409,5 +373,5 @@ __all__ = [
     "embedding_reference", "embedding_backward_reference", "flush_f32", "quantize_reference64",
     "quantize_reference_exact", "scale_reference64", "scaled_reference_exact",
     "cross_entropy_reference", "cross_entropy_reduce_reference", "cross_entropy_grad_reference",
-    "cross_entropy_over_blocks", "attention_reference", "attention_backward_reference",
+    "cross_entropy_over_blocks",
 ]

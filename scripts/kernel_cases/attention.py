@@ -1,7 +1,8 @@
 """Fused attention forward on the emulated device (SIMT kernels for every dtype and head-dim
 chunk count, tensor-core kernels for f16/bf16 head_dim 64/128 with cp.async and scalar tile
-loads) against the float64 definition (gpuplan.testing.attention_reference) on the same
-rounded inputs. The backward's cases (attention_backward*.py) reuse the helpers here."""
+loads) against the float64 definition (gpuplan.testing_attention.attention_reference) on
+the same rounded inputs. The backward's cases (attention_backward*.py) reuse the helpers
+here."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import numpy as np
 
 import gpuplan as gp
 from gpuplan.dtypes import HALF_DTYPES
-from gpuplan.testing import attention_reference
+from gpuplan.testing_attention import attention_reference
 from kernel_cases.common import DTYPES, Case, check, dtype_id, emu, f64, random, run_emulated
 
 SCALE = 0.35

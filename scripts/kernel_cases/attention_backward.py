@@ -1,14 +1,15 @@
 """Fused attention backward on the emulated device, SIMT kernels (attention_backward.cu:
 delta, dk/dv and dq for every dtype and head-dim chunk count) against the float64 chain
-rule (gpuplan.testing.attention_backward_reference) on the same rounded inputs. o and lse
-are the float64 forward rounded as a caller holds them."""
+rule (gpuplan.testing_attention.attention_backward_reference) on the same rounded inputs.
+o and lse are the float64 forward rounded as a caller holds them."""
 
 from __future__ import annotations
 
 import numpy as np
 
 import gpuplan as gp
-from gpuplan.testing import attention_backward_reference, attention_reference, f64, tol
+from gpuplan.testing import f64, tol
+from gpuplan.testing_attention import attention_backward_reference, attention_reference
 from kernel_cases.attention import SCALE, SIMT, _name, operands, place, variant_of
 from kernel_cases.common import DTYPES, Case, emu, run_emulated
 

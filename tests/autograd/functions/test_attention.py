@@ -7,8 +7,9 @@ import pytest
 
 import autograd as ag
 from autograd.nn import functional as F
+from gpuplan.testing_attention import attention_reference
 from tests.autograd.functions.helpers import check_dtypes, gradcheck_on
-from tests.plan_testing import DTYPES, assert_close, attention_reference, f64
+from tests.plan_testing import DTYPES, assert_close, f64
 
 
 def _x(*shape, seed=0):

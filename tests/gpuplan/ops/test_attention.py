@@ -10,16 +10,8 @@ import autograd as ag
 import gpuplan as gp
 from gpuplan.dtypes import HALF_DTYPES
 from gpuplan.spec_check import check_plan
-from tests.plan_testing import (
-    DTYPES,
-    attention_backward_reference,
-    attention_reference,
-    f64,
-    on,
-    random,
-    stream_for,
-    tol,
-)
+from gpuplan.testing_attention import attention_backward_reference, attention_reference
+from tests.plan_testing import DTYPES, f64, on, random, stream_for, tol
 
 SCALE = 0.4
 # (batch, lq, lk, head_dim, causal): a single element; odd lengths with lq < lk and lq > lk
