@@ -118,7 +118,7 @@ def _variants(plan: gp.Plan, host: dict[str, Any], device: str):
             yield name, on(device, short), gp.BufferTooSmall
         long = np.zeros(shape[:-1] + (shape[-1] + 1,) if shape else (2,), a.dtype)
         yield name, on(device, long), gp.InvalidProblem
-        if contiguous and a.ndim and a.shape[-1] > 1:
+        if contiguous and a.size and a.ndim and a.shape[-1] > 1:  # (empty views are contiguous)
             wide = np.zeros(a.shape[:-1] + (a.shape[-1] * 2,), a.dtype)
             wide[..., ::2] = a
             yield name, on(device, wide)[..., ::2], gp.InvalidProblem
