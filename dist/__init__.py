@@ -34,8 +34,11 @@ _LAZY = {
     "allreduce_gradients": "dist.data_parallel",
     "save_checkpoint": "dist.checkpoint",
     "load_checkpoint": "dist.checkpoint",
+    "verify_checkpoint": "dist.checkpoint",
+    "CheckpointError": "dist.checkpoint",
     "ParallelGPT": "dist.models",
     "clip_grad_norm_": "dist.training",
+    "grad_norm": "dist.training",
     "evaluate": "dist.training",
     "gather_dense_state_dict": "dist.training",
 }

@@ -1,23 +1,83 @@
-"""Sharded checkpoints: one file per rank, written atomically, verified by a SHA-256."""
+"""Sharded, step-versioned checkpoints with a commit protocol that a crash cannot break.
+
+Saving step s (every rank calls `save_checkpoint`; the layout on disk is described in
+dist.checkpoint_files):
+
+1. rank 0 creates ``root/.tmp-step_<s>-<id>/`` (removing what a crashed save left) and
+   broadcasts its name;
+2. every rank writes its shard there and fsyncs it, then reports the shard's size, SHA-256,
+   coordinates and entries (or its error: out of disk, ...) to rank 0;
+3. rank 0, once every rank confirmed, writes ``manifest.json`` (atomically: temporary file,
+   fsync, rename), renames the folder to ``root/step_<s>``, moves ``root/latest`` to it
+   (atomically), then removes all but the `keep` newest; it broadcasts the outcome, so
+   every rank returns, or raises the same `CheckpointError`, together.
+
+A crash at any instant leaves the previous committed checkpoint and pointer intact: nothing
+of a save is visible under a step name before step 3's rename, and `latest` moves after it.
+Loading (`load_checkpoint`) checks on every rank that its shard is the one the manifest
+lists for it (size and SHA-256: corruption, a shard of another step or rank) and that its
+coordinates, names and shapes are those this rank's model expects; any problem raises the
+same one-line CheckpointError on every rank (never a hang), naming the newest older
+committed checkpoint that verifies. The SHA-256 detects corruption, not tampering.
+"""
 
 from __future__ import annotations
 
-import hashlib
-import io
 import json
 import os
-import tempfile
+import shutil
+import uuid
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from autograd.nn import Module
+from dist.checkpoint_files import (
+    FORMAT,
+    LATEST,
+    MANIFEST,
+    CheckpointError,
+    atomic_write,
+    digest,
+    find_fallback,
+    fsync_dir,
+    list_checkpoints,
+    pack_shard,
+    read_manifest,
+    read_shard,
+    resolve,
+    shard_name,
+    shard_path,
+    step_dirname,
+    step_of,
+    verify_checkpoint,
+    write_file,
+)
 from dist.communicator import Communicator
-from gpuplan.dtypes import as_dtype, bfloat16
 
-FORMAT = "gpuplan-dist-checkpoint-1"
 _OPT = "optimizer/"
+
+
+class _Solo:
+    """The object collectives of a one-process run (comm=None)."""
+
+    rank, size = 0, 1
+
+    def bcast_object(self, obj: Any, root: int = 0) -> Any:
+        return obj
+
+    def gather_object(self, obj: Any, root: int = 0) -> list[Any]:
+        return [obj]
+
+    def all_gather_object(self, obj: Any) -> list[Any]:
+        return [obj]
+
+
+def _one_line(exc: BaseException) -> str:
+    if isinstance(exc, CheckpointError):
+        return str(exc)
+    text = str(exc.args[0]) if isinstance(exc, KeyError) and exc.args else str(exc)
+    text = text.strip().splitlines()[0] if text.strip() else ""
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 def _rng_state() -> dict[str, Any]:
@@ -39,47 +99,93 @@ def _set_rng_state(saved: dict[str, Any]) -> None:
     get_rng_tracker().set_states({k: tuple(v) for k, v in saved["tracker"].items()})
 
 
-def shard_path(directory: str | os.PathLike, rank: int, size: int) -> Path:
-    return Path(directory) / f"rank{rank:05d}-of-{size:05d}.npz"
-
-
-def _atomic_write(path: Path, payload: bytes) -> None:
-    """Write to a temporary file in the same folder, fsync, then rename over `path`."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(payload)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+def coordinates_of(module: Module, comm: Any, extra: dict[str, Any] | None = None
+                   ) -> dict[str, Any]:
+    """Where this rank's shard belongs: its rank and the world size and, for a model-parallel
+    model (a dist.ParallelGPT), the layout and this rank's mesh coordinates; `extra`
+    (JSON) is added. Saved with each shard and compared on load."""
+    coords: dict[str, Any] = {"rank": comm.rank, "world_size": comm.size}
+    if hasattr(module, "shard_specs") and hasattr(module, "tp_comm"):
+        groups = {"dp": module.dp_comm, "pp": module.pp_comm, "tp": module.tp_comm}
+        coords["layout"] = {k: 1 if c is None else c.size for k, c in groups.items()}
+        coords["mesh"] = {k: 0 if c is None else c.rank for k, c in groups.items()}
+    coords.update(extra or {})
+    return coords
 
 
 def save_checkpoint(directory: str | os.PathLike, module: Module,
                     comm: Communicator | None = None,
                     metadata: dict[str, Any] | None = None, optimizer: Any = None,
-                    rng: bool = True) -> Path:
-    """Write this rank's `module.state_dict()` to `directory/rankRRRRR-of-SSSSS.npz`.
+                    rng: bool = True, *, step: int | None = None, keep: int | None = None,
+                    coordinates: dict[str, Any] | None = None) -> Path:
+    """Commit this step's checkpoint to ``directory/step_<step>/`` (every rank calls it).
 
-    With `optimizer`, its `state_dict()` goes in too (arrays as entries named
-    ``optimizer/<param index>/<key>``, the rest in the manifest); with `rng` (default), the
-    default dropout generator's (seed, offset), its host generator and the RNG tracker's
-    states, so a resumed run draws the same masks. Arrays are stored bit-exactly (bf16 as
-    its raw 16-bit pattern) next to a manifest (names, dtypes, JSON `metadata`) and the
-    file's content goes through a temporary file and a rename, so a crash never leaves a
-    half-written shard; `<shard>.sha256` holds the checksum that load_checkpoint verifies.
-    Ends with a barrier so that, on return, every rank's shard exists. Returns this rank's
-    shard path.
+    Each rank's shard holds its `module.state_dict()` bit-exactly (bf16 as its raw 16-bit
+    pattern), with `optimizer`: its `state_dict()` (arrays as entries named
+    ``optimizer/<param index>/<key>``), with `rng` (default): the default dropout
+    generator's (seed, offset), its host generator and the RNG tracker's states, so a
+    resumed run draws the same masks; and the JSON `metadata` (rank 0's also goes into the
+    manifest). `step` defaults to ``metadata["step"]`` (else 0); `keep`: how many committed
+    checkpoints to keep (the newest by step, and always the new one; None: all);
+    `coordinates`: JSON added to `coordinates_of`. See the module docstring for the commit
+    protocol. Returns the step folder; raises CheckpointError on every rank if any rank
+    could not write its shard or the commit failed (the previous checkpoint stays).
     """
-    rank, size = (0, 1) if comm is None else (comm.rank, comm.size)
-    out_dir = Path(directory)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    comm = _Solo() if comm is None else comm
+    step = int((metadata or {}).get("step", 0)) if step is None else step
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise ValueError(f"save_checkpoint: step must be an int >= 0, given {step!r}")
+    if keep is not None and (isinstance(keep, bool) or not isinstance(keep, int) or keep < 1):
+        raise ValueError(f"save_checkpoint: keep must be an int >= 1 or None, given {keep!r}")
+    root = Path(directory)
+    staging, error = None, None
+    if comm.rank == 0:
+        try:
+            staging = str(_prepare_staging(root, step))
+        except OSError as exc:
+            error = f"{root}: cannot create the checkpoint folder ({_one_line(exc)})"
+    staging, error = comm.bcast_object((staging, error), root=0)
+    if error is not None:
+        raise CheckpointError(error)
+    path = Path(staging) / shard_name(comm.rank, comm.size)
+    try:
+        record: dict[str, Any] = _write_shard(path, module, comm, step, metadata, optimizer,
+                                              rng, coordinates)
+    except Exception as exc:  # noqa: BLE001 - reported to rank 0, which aborts the commit
+        record = {"error": f"rank {comm.rank}: {path.name}: {_one_line(exc)}"}
+    records = comm.gather_object(record, root=0)
+    outcome = None
+    if comm.rank == 0:
+        try:
+            _commit(root, Path(staging), step, metadata, records, keep)
+        except Exception as exc:  # noqa: BLE001 - every rank raises it below
+            outcome = f"save_checkpoint: step {step} not committed: {_one_line(exc)}"
+            shutil.rmtree(staging, ignore_errors=True)
+    outcome = comm.bcast_object(outcome, root=0)
+    if outcome is not None:
+        raise CheckpointError(outcome)
+    return root / step_dirname(step)
+
+
+def _prepare_staging(root: Path, step: int) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    for stale in root.glob(".tmp-step_*"):
+        shutil.rmtree(stale, ignore_errors=True)  # a crashed save's (one job per root)
+    for stale in root.glob(".trash-step_*"):
+        shutil.rmtree(stale, ignore_errors=True)
+    staging = root / f".tmp-{step_dirname(step)}-{uuid.uuid4().hex[:8]}"
+    staging.mkdir()
+    return staging
+
+
+def _write_shard(path: Path, module: Module, comm: Any, step: int, metadata: Any,
+                 optimizer: Any, rng: bool, coordinates: Any) -> dict[str, Any]:
+    """Write and fsync this rank's shard; returns its manifest record."""
     state = dict(module.state_dict())
-    manifest = {"format": FORMAT, "rank": rank, "size": size, "metadata": metadata or {},
-                "entries": []}
+    header: dict[str, Any] = {"format": FORMAT, "step": step, "rank": comm.rank,
+                              "size": comm.size,
+                              "coordinates": coordinates_of(module, comm, coordinates),
+                              "metadata": metadata or {}}
     if optimizer is not None:
         opt_state = optimizer.state_dict()
         scalars: dict[str, dict[str, Any]] = {}
@@ -89,79 +195,117 @@ def save_checkpoint(directory: str | os.PathLike, module: Module,
                     state[f"{_OPT}{index}/{key}"] = value
                 else:
                     scalars.setdefault(str(index), {})[key] = value
-        manifest["optimizer"] = {"param_groups": opt_state["param_groups"],
-                                 "scalars": scalars}
+        header["optimizer"] = {"param_groups": opt_state["param_groups"], "scalars": scalars}
     if rng:
-        manifest["rng"] = _rng_state()
-    arrays: dict[str, np.ndarray] = {}
-    for i, (name, value) in enumerate(state.items()):
-        value = np.ascontiguousarray(value)
-        raw = value.view(np.uint16) if as_dtype(value.dtype) == bfloat16 else value
-        arrays[f"a{i}"] = raw
-        manifest["entries"].append({"name": name, "dtype": as_dtype(value.dtype).name,
-                                    "shape": list(value.shape)})
-    arrays["manifest"] = np.frombuffer(json.dumps(manifest).encode(), dtype=np.uint8)
-    buf = io.BytesIO()
-    np.savez(buf, **arrays)
-    payload = buf.getvalue()
-    path = shard_path(out_dir, rank, size)
-    _atomic_write(path, payload)
-    digest = hashlib.sha256(payload).hexdigest()
-    _atomic_write(path.with_name(path.name + ".sha256"), f"{digest}  {path.name}\n".encode())
-    if comm is not None:
-        comm.barrier()
-    return path
+        header["rng"] = _rng_state()
+    payload = pack_shard(header, state)
+    write_file(path, payload)
+    return {"file": path.name, "rank": comm.rank, "bytes": len(payload),
+            "sha256": digest(payload), "coordinates": header["coordinates"],
+            "entries": header["entries"]}
 
 
-def read_shard(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-    """(state dict, manifest) of one shard, after checking its SHA-256."""
-    path = Path(path)
-    payload = path.read_bytes()
-    sums = path.with_name(path.name + ".sha256")
-    if not sums.exists():
-        raise ValueError(f"load_checkpoint: {sums} is missing (incomplete checkpoint?)")
-    expected = sums.read_text().split()[0]
-    actual = hashlib.sha256(payload).hexdigest()
-    if actual != expected:
-        raise ValueError(f"load_checkpoint: checksum mismatch for {path}: expected "
-                         f"{expected}, given {actual} (corrupt or partial file)")
-    with np.load(io.BytesIO(payload)) as npz:
-        manifest = json.loads(bytes(npz["manifest"]).decode())
-        state = {}
-        for i, entry in enumerate(manifest["entries"]):
-            raw = npz[f"a{i}"]
-            dtype = as_dtype(entry["dtype"])
-            state[entry["name"]] = raw.view(dtype) if raw.dtype != dtype else raw
-    return state, manifest
+def _commit(root: Path, staging: Path, step: int, metadata: Any,
+            records: list[dict[str, Any]], keep: int | None) -> None:
+    """Rank 0: manifest last into the staging folder, rename it, move `latest`, prune."""
+    errors = [r["error"] for r in records if "error" in r]
+    if errors:
+        more = f" (and {len(errors) - 1} other ranks)" if len(errors) > 1 else ""
+        raise CheckpointError(errors[0] + more)
+    manifest = {"format": FORMAT, "step": step, "world_size": len(records),
+                "metadata": metadata or {}, "shards": records}
+    fsync_dir(staging)
+    atomic_write(staging / MANIFEST, json.dumps(manifest, indent=1).encode())
+    final = root / step_dirname(step)
+    replaced = None
+    if final.exists():  # the same step saved again (a run resumed from an older one)
+        replaced = root / f".trash-{final.name}-{uuid.uuid4().hex[:8]}"
+        os.replace(final, replaced)
+    os.replace(staging, final)
+    fsync_dir(root)
+    atomic_write(root / LATEST, f"{final.name}\n".encode())
+    if replaced is not None:
+        shutil.rmtree(replaced, ignore_errors=True)
+    if keep is not None:
+        _prune(root, keep, final)
+
+
+def _prune(root: Path, keep: int, current: Path) -> None:
+    """Remove all but the `keep` newest committed checkpoints, never `current`; each goes
+    by a rename first, so a crash never leaves a half-deleted folder under a step name."""
+    others = [p for p in list_checkpoints(root) if p != current]
+    for old in others[:max(0, len(others) - (keep - 1))]:
+        trash = root / f".trash-{old.name}-{uuid.uuid4().hex[:8]}"
+        os.replace(old, trash)
+        fsync_dir(root)
+        shutil.rmtree(trash, ignore_errors=True)
 
 
 def load_checkpoint(directory: str | os.PathLike, module: Module,
                     comm: Communicator | None = None, strict: bool = True,
-                    optimizer: Any = None, rng: bool = True) -> dict[str, Any]:
-    """Load this rank's shard (same rank and world size as when saved) into `module`.
+                    optimizer: Any = None, rng: bool = True, *,
+                    coordinates: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Load this rank's shard of a committed checkpoint into `module` (every rank calls it).
 
-    Verifies the checksum and the layout, then `module.load_state_dict(state, strict)`
-    (values keep each parameter's device); with `optimizer`, restores its state (an error
-    if the shard has none); with `rng`, restores the RNG state saved with the shard.
-    Returns the saved metadata.
+    `directory`: a step folder, or a checkpoint root (its `latest`). The world size must
+    be the saved one; this rank's shard must verify against the manifest and hold the
+    coordinates (`coordinates_of(module, comm, coordinates)`), parameter names (all of
+    them, with `strict`) and shapes this rank expects. Then `module.load_state_dict`
+    (values keep each parameter's device); with `optimizer`, its state (an error if the
+    shard has none); with `rng`, the RNG state saved with the shard. Returns this rank's
+    saved metadata. Any problem on any rank raises the same one-line CheckpointError on
+    every rank, its `fallback` the newest older committed checkpoint that verifies.
     """
-    rank, size = (0, 1) if comm is None else (comm.rank, comm.size)
-    path = shard_path(directory, rank, size)
-    if not path.exists():
-        found = sorted(p.name for p in Path(directory).glob("rank*-of-*.npz"))
-        raise FileNotFoundError(f"load_checkpoint: expected {path.name} for rank {rank} of "
-                                f"{size} in {directory}, given {found}")
-    state, manifest = read_shard(path)
-    if manifest.get("format") != FORMAT or (manifest["rank"], manifest["size"]) != (rank, size):
-        raise ValueError(f"load_checkpoint: {path} holds rank {manifest.get('rank')} of "
-                         f"{manifest.get('size')} (format {manifest.get('format')!r}); "
-                         f"expected rank {rank} of {size}")
+    comm = _Solo() if comm is None else comm
+    found: tuple[Any, ...]
+    found = _find(Path(directory), comm.size) if comm.rank == 0 else ()
+    step_name, manifest, error, fallback = comm.bcast_object(found, root=0)
+    if error is not None:
+        raise CheckpointError(error, fallback and Path(fallback))
+    step_dir = Path(step_name)
+    try:
+        meta = _load_own_shard(step_dir, manifest, module, comm, strict, optimizer, rng,
+                               coordinates)
+        error = None
+    except Exception as exc:  # noqa: BLE001 - gathered: every rank raises the first error
+        meta, error = None, _one_line(exc)
+    errors = [e for e in comm.all_gather_object(error) if e]
+    if errors:
+        fallback = find_fallback(step_dir, comm.size) if comm.rank == 0 else None
+        fallback = comm.bcast_object(fallback and str(fallback), root=0)
+        raise CheckpointError(errors[0], fallback and Path(fallback))
+    return meta
+
+
+def _find(directory: Path, size: int) -> tuple[Any, ...]:
+    """Rank 0: (step folder, manifest, None, None) or (None, None, error, fallback)."""
+    failed = directory
+    try:
+        failed = resolve(directory)
+        return str(failed), read_manifest(failed), None, None
+    except (CheckpointError, OSError) as exc:
+        fallback = find_fallback(failed, size)
+        return None, None, _one_line(exc), fallback and str(fallback)
+
+
+def _load_own_shard(step_dir: Path, manifest: dict[str, Any], module: Module, comm: Any,
+                    strict: bool, optimizer: Any, rng: bool, coordinates: Any
+                    ) -> dict[str, Any]:
+    if manifest["world_size"] != comm.size:
+        raise CheckpointError(f"{step_dir / MANIFEST}: written by {manifest['world_size']} "
+                              f"ranks, this run has {comm.size}")
+    record = manifest["shards"][comm.rank]
+    path = step_dir / str(record.get("file"))
+    _check_coordinates(path, record.get("coordinates") or {},
+                       coordinates_of(module, comm, coordinates))
+    _check_entries(path, record.get("entries") or [], module, strict)
+    state, header = read_shard(step_dir, manifest, comm.rank)
     opt_arrays = {k: state.pop(k) for k in [k for k in state if k.startswith(_OPT)]}
+    if optimizer is not None and "optimizer" not in header:
+        raise CheckpointError(f"{path}: holds no optimizer state (saved without optimizer=)")
+    module.load_state_dict(state, strict=strict)
     if optimizer is not None:
-        if "optimizer" not in manifest:
-            raise ValueError(f"load_checkpoint: {path} holds no optimizer state (saved "
-                             f"without optimizer=)")
-        saved = manifest["optimizer"]
+        saved = header["optimizer"]
         entries: dict[int, dict[str, Any]] = {}
         for key, value in opt_arrays.items():
             index, name = key[len(_OPT):].split("/", 1)
@@ -170,9 +314,39 @@ def load_checkpoint(directory: str | os.PathLike, module: Module,
             entries.setdefault(int(index), {}).update(scalars)
         groups = [{**g, "betas": tuple(g["betas"])} if "betas" in g else g
                   for g in saved["param_groups"]]
-    module.load_state_dict(state, strict=strict)
-    if optimizer is not None:
         optimizer.load_state_dict({"state": entries, "param_groups": groups})
-    if rng and "rng" in manifest:
-        _set_rng_state(manifest["rng"])
-    return manifest["metadata"]
+    if rng and "rng" in header:
+        _set_rng_state(header["rng"])
+    return header["metadata"]
+
+
+def _check_coordinates(path: Path, saved: dict[str, Any], expected: dict[str, Any]) -> None:
+    for key, want in expected.items():
+        if saved.get(key) != want:
+            raise CheckpointError(f"{path}: holds the shard of {key} {saved.get(key)}, this "
+                                  f"rank expects {key} {want}")
+
+
+def _check_entries(path: Path, entries: list[dict[str, Any]], module: Module,
+                   strict: bool) -> None:
+    saved = {e["name"]: tuple(e["shape"]) for e in entries if not e["name"].startswith(_OPT)}
+    expected = {n: tuple(p.shape) for n, p in module.named_parameters()}
+    expected.update((n, tuple(b.shape)) for n, b in module.named_buffers())
+    missing = [n for n in expected if n not in saved]
+    unexpected = [n for n in saved if n not in expected]
+    if strict and (missing or unexpected):
+        raise CheckpointError(f"{path}: parameter names differ from this rank's model: "
+                              f"missing {_few(missing)}, unexpected {_few(unexpected)}")
+    for name in saved.keys() & expected.keys():
+        if saved[name] != expected[name]:
+            raise CheckpointError(f"{path}: {name} has shape {saved[name]}, this rank's "
+                                  f"model expects {expected[name]}")
+
+
+def _few(names: list[str]) -> str:
+    return str(names[:3])[:-1] + (", ...]" if len(names) > 3 else "]")
+
+
+__all__ = ["CheckpointError", "coordinates_of", "find_fallback", "list_checkpoints",
+           "load_checkpoint", "read_manifest", "read_shard", "resolve", "save_checkpoint",
+           "shard_path", "step_of", "verify_checkpoint"]

@@ -1,4 +1,4 @@
-"""Training-loop functions over a model-parallel model: global gradient clipping,
+"""Training-loop functions over a model-parallel model: global gradient norm and clipping,
 evaluation and consolidation of the dense state dict.
 
 They take a `dist.ParallelGPT` or any model shaped like it: parameters carrying a
@@ -22,14 +22,14 @@ from dist.data_parallel import average_over
 from dist.models.sharding import consolidate
 
 
-def clip_grad_norm_(model: Any, max_norm: float, eps: float = 1e-6) -> float:
-    """Clip by the dense model's global L2 gradient norm; returns it (before clipping).
+def grad_norm(model: Any) -> float:
+    """The dense model's global L2 gradient norm, the same on every rank.
 
     ``norm^2`` is the sum over the tensor- and pipeline-parallel groups of each rank's
     squared gradient norm, counting TP-sharded parameters on every TP rank, replicated ones
     on TP rank 0 only and a duplicate (the last stage's tied embedding copy) never; the
-    data-parallel replicas hold the same averaged gradients. Then every gradient is scaled
-    as `optim.clip_grad_norm_` scales it (`optim.clip_grads_with_norm_`).
+    data-parallel replicas hold the same averaged gradients. A non-finite gradient
+    anywhere makes it inf or nan on every rank.
     """
     tp_rank = 0 if model.tp_comm is None else model.tp_comm.rank
     counted = [p.grad for p in model.parameters() if p.grad is not None
@@ -39,7 +39,14 @@ def clip_grad_norm_(model: Any, max_norm: float, eps: float = 1e-6) -> float:
     for comm in (model.tp_comm, model.pp_comm):
         if comm is not None:
             total = comm.all_reduce(total)
-    norm = math.sqrt(float(total[0]))
+    return math.sqrt(float(total[0]))
+
+
+def clip_grad_norm_(model: Any, max_norm: float, eps: float = 1e-6) -> float:
+    """Clip by the dense model's global L2 gradient norm (`grad_norm`); returns it (before
+    clipping). Every gradient is scaled as `optim.clip_grad_norm_` scales it
+    (`optim.clip_grads_with_norm_`)."""
+    norm = grad_norm(model)
     optim.clip_grads_with_norm_(model.parameters(), max_norm, norm, eps)
     return norm
 
@@ -74,4 +81,4 @@ def gather_dense_state_dict(model: Any,
     return consolidate(model.config, [x for part in parts for x in part])
 
 
-__all__ = ["clip_grad_norm_", "evaluate", "gather_dense_state_dict"]
+__all__ = ["clip_grad_norm_", "evaluate", "gather_dense_state_dict", "grad_norm"]

@@ -3,10 +3,13 @@
     python scripts/generate.py                                  # runs/default/checkpoint
     python scripts/generate.py --checkpoint runs/x/checkpoint --prompt "import " --tokens 400
 
-The checkpoint holds one shard per rank of whatever layout trained it (tensor, pipeline,
-data parallel); each parameter's shard records the dense parameter and the indices it holds,
-so the shards are assembled into the single-process nn.GPT (checksums verified) and sampled
-with temperature and top-k on the GPU when one is present, else on the CPU.
+--checkpoint is a checkpoint root (its `latest` committed step is used) or one step folder
+(runs/x/checkpoint/step_000200). It holds one shard per rank of whatever layout trained it
+(tensor, pipeline, data parallel); each parameter's shard records the dense parameter and
+the indices it holds, so the shards are assembled into the single-process nn.GPT and
+sampled with temperature and top-k on the GPU when one is present, else on the CPU. Every
+shard is checked against the manifest first (same step, SHA-256), so shards of different
+steps or a corrupt file give one error line naming the file, never a mixed model.
 """
 
 from __future__ import annotations
@@ -23,32 +26,42 @@ import data as data_mod  # noqa: E402
 
 
 def load_dense(checkpoint: Path):
-    """(nn.GPT with the consolidated weights, metadata of rank 0's shard)."""
+    """(nn.GPT with the consolidated weights, the manifest's metadata) of the committed
+    checkpoint `checkpoint` names (a step folder, or a root: its latest), every shard
+    verified against the manifest first (one step, checksums, coordinates)."""
     from autograd import nn
-    from dist.checkpoint import read_shard
+    from dist.checkpoint import (
+        CheckpointError,
+        find_fallback,
+        read_manifest,
+        read_shard,
+        resolve,
+    )
     from dist.models import consolidate
 
-    shards = sorted(checkpoint.glob("rank*-of-*.npz"))
-    if not shards:
-        raise ValueError(f"no checkpoint shards (rank*-of-*.npz) in {checkpoint}")
-    sizes = {p.name.split("-of-")[1] for p in shards}
-    if len(sizes) != 1 or len(shards) != int(next(iter(sizes)).split(".")[0]):
-        raise ValueError(f"{checkpoint}: incomplete set of shards {[p.name for p in shards]}")
-    pieces, meta0 = [], None
-    for path in shards:
-        state, manifest = read_shard(path)
-        meta = manifest["metadata"]
-        if "specs" not in meta or "config" not in meta:
-            raise ValueError(f"{path} was not written by scripts/train.py (no shard specs)")
-        meta0 = meta0 or meta
-        pieces += [(state[name], spec) for name, spec in meta["specs"].items()]
-    cfg_json = dict(meta0["config"])
+    failed = checkpoint
+    try:
+        step_dir = failed = resolve(checkpoint)
+        manifest = read_manifest(step_dir)
+        shards = [read_shard(step_dir, manifest, r) for r in range(manifest["world_size"])]
+    except (CheckpointError, OSError) as exc:
+        fallback = find_fallback(failed)
+        hint = (f"; the newest older checkpoint that verifies is {fallback}" if fallback
+                else "")
+        raise ValueError(f"{exc}{hint}") from None
+    meta = manifest["metadata"]
+    pieces = []
+    for state, header in shards:
+        if "specs" not in header["metadata"] or "config" not in meta:
+            raise ValueError(f"{step_dir} was not written by scripts/train.py (no shard specs)")
+        pieces += [(state[name], spec) for name, spec in header["metadata"]["specs"].items()]
+    cfg_json = dict(meta["config"])
     cfg_json["dtype"] = np.dtype(cfg_json["dtype"])
     cfg = nn.GPTConfig(**cfg_json)
     model = nn.GPT(cfg)
     model.load_state_dict({k: v.astype(np.float32) for k, v in
                            consolidate(cfg, pieces).items()})
-    return model, meta0
+    return model, meta
 
 
 def main(argv: list[str] | None = None) -> int:

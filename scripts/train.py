@@ -17,15 +17,21 @@ layout and a resumed run sees exactly the batches an uninterrupted one would.
 
 Rank 0 prints a line per evaluation (step, loss, validation loss, tokens/s, step time,
 MFU on a GPU, memory) and, on a terminal, a progress bar; at the end it writes
-OUT/metrics.json, OUT/loss.png and a text sample; OUT/checkpoint/ holds one shard per
-rank (model, optimizer, RNG, step) for --resume and scripts/generate.py.
+OUT/metrics.json, OUT/loss.png and a text sample. At every evaluation it commits
+OUT/checkpoint/step_NNNNNN/ (one shard per rank: model, optimizer, RNG, step; a manifest
+with each shard's SHA-256; see dist.checkpoint) and moves OUT/checkpoint/latest to it,
+keeping the --keep newest, for --resume [PATH] and scripts/generate.py.
+
+A non-finite loss or gradient norm (checked every step, on every rank alike) stops the run
+with exit 1 and no checkpoint after the last finite step (--on-nonfinite stop), or drops
+that optimizer step (--on-nonfinite skip) until --max-skips consecutive ones.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
+import math
 import sys
 import time
 from pathlib import Path
@@ -36,106 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import data as data_mod  # noqa: E402
 import progress as progress_mod  # noqa: E402
-
-
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description="Train a byte-level GPT over MPI ranks.")
-    ap.add_argument("--data", default=None, help="text file or folder (default: Python stdlib)")
-    ap.add_argument("--max-bytes", type=int, default=2_000_000, help="corpus size cap")
-    ap.add_argument("--tp", type=int, default=None, help="tensor-parallel size")
-    ap.add_argument("--pp", type=int, default=None, help="pipeline stages")
-    ap.add_argument("--dp", type=int, default=None, help="data-parallel size")
-    ap.add_argument("--n-layer", type=int, default=4)
-    ap.add_argument("--n-head", type=int, default=4)
-    ap.add_argument("--n-embd", type=int, default=96)
-    ap.add_argument("--block-size", type=int, default=64, help="sequence length")
-    ap.add_argument("--dropout", type=float, default=0.0)
-    ap.add_argument("--batch-size", type=int, default=16, help="global batch (sequences)")
-    ap.add_argument("--micro-batches", type=int, default=None,
-                    help="pipeline micro-batches per step (default: 2 * pp, or 1)")
-    ap.add_argument("--schedule", choices=["1f1b", "gpipe"], default="1f1b")
-    ap.add_argument("--dtype", choices=["f32", "bf16"], default="f32",
-                    help="bf16: bf16 compute with f32 master weights")
-    ap.add_argument("--lr", type=float, default=3e-3)
-    ap.add_argument("--min-lr", type=float, default=3e-4)
-    ap.add_argument("--warmup", type=int, default=None,
-                    help="linear warm-up steps (default: min(10, steps))")
-    ap.add_argument("--weight-decay", type=float, default=0.1)
-    ap.add_argument("--clip", type=float, default=1.0, help="max grad norm (0: off)")
-    ap.add_argument("--steps", type=int, default=300)
-    ap.add_argument("--eval-interval", type=int, default=25)
-    ap.add_argument("--eval-batches", type=int, default=2)
-    ap.add_argument("--seed", type=int, default=1234)
-    ap.add_argument("--out", default="runs/default", help="metrics, plot and checkpoint folder")
-    ap.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint")
-    ap.add_argument("--stop-after", type=int, default=None,
-                    help="save and stop after this step, as if interrupted")
-    ap.add_argument("--sample-tokens", type=int, default=200)
-    ap.add_argument("--progress", choices=["auto", "bar", "plain"], default="auto")
-    ap.add_argument("--device", choices=["auto", "cpu", "cuda", "emulated"], default="auto",
-                    help="auto: the GPU when there is one (or the emulated device under "
-                         "GPUPLAN_DEVICE=emulated), else cpu; emulated: every kernel runs on "
-                         "the CPU from its CUDA source (slow; for checking)")
-    return ap.parse_args(argv)
-
-
-def derive_layout(n: int, tp: int | None, pp: int | None, dp: int | None) -> tuple[int, ...]:
-    """(dp, pp, tp) for n ranks; see the module docstring for the rule."""
-    if tp is None and pp is None and dp is None:
-        tp = 2 if n % 2 == 0 else 1
-        pp = 2 if (n // tp) % 2 == 0 else 1
-        return n // (tp * pp), pp, tp
-    fill = {"dp": dp, "pp": pp, "tp": tp}
-    for k, v in fill.items():
-        if v is not None and v < 1:
-            raise ValueError(f"--{k} must be >= 1, given {v}")
-    known = int(np.prod([v for v in fill.values() if v is not None]))
-    rest = n // known if n % known == 0 else 1  # a mismatch is reported by validate()
-    for k in ("dp", "pp", "tp"):
-        if fill[k] is None:
-            fill[k], rest = rest, 1
-    return fill["dp"], fill["pp"], fill["tp"]
-
-
-def validate(ns: argparse.Namespace, world_size: int) -> None:
-    """Raise ValueError with a one-line message for options that cannot work."""
-    ns.dp, ns.pp, ns.tp = derive_layout(world_size, ns.tp, ns.pp, ns.dp)
-    if ns.dp * ns.pp * ns.tp != world_size:
-        raise ValueError(f"mesh dp={ns.dp} x pp={ns.pp} x tp={ns.tp} = "
-                         f"{ns.dp * ns.pp * ns.tp} does not match the {world_size} MPI ranks")
-    for name in ("n_layer", "n_head", "n_embd", "block_size", "batch_size", "steps",
-                 "eval_interval", "eval_batches"):
-        if getattr(ns, name) < 1:
-            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, given "
-                             f"{getattr(ns, name)}")
-    if ns.n_embd % ns.n_head:
-        raise ValueError(f"--n-embd {ns.n_embd} is not divisible by --n-head {ns.n_head}")
-    if getattr(ns, "device", "auto") == "cuda":
-        import gpuplan as gp
-
-        if not gp.device_available():
-            raise ValueError("--device cuda: no usable CUDA device here (--device emulated runs "
-                             "the CUDA kernels on the CPU)")
-    if ns.n_head % ns.tp:
-        raise ValueError(f"--n-head {ns.n_head} is not divisible by --tp {ns.tp}")
-    if ns.n_layer % ns.pp:
-        raise ValueError(f"--n-layer {ns.n_layer} is not divisible by --pp {ns.pp}")
-    if ns.micro_batches is None:
-        ns.micro_batches = 2 * ns.pp if ns.pp > 1 else 1
-    per_rank, rem = divmod(ns.batch_size, ns.dp)
-    if rem or per_rank % ns.micro_batches:
-        raise ValueError(f"--batch-size {ns.batch_size} must split into dp={ns.dp} x "
-                         f"--micro-batches {ns.micro_batches} equal parts")
-    if ns.warmup is None:
-        ns.warmup = min(10, ns.steps)
-    if not 0 <= ns.warmup <= ns.steps:
-        raise ValueError(f"--warmup {ns.warmup} must lie in [0, --steps {ns.steps}]")
-    if not 0.0 <= ns.dropout < 1.0:
-        raise ValueError(f"--dropout must lie in [0, 1), given {ns.dropout}")
-    if ns.data is not None and not Path(ns.data).exists():
-        raise ValueError(f"--data: no such file or folder: {ns.data}")
-    if ns.resume and not (Path(ns.out) / "checkpoint").is_dir():
-        raise ValueError(f"--resume: no checkpoint in {Path(ns.out) / 'checkpoint'}")
+from train_options import OptionError, derive_layout, parse_args, validate  # noqa: E402, F401
 
 
 def global_batch(tokens: np.ndarray, ns: argparse.Namespace, key: list[int], dp_rank: int):
@@ -147,11 +54,16 @@ def global_batch(tokens: np.ndarray, ns: argparse.Namespace, key: list[int], dp_
 
 
 def main(argv: list[str] | None = None) -> int:
-    ns = parse_args(argv)
     import dist
 
+    try:
+        ns = parse_args(argv)
+    except OptionError as exc:
+        ns = exc
     world = dist.init()
     try:
+        if isinstance(ns, OptionError):
+            raise ns
         validate(ns, world.size)
         corpus = data_mod.load_corpus(ns.data, max_bytes=ns.max_bytes)
         if min(len(corpus.train), len(corpus.val)) <= ns.block_size + 1:
@@ -192,7 +104,9 @@ class Trainer:
         self.out = Path(ns.out)
         self.ckpt = self.out / "checkpoint"
         self.history: list[dict] = []
-        self.start = 0
+        self.skipped: list[int] = []
+        self.start, self.consecutive_skips = 0, 0
+        self.last_saved: Path | None = None
         self.n_params = sum(int(np.prod(shape)) for shape in dense_shapes(self.cfg).values())
         self.flops_token = progress_mod.flops_per_token(self.cfg, self.n_params, ns.block_size)
         name = progress_mod.device_name(self.device)
@@ -201,31 +115,58 @@ class Trainer:
         self.device_label = name
 
     def resume(self) -> None:
+        """Load the checkpoint --resume names (OUT/checkpoint's latest by default); every
+        rank checks its shard (see dist.checkpoint) and raises the same error."""
         import dist
 
-        info = self.ckpt / "run.json"
-        saved = json.loads(info.read_text())["layout"] if info.exists() else None
-        if saved != [self.ns.dp, self.ns.pp, self.ns.tp]:
-            raise ValueError(f"the checkpoint's layout dp,pp,tp={saved} differs from this "
-                             f"run's {[self.ns.dp, self.ns.pp, self.ns.tp]}")
-        meta = dist.load_checkpoint(self.ckpt, self.model, comm=self.world, optimizer=self.opt)
+        where = self.ckpt if self.ns.resume == "latest" else Path(self.ns.resume)
+        meta = dist.load_checkpoint(where, self.model, comm=self.world, optimizer=self.opt)
         self.sched.load_state_dict(meta["scheduler"])
         self.start, self.history = int(meta["step"]), list(meta["history"])
+        self.skipped = list(meta.get("skipped", []))
+        self.last_saved = dist.checkpoint.resolve(where)
 
-    def save(self, step: int) -> None:
+    def save(self, step: int) -> bool:
+        """Commit step `step`'s checkpoint, unless a parameter is not finite (False)."""
         import dist
+        import gpuplan as gp
 
+        finite = all(bool(np.isfinite(gp.to_host(p.data)).all())
+                     for p in self.model.parameters())
+        if not self.everywhere(finite):
+            return False
         specs = {n: s.to_json() for n, s in self.model.shard_specs().items()}
-        dist.save_checkpoint(self.ckpt, self.model, comm=self.world, optimizer=self.opt,
-                             metadata={"step": step, "scheduler": self.sched.state_dict(),
-                                       "history": self.history, "args": vars(self.ns),
-                                       "layout": [self.ns.dp, self.ns.pp, self.ns.tp],
-                                       "config": _config_json(self.cfg), "specs": specs})
-        if self.world.rank == 0:  # read first by --resume; written after every shard exists
-            tmp = self.ckpt / "run.json.tmp"
-            tmp.write_text(json.dumps({"step": step, "layout": [self.ns.dp, self.ns.pp,
-                                                                 self.ns.tp]}))
-            os.replace(tmp, self.ckpt / "run.json")
+        self.last_saved = dist.save_checkpoint(
+            self.ckpt, self.model, comm=self.world, optimizer=self.opt, step=step,
+            keep=self.ns.keep,
+            metadata={"step": step, "scheduler": self.sched.state_dict(),
+                      "history": self.history, "skipped": self.skipped, "args": vars(self.ns),
+                      "layout": [self.ns.dp, self.ns.pp, self.ns.tp],
+                      "config": _config_json(self.cfg), "specs": specs})
+        return True
+
+    def everywhere(self, ok: bool) -> bool:
+        """True when `ok` holds on every rank (one all-reduce: every rank decides alike)."""
+        bad = self.world.all_reduce(np.array([0.0 if ok else 1.0]), "max")
+        return float(bad[0]) == 0.0
+
+    def nonfinite(self, step: int, loss: float, gnorm: float) -> str | None:
+        """None to step the optimizer, "skip" to drop this step, or the error that stops."""
+        if self.everywhere(math.isfinite(loss) and math.isfinite(gnorm)):
+            self.consecutive_skips = 0
+            return None
+        bad = [f"{name} {value:.4g}" for name, value in (("loss", loss), ("gradient norm", gnorm))
+               if not math.isfinite(value)] or ["loss or gradient norm on another rank"]
+        what = f"step {step}: non-finite {' and '.join(bad)}"
+        last = f"the last checkpoint is {self.last_saved or 'none'}"
+        if self.ns.on_nonfinite == "stop":
+            return f"{what}; stopped (--on-nonfinite stop), {last}"
+        self.skipped.append(step)
+        self.consecutive_skips += 1
+        if self.consecutive_skips >= self.ns.max_skips:
+            return (f"{what}; {self.consecutive_skips} consecutive steps skipped (--max-skips "
+                    f"{self.ns.max_skips}), stopped, {last}")
+        return "skip"
 
     def evaluate(self) -> float:
         import dist
@@ -236,16 +177,28 @@ class Trainer:
                   for i in range(self.ns.eval_batches)]
         return float(np.mean(losses))
 
+    def fail(self, message: str) -> int:
+        if self.world.rank == 0:
+            print(f"train.py: error: {message}", file=sys.stderr, flush=True)
+        return 1
+
     def run(self) -> int:
         import dist
+        from autograd import optim
 
         ns, rank = self.ns, self.world.rank
+        np.seterr(over="ignore", invalid="ignore")  # non-finite values: see nonfinite()
         if ns.resume:
             error = None
             try:
                 self.resume()
             except (ValueError, KeyError, OSError) as exc:
                 error = str(exc).strip("'\"").splitlines()[0]
+                fallback = getattr(exc, "fallback", None)
+                if isinstance(exc, dist.CheckpointError):
+                    error += (f"; the newest older checkpoint that verifies is {fallback} "
+                              f"(--resume {fallback})" if fallback else
+                              "; no older checkpoint verifies")
             errors = [e for e in self.world.all_gather_object(error) if e]
             if errors:  # on any rank: every rank stops, rank 0 says why
                 if rank == 0:
@@ -270,9 +223,15 @@ class Trainer:
             t0 = time.perf_counter()
             x, y = global_batch(self.corpus.train, ns, [ns.seed, step], self.mesh.dp_rank)
             loss = self.model.train_step(x, y)
-            gnorm = dist.clip_grad_norm_(self.model, ns.clip) if ns.clip > 0 else 0.0
+            gnorm = dist.grad_norm(self.model)
             lr = self.sched.get_last_lr()[0]
-            self.opt.step()
+            verdict = self.nonfinite(step + 1, loss, gnorm)
+            if verdict not in (None, "skip"):
+                return self.fail(verdict)
+            if verdict is None:
+                if ns.clip > 0:
+                    optim.clip_grads_with_norm_(self.model.parameters(), ns.clip, gnorm)
+                self.opt.step()
             self.opt.zero_grad()
             self.sched.step()
             steps_since += 1
@@ -289,7 +248,9 @@ class Trainer:
                 self.history.append(rec)
                 if rank == 0:
                     prog.line(progress_mod.format_record(rec, ns.steps))
-                self.save(step + 1)
+                if not self.save(step + 1):
+                    return self.fail(f"step {step + 1}: a parameter is not finite; no "
+                                     f"checkpoint written, the last is {self.last_saved}")
                 t_mark, steps_since = time.perf_counter(), 0
         if stop < ns.steps:
             if rank == 0:
@@ -306,7 +267,7 @@ class Trainer:
 
         self.out.mkdir(parents=True, exist_ok=True)
         metrics = {"args": vars(self.ns), "params": self.n_params, "device": self.device_label,
-                   "history": self.history}
+                   "history": self.history, "skipped_steps": self.skipped}
         (self.out / "metrics.json").write_text(json.dumps(metrics, indent=1))
         steps = [h["step"] for h in self.history]
         renderer = plotting.write_loss_plot(

@@ -1,7 +1,11 @@
-"""Sharded checkpoints: bit-exact round trip, atomic files, checksum and layout checks."""
+"""Sharded checkpoints: bit-exact round trip, step folders and `latest`, and every way a
+checkpoint can be damaged giving one line naming the file (one process, and all ranks)."""
 
 from __future__ import annotations
 
+import errno
+import hashlib
+import json
 from pathlib import Path
 
 import numpy as np
@@ -22,8 +26,9 @@ def model(seed: int) -> nn.Module:
 def test_round_trip_is_bit_exact_for_every_dtype(tmp_path):
     src, dst = model(1), model(2)
     path = dist.save_checkpoint(tmp_path, src, metadata={"step": 7})
-    assert path == shard_path(tmp_path, 0, 1) and path.exists()
-    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+    assert path == tmp_path / "step_000007" and shard_path(path, 0, 1).exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["latest", "step_000007"]
+    assert sorted(p.name for p in path.iterdir()) == ["manifest.json", "rank00000-of-00001.npz"]
     assert dist.load_checkpoint(tmp_path, dst) == {"step": 7}
     for (name, a), (_, b) in zip(src.state_dict().items(), dst.state_dict().items(),
                                  strict=True):
@@ -31,31 +36,185 @@ def test_round_trip_is_bit_exact_for_every_dtype(tmp_path):
         np.testing.assert_array_equal(a.view(np.uint8), b.view(np.uint8))
 
 
-def test_corruption_missing_files_and_wrong_layout_are_reported(tmp_path):
-    src = model(1)
-    path = dist.save_checkpoint(tmp_path / "ok", src)
-    data = bytearray(path.read_bytes())
-    data[len(data) // 2] ^= 0xFF
-    path.write_bytes(bytes(data))
-    with pytest.raises(ValueError, match="checksum mismatch"):
-        dist.load_checkpoint(tmp_path / "ok", model(2))
-    with pytest.raises(FileNotFoundError, match="rank00000-of-00001.npz"):
-        dist.load_checkpoint(tmp_path / "empty", model(2))
-    with pytest.raises(KeyError, match="missing keys"):
-        dist.save_checkpoint(tmp_path / "small", nn.Sequential(nn.Linear(4, 3, seed=0)))
-        dist.load_checkpoint(tmp_path / "small", model(2))
+def test_steps_are_versioned_latest_moves_last_and_keep_prunes(tmp_path):
+    for step in range(1, 5):
+        dist.save_checkpoint(tmp_path, model(step), step=step, metadata={"s": step}, keep=2)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["latest", "step_000003",
+                                                          "step_000004"]
+    assert (tmp_path / "latest").read_text() == "step_000004\n"
+    manifest = json.loads((tmp_path / "step_000004" / "manifest.json").read_text())
+    shard = manifest["shards"][0]
+    assert manifest["step"] == 4 and manifest["world_size"] == 1
+    assert shard["coordinates"] == {"rank": 0, "world_size": 1}
+    assert [(e["name"], e["shape"]) for e in shard["entries"]][:2] == \
+        [("0.weight", [4, 3]), ("0.bias", [3])]
+    assert len(shard["sha256"]) == 64
+    assert dist.load_checkpoint(tmp_path, model(0)) == {"s": 4}
+    assert dist.load_checkpoint(tmp_path / "step_000003", model(0)) == {"s": 3}
+    dist.save_checkpoint(tmp_path, model(9), step=3, metadata={"s": "again"}, keep=2)
+    assert dist.load_checkpoint(tmp_path, model(0)) == {"s": "again"}  # latest: step 3
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+
+
+def _two_steps(root: Path) -> Path:
+    dist.save_checkpoint(root, model(1), step=1)
+    return shard_path(dist.save_checkpoint(root, model(2), step=2), 0, 1)
+
+
+def _load_error(path: Path, target: nn.Module | None = None) -> dist.CheckpointError:
+    with pytest.raises(dist.CheckpointError) as info:
+        dist.load_checkpoint(path, target or model(0))
+    assert "\n" not in str(info.value)
+    return info.value
+
+
+@pytest.mark.parametrize("damage,message", [
+    (lambda b: b[:len(b) // 2], "bytes, the manifest says"),  # truncated: was BadZipFile
+    (lambda b: b"", "0 bytes, the manifest says"),  # empty: was EOFError
+    (lambda b: b[:100] + bytes([b[100] ^ 0xFF]) + b[101:], "does not match the manifest"),
+])
+def test_a_damaged_shard_names_the_file_and_the_older_checkpoint(tmp_path, damage, message):
+    shard = _two_steps(tmp_path)
+    shard.write_bytes(damage(shard.read_bytes()))
+    error = _load_error(tmp_path)
+    assert str(error).startswith(f"{shard}: ") and message in str(error)
+    assert error.fallback == tmp_path / "step_000001"
+    assert dist.load_checkpoint(error.fallback, model(0)) == {}  # the path --resume takes
+
+
+@pytest.mark.parametrize("damage,message", [
+    (lambda m: m.unlink(), "latest names step_000002, which is not a committed checkpoint"),
+    (lambda m: m.write_text(""), "manifest.json: empty file"),
+    (lambda m: m.write_text(m.read_text()[:50]), "manifest.json: not valid JSON"),
+    (lambda m: m.write_text("[]"), "expected format"),
+])
+def test_a_missing_or_damaged_manifest_is_one_line(tmp_path, damage, message):
+    shard = _two_steps(tmp_path)
+    damage(shard.parent / "manifest.json")
+    error = _load_error(tmp_path)
+    assert message in str(error) and error.fallback == tmp_path / "step_000001"
+
+
+def test_a_shard_of_another_step_is_detected(tmp_path):
+    """Shards of different steps in one folder: by the digest, and by the step the shard
+    itself records even when the manifest was rewritten to match it."""
+    shard = _two_steps(tmp_path)
+    old = shard_path(tmp_path / "step_000001", 0, 1).read_bytes()
+    shard.write_bytes(old)
+    assert "a shard of another step or rank" in str(_load_error(tmp_path))
+    manifest_path = shard.parent / "manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    manifest["shards"][0].update(bytes=len(old), sha256=hashlib.sha256(old).hexdigest())
+    manifest_path.write_text(json.dumps(manifest))
+    assert "holds step 1, the manifest says step 2" in str(_load_error(tmp_path))
+
+
+def test_wrong_names_shapes_and_coordinates_are_reported(tmp_path):
+    dist.save_checkpoint(tmp_path / "a", model(1), coordinates={"tp": 1})
+    error = _load_error(tmp_path / "a", nn.Sequential(nn.Linear(4, 3, seed=0)))
+    assert "parameter names differ from this rank's model: missing []" in str(error)
+    wrong = nn.Sequential(nn.Linear(4, 5, dtype=gp.bfloat16), nn.Linear(3, 2),
+                          nn.Embedding(5, 2))
+    assert "0.weight has shape (4, 3), this rank's model expects (4, 5)" in \
+        str(_load_error(tmp_path / "a", wrong))
+    with pytest.raises(dist.CheckpointError, match="holds the shard of tp 1, this rank "
+                                                   "expects tp 0"):
+        dist.load_checkpoint(tmp_path / "a", model(2), coordinates={"tp": 0})
+    (tmp_path / "empty").mkdir()
+    assert "no committed checkpoint" in str(_load_error(tmp_path / "empty"))
+    assert "no such checkpoint folder" in str(_load_error(tmp_path / "nowhere"))
+
+
+def test_a_failed_write_leaves_the_previous_checkpoint(tmp_path, monkeypatch):
+    dist.save_checkpoint(tmp_path, model(1), step=1)
+
+    def out_of_disk(path, payload):
+        path.write_bytes(payload[:10])
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(dist.checkpoint, "write_file", out_of_disk)
+    with pytest.raises(dist.CheckpointError, match="step 2 not committed: rank 0: "
+                                                   "rank00000-of-00001.npz: .*No space left"):
+        dist.save_checkpoint(tmp_path, model(2), step=2)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["latest", "step_000001"]
+    target = model(0)
+    dist.load_checkpoint(tmp_path, target)
+    np.testing.assert_array_equal(target.state_dict()["1.weight"],
+                                  model(1).state_dict()["1.weight"])
 
 
 @pytest.mark.mpi
 def test_each_rank_saves_and_loads_its_own_shard(world, tmp_path_factory):
     root = world.bcast_object(str(tmp_path_factory.mktemp("ckpt")) if world.rank == 0 else None)
     src = nn.Linear(3, 2, dtype=np.float64, seed=10 + world.rank)  # a different shard per rank
-    dist.save_checkpoint(root, src, comm=world, metadata={"rank": world.rank})
-    names = sorted(p.name for p in Path(root).glob("*.npz"))
+    path = dist.save_checkpoint(root, src, comm=world, metadata={"rank": world.rank})
+    names = sorted(p.name for p in path.glob("*.npz"))
     assert names == [shard_path(root, r, world.size).name for r in range(world.size)]
     dst = nn.Linear(3, 2, dtype=np.float64, seed=0)
     assert dist.load_checkpoint(root, dst, comm=world) == {"rank": world.rank}
     np.testing.assert_array_equal(dst.weight.numpy(), src.weight.numpy())
+    world.barrier()
+
+
+@pytest.mark.mpi
+def test_one_rank_out_of_disk_fails_the_save_on_every_rank(world, tmp_path_factory,
+                                                           monkeypatch):
+    root = Path(world.bcast_object(str(tmp_path_factory.mktemp("disk")) if world.rank == 0
+                                   else None))
+    src = nn.Linear(3, 2, dtype=np.float64, seed=10 + world.rank)
+    dist.save_checkpoint(root, src, comm=world, step=1)
+    if world.rank == world.size - 1:
+        def out_of_disk(path, payload):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        monkeypatch.setattr(dist.checkpoint, "write_file", out_of_disk)
+    with pytest.raises(dist.CheckpointError, match=f"rank {world.size - 1}: .*No space left"):
+        dist.save_checkpoint(root, nn.Linear(3, 2, dtype=np.float64, seed=0), comm=world,
+                             step=2)
+    monkeypatch.undo()
+    dst = nn.Linear(3, 2, dtype=np.float64, seed=0)
+    dist.load_checkpoint(root, dst, comm=world)
+    np.testing.assert_array_equal(dst.weight.numpy(), src.weight.numpy())
+    world.barrier()
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("damage", ["swap", "mixed-steps", "truncate"])
+def test_a_bad_shard_on_one_rank_fails_the_load_on_every_rank(world, tmp_path_factory,
+                                                              damage):
+    """Shards swapped between ranks (digests rewritten to match: only the shards' own
+    coordinates tell), one shard of another step, one truncated shard: every rank raises the
+    same one-line error naming the file and the older checkpoint, none waits forever."""
+    root = Path(world.bcast_object(str(tmp_path_factory.mktemp(damage)) if world.rank == 0
+                                   else None))
+    src = nn.Linear(3, 2, dtype=np.float64, seed=10 + world.rank)
+    dist.save_checkpoint(root, src, comm=world, step=1)
+    step2 = dist.save_checkpoint(root, src, comm=world, step=2)
+    if world.rank == 0:
+        manifest = json.loads((step2 / "manifest.json").read_text())
+        a, b = (step2 / manifest["shards"][r]["file"] for r in (0, 1))
+        if damage == "swap":
+            first = a.read_bytes()
+            a.write_bytes(b.read_bytes())
+            b.write_bytes(first)
+            for key in ("bytes", "sha256"):
+                s0, s1 = manifest["shards"][0], manifest["shards"][1]
+                s0[key], s1[key] = s1[key], s0[key]
+            (step2 / "manifest.json").write_text(json.dumps(manifest))
+        elif damage == "mixed-steps":
+            b.write_bytes((root / "step_000001" / b.name).read_bytes())
+        else:
+            b.write_bytes(b.read_bytes()[:200])
+    world.barrier()
+    with pytest.raises(dist.CheckpointError) as info:
+        dist.load_checkpoint(root, nn.Linear(3, 2, dtype=np.float64, seed=0), comm=world)
+    messages = world.all_gather_object(str(info.value))
+    assert len(set(messages)) == 1 and "\n" not in messages[0]
+    name = "rank00000" if damage == "swap" else "rank00001"
+    assert f"step_000002/{name}-of-" in messages[0]
+    if damage == "swap":
+        assert "holds the shard of rank 1, the manifest lists it for rank 0" in messages[0]
+    assert info.value.fallback == root / "step_000001"
     world.barrier()
 
 

@@ -5,11 +5,13 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -38,12 +40,39 @@ def _mpiexec() -> str:
     return found
 
 
-def run(n: int, *args: str, timeout: int = 240) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    cmd = [sys.executable, str(SCRIPT), *args] if n == 1 else \
+def _command(n: int, args) -> list[str]:
+    return [sys.executable, str(SCRIPT), *args] if n == 1 else \
         [_mpiexec(), "-n", str(n), sys.executable, "-m", "mpi4py", str(SCRIPT), *args]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env,
-                          cwd=ROOT)
+
+
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+
+
+def run(n: int, *args: str, timeout: int = 240) -> subprocess.CompletedProcess:
+    return subprocess.run(_command(n, args), capture_output=True, text=True, timeout=timeout,
+                          env=ENV, cwd=ROOT)
+
+
+def run_many(jobs: list[tuple[int, list[str]]], timeout: int = 120
+             ) -> list[subprocess.CompletedProcess]:
+    """run() for every (n, args) at once (short runs: mostly start-up time)."""
+    procs = [(n, args, subprocess.Popen(_command(n, args), stdout=subprocess.PIPE,
+                                        stderr=subprocess.PIPE, text=True, env=ENV, cwd=ROOT))
+             for n, args in jobs]
+    done = []
+    for n, args, proc in procs:
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, err = proc.communicate()
+            err += "\n(timed out: a hang)"
+        done.append(subprocess.CompletedProcess(_command(n, args), proc.returncode, out, err))
+    return done
+
+
+def _errors(res: subprocess.CompletedProcess) -> list[str]:
+    return [line for line in res.stderr.splitlines() if line.startswith("train.py: error:")]
 
 
 @pytest.mark.parametrize("n,given,expected", [
@@ -66,28 +95,81 @@ def test_default_layout_rule(n, given, expected):
     (["--data", "/no/such/file.txt"], 1, "no such file or folder"),
     (["--batch-size", "6", "--pp", "2", "--micro-batches", "4"], 2, "equal parts"),
     (["--n-embd", "30"], 1, "not divisible by --n-head 4"),
+    (["--micro-batches", "0"], 1, "--micro-batches must be an integer >= 1, given 0"),
+    (["--lr", "-1"], 1, "--lr must be a finite number > 0, given -1.0"),
+    (["--lr", "nan"], 1, "--lr must be a finite number > 0, given nan"),
+    (["--clip", "-1"], 1, "--clip must be a finite number >= 0, given -1.0"),
+    (["--seed", "-1"], 1, "--seed must be an integer in [0, 2**32), given -1"),
+    (["--out", __file__], 1, "--out must name a folder (or a new one), given"),
+    (["--keep", "0"], 1, "--keep must be an integer >= 1, given 0"),
+    (["--on-nonfinite", "skip", "--max-skips", "0"], 1, "--max-skips must be an integer >= 1"),
     pytest.param(["--device", "cuda"], 1, "--device cuda: no usable CUDA device",
                  marks=pytest.mark.skipif(__import__("gpuplan").device_available(),
                                           reason="a device is present")),
 ])
 def test_option_errors_are_one_line(args, world, message):
     ns = train.parse_args(args)
-    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace("+", r"\+")) as e:
+    with pytest.raises(ValueError, match=re.escape(message)) as e:
         train.validate(ns, world)
     assert "\n" not in str(e.value)
 
 
-@pytest.mark.parametrize("args,message", [
-    (["--tp", "3"], "does not match the 4 MPI ranks"),
-    (["--data", "/no/such/dir"], "no such file or folder"),
-    (["--n-head", "3", "--n-embd", "48", "--tp", "2"], "not divisible by --tp 2"),
-    (["--n-layer", "3", "--pp", "2", "--tp", "2"], "not divisible by --pp 2"),
-])
-def test_bad_options_exit_non_zero_on_every_rank_with_one_line(args, message):
-    res = run(4, *args, timeout=120)
-    assert res.returncode != 0
-    errors = [line for line in res.stderr.splitlines() if line.startswith("train.py: error:")]
-    assert len(errors) == 1 and message in errors[0], res.stderr  # rank 0 only, one line
+def test_bad_options_exit_2_on_every_rank_with_one_line(tmp_path):
+    """Each case: exit 2 (every rank), one `train.py: error:` line (rank 0 only) naming the
+    option, what was expected and what was given; never a traceback. Before: tracebacks on
+    every rank for --micro-batches 0, --lr -1/nan, --seed -1, --out FILE; --clip -1 ran."""
+    (tmp_path / "afile").write_text("x")
+    (tmp_path / "nockpt" / "checkpoint" / ".tmp-step_000002-1").mkdir(parents=True)
+    cases = [
+        (4, ["--tp", "3"], "does not match the 4 MPI ranks"),
+        (4, ["--n-layer", "3", "--pp", "2", "--tp", "2"], "not divisible by --pp 2"),
+        (2, ["--data", "/no/such/dir"], "no such file or folder"),
+        (2, ["--n-head", "3", "--n-embd", "48", "--tp", "2"], "not divisible by --tp 2"),
+        (2, ["--micro-batches", "0"], "--micro-batches must be an integer >= 1, given 0"),
+        (2, ["--lr", "-1"], "--lr must be a finite number > 0, given -1.0"),
+        (2, ["--lr", "nan"], "--lr must be a finite number > 0, given nan"),
+        (2, ["--seed", "-1"], "--seed must be an integer in [0, 2**32), given -1"),
+        (2, ["--out", str(tmp_path / "afile")], f"given {tmp_path / 'afile'} ("),
+        (2, ["--clip", "-1"], "--clip must be a finite number >= 0, given -1.0"),
+        (2, ["--lr", "fast"], "argument --lr: invalid float value: 'fast'"),
+        (2, ["--out", str(tmp_path / "nockpt"), "--resume"],  # was: "layout None differs"
+         "checkpoint: no committed checkpoint (no latest pointer"),
+    ]
+    results = run_many([(n, [*TINY, "--steps", "2", *args]) for n, args, _ in cases])
+    for (_, args, message), res in zip(cases, results, strict=True):
+        assert res.returncode == 2, (args, res.stderr[-3000:])
+        errors = _errors(res)
+        assert len(errors) == 1 and message in errors[0], (args, res.stderr[-3000:])
+        assert "Traceback" not in res.stderr, args
+
+
+def test_a_non_finite_step_stops_or_is_skipped_and_never_saved(tmp_path):
+    """--lr 1e6 (before: 'loss nan' for every step, exit 0, NaN weights saved): stop ends
+    at the first non-finite step with exit 1 and one line; skip drops those optimizer steps
+    (the checkpoints after them hold the same weights) until --max-skips in a row."""
+    base = [*TINY, "--lr", "1e6", "--steps", "20", "--eval-interval", "1", "--out"]
+    stop, skip = run_many([(2, [*base, str(tmp_path / "stop")]),
+                           (2, [*base, str(tmp_path / "skip"), "--on-nonfinite", "skip",
+                                "--max-skips", "2"])])
+    assert stop.returncode == 1 and "Traceback" not in stop.stderr, stop.stderr[-3000:]
+    assert _errors(stop) == [
+        f"train.py: error: step 2: non-finite gradient norm nan; stopped (--on-nonfinite "
+        f"stop), the last checkpoint is {tmp_path / 'stop' / 'checkpoint' / 'step_000001'}"]
+    assert skip.returncode == 1 and "Traceback" not in skip.stderr, skip.stderr[-3000:]
+    from dist.checkpoint import list_checkpoints, read_shard, verify_checkpoint
+
+    assert _errors(skip)[0].startswith("train.py: error: step 3: non-finite") and \
+        "2 consecutive steps skipped (--max-skips 2)" in _errors(skip)[0]
+    assert [p.name for p in list_checkpoints(tmp_path / "skip" / "checkpoint")] == \
+        ["step_000001", "step_000002"]
+    shards = []
+    for step in (1, 2):
+        step_dir, manifest = verify_checkpoint(tmp_path / "skip" / "checkpoint" /
+                                               f"step_{step:06d}")
+        shards.append(read_shard(step_dir, manifest, 0)[0])
+    for name, value in shards[0].items():
+        assert np.isfinite(value).all(), name
+        np.testing.assert_array_equal(shards[1][name], value)  # step 2 was dropped
 
 
 def test_tp2_pp2_run_matches_one_process_and_resumes_exactly(tmp_path):
@@ -99,7 +181,11 @@ def test_tp2_pp2_run_matches_one_process_and_resumes_exactly(tmp_path):
     assert "mesh: dp=1 pp=2 tp=2" in full.stdout
     for name in ("metrics.json", "loss.png"):
         assert (tmp_path / "full" / name).stat().st_size > 0
-    assert len(list((tmp_path / "full" / "checkpoint").glob("rank*-of-00004.npz"))) == 4
+    ckpt = tmp_path / "full" / "checkpoint"
+    assert (ckpt / "latest").read_text() == "step_000006\n"
+    assert sorted(p.name for p in ckpt.iterdir()) == ["latest", "step_000001", "step_000003",
+                                                      "step_000006"]
+    assert len(list((ckpt / "step_000006").glob("rank*-of-00004.npz"))) == 4
     h_one = json.loads((tmp_path / "one" / "metrics.json").read_text())["history"]
     h_full = json.loads((tmp_path / "full" / "metrics.json").read_text())["history"]
     assert [h["step"] for h in h_full] == [1, 3, 6]
@@ -124,7 +210,8 @@ def test_tp2_pp2_run_matches_one_process_and_resumes_exactly(tmp_path):
     other = run(4, *drop, str(tmp_path / "resumed"), "--resume", "--dp", "2", "--pp", "1")
     errors = [line for line in other.stderr.splitlines() if "error" in line]
     assert other.returncode != 0 and len(errors) == 1, other.stderr
-    assert "layout" in errors[0]
+    assert "holds the shard of layout {'dp': 1, 'pp': 2, 'tp': 2}, this rank expects layout " \
+           "{'dp': 2, 'pp': 1, 'tp': 2}" in errors[0]
 
     gen = subprocess.run([sys.executable, str(ROOT / "scripts" / "generate.py"),
                           "--checkpoint", str(tmp_path / "full" / "checkpoint"),
@@ -132,6 +219,36 @@ def test_tp2_pp2_run_matches_one_process_and_resumes_exactly(tmp_path):
                          timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert gen.returncode == 0, gen.stderr
     assert gen.stdout.startswith("def ") and "step 6" in gen.stderr
+
+    # A truncated shard in the latest checkpoint (before: BadZipFile tracebacks, or a hang
+    # with shards of mixed steps): one line on --resume and in generate.py naming the file
+    # and the newest older checkpoint that verifies; --resume PATH takes that one.
+    resumed = tmp_path / "resumed" / "checkpoint"
+    shard = resumed / "step_000006" / "rank00001-of-00004.npz"
+    shard.write_bytes(shard.read_bytes()[:1000])
+    bad = run(4, *drop, str(tmp_path / "resumed"), "--resume")
+    gen = subprocess.run([sys.executable, str(ROOT / "scripts" / "generate.py"),
+                          "--checkpoint", str(resumed)], capture_output=True, text=True,
+                         timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    fallback = resumed / "step_000003"
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr, bad.stderr[-3000:]
+    assert _errors(bad) == [
+        f"train.py: error: --resume: {shard}: 1000 bytes, the manifest says "
+        f"{_manifest_bytes(shard)} (truncated or replaced); the newest older checkpoint that "
+        f"verifies is {fallback} (--resume {fallback})"]
+    assert gen.returncode == 2 and gen.stderr.count("\n") == 1, gen.stderr
+    assert gen.stderr.startswith(f"generate.py: error: {shard}: 1000 bytes") and \
+        f"the newest older checkpoint that verifies is {fallback}" in gen.stderr
+    again = run(4, *drop, str(tmp_path / "resumed"), "--resume", str(fallback))
+    assert again.returncode == 0 and "resumed at step 3" in again.stdout, again.stderr
+    h_again = json.loads((tmp_path / "resumed" / "metrics.json").read_text())["history"]
+    assert [(h["step"], h["train_loss"]) for h in h_again] == \
+        [(h["step"], h["train_loss"]) for h in h_ref]
+
+
+def _manifest_bytes(shard: Path) -> int:
+    manifest = json.loads((shard.parent / "manifest.json").read_text())
+    return next(s["bytes"] for s in manifest["shards"] if s["file"] == shard.name)
 
 
 def test_emulated_device_run_matches_the_host_run(tmp_path):
