@@ -142,7 +142,7 @@ def save_checkpoint(directory: str | os.PathLike, module: Module,
     if comm.rank == 0:
         try:
             staging = str(_prepare_staging(root, step))
-        except OSError as exc:
+        except Exception as exc:  # noqa: BLE001 - broadcast: every rank raises it
             error = f"{root}: cannot create the checkpoint folder ({_one_line(exc)})"
     staging, error = comm.bcast_object((staging, error), root=0)
     if error is not None:
@@ -283,7 +283,7 @@ def _find(directory: Path, size: int) -> tuple[Any, ...]:
     try:
         failed = resolve(directory)
         return str(failed), read_manifest(failed), None, None
-    except (CheckpointError, OSError) as exc:
+    except Exception as exc:  # noqa: BLE001 - broadcast: every rank raises it
         fallback = find_fallback(failed, size)
         return None, None, _one_line(exc), fallback and str(fallback)
 
@@ -337,8 +337,8 @@ def _check_entries(path: Path, entries: list[dict[str, Any]], module: Module,
     if strict and (missing or unexpected):
         raise CheckpointError(f"{path}: parameter names differ from this rank's model: "
                               f"missing {_few(missing)}, unexpected {_few(unexpected)}")
-    for name in saved.keys() & expected.keys():
-        if saved[name] != expected[name]:
+    for name in expected:  # in the model's order, so the first mismatch is named
+        if name in saved and saved[name] != expected[name]:
             raise CheckpointError(f"{path}: {name} has shape {saved[name]}, this rank's "
                                   f"model expects {expected[name]}")
 

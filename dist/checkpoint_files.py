@@ -260,7 +260,7 @@ def find_fallback(failed: Path, world_size: int | None = None) -> Path | None:
             continue
         try:
             _, manifest = verify_checkpoint(candidate)
-        except (CheckpointError, OSError):
+        except Exception:  # noqa: BLE001 - any problem: not a fallback
             continue
         if world_size is None or manifest["world_size"] == world_size:
             return candidate
