@@ -11,6 +11,7 @@ from typing import Any as _Any
 # autograd.tensor first: it binds the op modules, which import Function.
 from autograd import random
 from autograd import tensor as _tensor_module
+from autograd.anomaly import AnomalyError, detect_anomaly, is_anomaly_enabled, set_detect_anomaly
 from autograd.function import Context, Function
 from autograd.functions.reduce import max, mean, sum
 from autograd.functions.shape import broadcast_to, cat, chunk, split, stack
@@ -24,7 +25,8 @@ __all__ = [
     "Tensor", "tensor", "zeros", "ones", "full", "randn", "Tape", "current_tape", "Function",
     "Context", "no_grad", "enable_grad", "set_grad_enabled", "is_grad_enabled", "gradcheck",
     "GradcheckError", "cat", "split", "chunk", "stack", "broadcast_to", "sum", "mean", "max",
-    "manual_seed", "random", "nn", "optim",
+    "manual_seed", "random", "nn", "optim", "detect_anomaly", "set_detect_anomaly",
+    "is_anomaly_enabled", "AnomalyError",
 ]
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from autograd import grad_mode
+from autograd import anomaly, grad_mode
 from autograd.tape import Node, _default_tape, _open_tapes
 from autograd.tensor import Tensor
 
@@ -12,7 +12,8 @@ from autograd.tensor import Tensor
 class Context:
     """Per-call scratch space shared by forward and backward.
 
-    ``save_for_backward(*arrays)`` stores arrays in ``saved`` (released after backward);
+    ``save_for_backward(*arrays)`` stores arrays in ``saved`` (released after backward;
+    backward raises if one was written in place since, see autograd.inplace);
     ``needs_input_grad[i]`` says whether positional input i needs a gradient (all False
     when nothing is recorded); ``mark_non_differentiable(*arrays)`` marks outputs that get
     ``requires_grad=False`` (their gradient reaches backward as zeros). Any other
@@ -73,6 +74,8 @@ class Function:
         record = record and grad_mode._enabled
         ctx.needs_input_grad = tuple(needs) if record else (False,) * len(args)
         out = cls.forward(ctx, *arrays, **kwargs)
+        if anomaly._enabled:
+            anomaly.on_forward(cls, ctx, out, arrays)
         if type(out) is not tuple:
             return _wrap_one(cls, ctx, out, parents, record)
         if not record:

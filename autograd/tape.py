@@ -7,18 +7,22 @@ None), and the shape/dtype of each output. Nodes carry a global sequence number,
 older tape produced, e.g. a weight cast once per step and used by every micro-batch).
 Backward frees only the nodes of the tape it runs on; nodes of other tapes pass
 gradients through and stay until their own tape's backward.
+
+Before a node's backward runs, the arrays its forward saved are checked against in-place
+writes made since (autograd.inplace: one integer comparison when there were none); under
+detect_anomaly the gradients it returns are checked for inf/nan (autograd.anomaly).
 """
 
 from __future__ import annotations
 
-import itertools
 from typing import Any
 
 import gpuplan as gp
+from autograd import anomaly, inplace
 from autograd.tensor import Tensor
 from gpuplan.dtypes import FLOAT_DTYPES
 
-_sequence = itertools.count()
+_sequence = inplace.clock  # node numbers and in-place writes share one clock
 
 
 class Node:
@@ -233,10 +237,14 @@ def _run_node(node: Node, delivered: set) -> None:
         grads = [g if g is not None else
                  gp.zeros(shape, dtype if dtype in FLOAT_DTYPES else present[0].dtype, device)
                  for g, (shape, dtype) in zip(grads, node.out_meta, strict=True)]
+    if node.seq < inplace.last_write:
+        inplace.check_saved(node)
     fn = node.fn
     result = fn.backward(node.ctx, *grads)
     if type(result) is not tuple:
         result = (result,)
+    if anomaly._enabled:
+        anomaly.on_backward(node, grads, result)
     parents = node.parents
     if len(result) != len(parents):
         raise RuntimeError(f"{fn.__name__}.backward returned {len(result)} gradients; "

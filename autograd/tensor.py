@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 
 import gpuplan as gp
+from autograd import inplace as _inplace
 from gpuplan.dtypes import as_dtype
 
 
@@ -16,10 +17,18 @@ class Tensor:
 
     ``grad`` is a Tensor or None; ``_node`` is the tape entry that produced this tensor
     (None for leaves) and ``_out_index`` which of that entry's outputs it is.
+
+    ``_version`` counts the in-place operations the API made on this tensor (``zero_()``,
+    optimizer steps, ...). Each is also stamped on the array's memory, and backward
+    refuses an array saved for it that was written after forward (autograd.inplace).
+    ``data`` is an escape hatch, as in PyTorch: a write into it (``t.data[...] = v``) is
+    invisible to that check; assigning a new array (``t.data = a``) rebinds the tensor
+    and leaves saved arrays, hence gradients, as they were.
     """
 
     # ndarray <op> Tensor returns NotImplemented, so Tensor's reflected operator runs.
     __array_ufunc__ = None
+    _version = 0
 
     def __init__(self, data: Any, requires_grad: bool = False) -> None:
         if isinstance(data, Tensor):
@@ -95,7 +104,10 @@ class Tensor:
         return self
 
     def zero_(self) -> Tensor:
+        """Fill with zeros in place (recorded: backward through an op that saved this memory
+        before now raises, see autograd.inplace)."""
         self.data[...] = 0
+        _inplace.record_write(self, "Tensor.zero_()")
         return self
 
     def to(self, device: str | None = None, dtype: Any = None) -> Tensor:

@@ -9,6 +9,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 import gpuplan as gp
+from autograd.inplace import record_write
 from autograd.tensor import Tensor
 
 
@@ -156,6 +157,7 @@ class Module:
                 p.grad = None
             else:
                 p.grad.data[...] = 0
+                record_write(p.grad, "Module.zero_grad(set_to_none=False)")
 
     def apply(self, fn: Callable[[Module], Any]) -> Module:
         """Call ``fn`` on every submodule (children first, as in PyTorch), then on self."""
@@ -221,6 +223,8 @@ class Module:
             if host.dtype != target.dtype:
                 host = host.astype(target.dtype)
             target[...] = gp.to_device(host, gp.device_of(target))
+            if name in params:
+                record_write(params[name], "Module.load_state_dict")
         return IncompatibleKeys(missing, unexpected)
 
     def extra_repr(self) -> str:

@@ -51,6 +51,7 @@ class AdamW(Optimizer):
             else:
                 for group, p, state in entries:
                     self._single_step(group, p, state)
+            self._mark_stepped(p for _, p, _ in entries)
 
     def _hyper(self, group: dict, step: int) -> dict[str, Any]:
         beta1, beta2 = group["betas"]

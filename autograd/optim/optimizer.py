@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 
 import gpuplan as gp
+from autograd.inplace import record_write, record_writes
 from gpuplan.dtypes import HALF_DTYPES, float32
 
 
@@ -72,6 +73,11 @@ class Optimizer:
             return state["master"], p.data
         return p.data, None
 
+    def _mark_stepped(self, params: Iterable[Any]) -> None:
+        """Record the in-place update of each parameter (autograd.inplace: a graph recorded
+        before the step and back-propagated after it raises instead of using new weights)."""
+        record_writes(params, f"{type(self).__name__}.step()")
+
     def _params_with_grad(self):
         for group in self.param_groups:
             for p in group["params"]:
@@ -92,6 +98,7 @@ class Optimizer:
                     p.grad = None
                 else:
                     p.grad.data[...] = 0
+                    record_write(p.grad, f"{type(self).__name__}.zero_grad(set_to_none=False)")
 
     def state_dict(self) -> dict[str, Any]:
         """Host copies of the state, parameters referred to by their position (PyTorch-like)."""

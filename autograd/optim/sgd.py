@@ -30,6 +30,7 @@ class SGD(Optimizer):
                          master_weights)
 
     def step(self) -> None:
+        stepped = []
         for group, p in self._params_with_grad():
             state = self._param_state(p)
             buf = None
@@ -45,3 +46,5 @@ class SGD(Optimizer):
                 weight_decay=float(group["weight_decay"]), nesterov=bool(group["nesterov"]),
                 first_step=state["step"] == 0, param_lowp=lowp)
             state["step"] += 1
+            stepped.append(p)
+        self._mark_stepped(stepped)
