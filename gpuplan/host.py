@@ -15,9 +15,13 @@
   when an MPI launcher says how many ranks share the node (MPICH/Hydra's MPI_LOCALNRANKS,
   Open MPI's OMPI_COMM_WORLD_LOCAL_SIZE).
 
+- thread budget: `thread_budget()` is the number of threads one host op may use at once (the
+  NumPy SKUs split their heavy ops over it, gpuplan.host_pool): the BLAS pool's size as set
+  above, so the BLAS and the other host ops share one budget per rank.
+
 Environment: GPUPLAN_HOST_MALLOC=default leaves the allocator alone; GPUPLAN_HOST_THREADS=N
-sets the BLAS pool to N threads; an explicit OPENBLAS_NUM_THREADS or OMP_NUM_THREADS is
-respected (no automatic limit).
+sets the BLAS pool (and the thread budget) to N threads; an explicit OPENBLAS_NUM_THREADS or
+OMP_NUM_THREADS is respected (no automatic limit).
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ _GET_THREADS = ("openblas_get_num_threads", "openblas_get_num_threads64_",
                 "scipy_openblas_get_num_threads64_", "scipy_openblas_get_num_threads")
 #: Launcher variables giving the number of ranks on this node.
 _LOCAL_SIZE_VARS = ("MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE")
+_budget: int | None = None  # thread_budget(), once known
 
 
 def configure() -> None:
@@ -92,16 +97,38 @@ def _usable_cores() -> int:
 
 
 def set_blas_threads(n: int) -> bool:
-    """Size the thread pool of every OpenBLAS loaded in this process; False if there is none
-    (another BLAS, or not Linux)."""
+    """Size the thread pool of every OpenBLAS loaded in this process, and the thread budget
+    of the other host ops; False if there is no OpenBLAS (another BLAS, or not Linux)."""
+    global _budget
     if n < 1:
         raise ValueError(f"set_blas_threads: expected n >= 1, given {n}")
+    _budget = int(n)
     done = False
     for fn in _entry_points(_SET_THREADS):
         fn.argtypes, fn.restype = [ctypes.c_int], None
         fn(int(n))
         done = True
     return done
+
+
+def thread_budget() -> int:
+    """Threads one host op may use: the BLAS pool's size once the policy has run (else
+    GPUPLAN_HOST_THREADS, OPENBLAS_NUM_THREADS / OMP_NUM_THREADS, or the usable cores)."""
+    global _budget
+    if _budget is None:
+        limit_blas_threads()
+        if _budget is None:
+            _budget = max(1, blas_threads() or _env_threads() or _usable_cores())
+    return _budget
+
+
+def _env_threads() -> int:
+    for var in ("GPUPLAN_HOST_THREADS", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"):
+        try:
+            return int(os.environ.get(var, "").split(",")[0])
+        except ValueError:
+            continue
+    return 0
 
 
 def blas_threads() -> int | None:

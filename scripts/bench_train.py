@@ -1,6 +1,6 @@
 """Training-step throughput of our GPT vs PyTorch eager: same model, weights, batch, dtype.
 
-    python scripts/bench_train.py --model small --device cpu --steps 5
+    python scripts/bench_train.py --model small --device cpu --steps 5 --threads 2
     python scripts/bench_train.py --model gpt2 --device cuda --dtype bf16 --json reports/train.json
 
 One step = forward, mean cross-entropy, backward, clip_grad_norm_(1.0), AdamW step
@@ -31,6 +31,9 @@ Peak memory on GPU: ours = the largest number of bytes in use in CuPy's memory p
 one extra, untimed step (a ``cupy.cuda.MemoryHook``), and the pool's total after the run;
 PyTorch = ``torch.cuda.max_memory_allocated`` and ``max_memory_reserved``.
 
+--threads N (host runs) gives both sides N threads: ours through gpuplan.host (the BLAS pool
+and the budget of the other host ops), PyTorch through torch.set_num_threads.
+
 PyTorch is optional: without it only our numbers are printed.
 """
 
@@ -59,9 +62,11 @@ from autograd import nn, optim  # noqa: E402
 MODELS: dict[str, dict[str, int]] = {
     "gpt2": dict(vocab_size=50304, block_size=1024, n_layer=12, n_head=12, n_embd=768),
     "small": dict(vocab_size=256, block_size=128, n_layer=4, n_head=4, n_embd=128),
+    # 19.1M parameters: the CPU benchmark's larger model (GEMM-bound, unlike 'small').
+    "medium": dict(vocab_size=256, block_size=256, n_layer=6, n_head=8, n_embd=512),
     "tiny": dict(vocab_size=64, block_size=32, n_layer=2, n_head=2, n_embd=32),
 }
-DEFAULT_BATCH = {"gpt2": 8, "small": 8, "tiny": 4}
+DEFAULT_BATCH = {"gpt2": 8, "medium": 8, "small": 8, "tiny": 4}
 
 LR, BETAS, WEIGHT_DECAY, MAX_NORM = 3e-4, (0.9, 0.95), 0.1, 1.0
 
@@ -294,6 +299,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--seq", type=int, default=None, help="default: the model's block size")
     ap.add_argument("--steps", type=int, default=None, help="timed steps (10 cuda, 5 cpu)")
     ap.add_argument("--warmup", type=int, default=None, help="untimed steps (3 cuda, 1 cpu)")
+    ap.add_argument("--threads", type=int, default=None,
+                    help="host threads of both sides (default: each side's own choice)")
     ap.add_argument("--no-torch", action="store_true", help="time ours only")
     ap.add_argument("--json", type=Path, default=None, help="also write the results here")
     args = ap.parse_args(argv)
@@ -310,12 +317,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         ap.error(f"--seq must lie in [1, {MODELS[args.model]['block_size']}] and --batch >= 1")
     if args.steps < 1 or args.warmup < 0:
         ap.error("--steps must be >= 1 and --warmup >= 0")
+    if args.threads is not None and args.threads < 1:
+        ap.error("--threads must be >= 1")
     return args
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     device = args.device
+    if args.threads is not None:
+        gp.host.set_blas_threads(args.threads)
     dtype = gp.bfloat16 if args.dtype == "bf16" else np.float32
     cfg = nn.GPTConfig(**MODELS[args.model], dtype=dtype, seed=0)
     model = nn.GPT(cfg).to(device)
@@ -331,11 +342,13 @@ def main(argv: list[str] | None = None) -> int:
             "device": f"{device}: {name}", "model": args.model, "dtype": args.dtype,
             "batch": args.batch, "seq": args.seq, "tokens_per_step": tokens,
             "params": n_params, "flops_per_token": fpt, "peak_tflops": peak,
-            "steps": args.steps, "warmup": args.warmup, "numpy": np.__version__}
+            "steps": args.steps, "warmup": args.warmup, "numpy": np.__version__,
+            "host_threads": gp.host.thread_budget() if device == "cpu" else None}
     print(f"# bench_train {info['date']} commit {info['commit']} | {info['device']}")
     print(f"# GPT '{args.model}' {n_params / 1e6:.2f}M params, {args.dtype}, batch "
           f"{args.batch}x{args.seq} = {tokens} tokens/step, {fpt / 1e6:.1f} MFLOP/token, "
-          f"median of {args.steps} steps after {args.warmup} warm-up")
+          f"median of {args.steps} steps after {args.warmup} warm-up"
+          + (f", {info['host_threads']} host threads" if device == "cpu" else ""))
 
     state = model.state_dict()  # initial weights, before our optimizer changes them
     times, losses, mem_ours = bench_ours(model, idx, targets, device, args)
@@ -355,6 +368,8 @@ def main(argv: list[str] | None = None) -> int:
         print("# this torch build has no CUDA: no PyTorch comparison")
         torch = None
     if torch is not None:
+        if args.threads is not None:
+            torch.set_num_threads(args.threads)
         info["torch"] = torch.__version__
         info["torch_threads"] = torch.get_num_threads()
         times, losses, mem_torch = bench_torch(torch, cfg, state, idx, targets, device, args)

@@ -5,8 +5,12 @@ upper-cased, passed to activation.cu as -DGPUPLAN_ENUM_Activation), its NumPy fo
 backward math, and whether it takes the run-time scalar ``alpha`` ('scale': y = alpha * x).
 Adding an activation is one row here plus its two branches in activation.cu.
 
-Math runs in f32 for f16/bf16 and in the dtype itself for f32/f64; the host GELU forms
-Phi(x) = (1 + erf(x / sqrt 2)) / 2 with erf from gpuplan.host_math.
+Math runs in f32 for f16/bf16 and in the dtype itself for f32/f64. On the host every
+activation is split over the thread budget (gpuplan.host_pool; elementwise, so the result does
+not depend on the split). The GELU forms Phi(x) = (1 + erf(x / sqrt 2)) / 2 with
+gpuplan.host_math: for f64 with erf to float64 accuracy; for f32 (and f16/bf16) in float32
+arithmetic, a cache-sized block at a time (`normal_cdf_f32`), and its backward
+dy * (Phi(x) + x phi(x)) shares that code: no float64 erf in either direction.
 """
 
 from __future__ import annotations
@@ -22,7 +26,8 @@ from gpuplan.dtypes import FLOAT_DTYPES, accumulator, as_dtype, cuda_name
 from gpuplan.dtypes import short_name as sn
 from gpuplan.errors import InvalidProblem, describe
 from gpuplan.execute import call
-from gpuplan.host_math import erf, erf_float32
+from gpuplan.host_math import erf, erf_float32, normal_cdf_f32
+from gpuplan.host_pool import for_blocks
 from gpuplan.nvrtc import CudaModule, cdiv, launch
 from gpuplan.plan import BackendKind, Candidate, Plan, host_candidate
 from gpuplan.spec import Choice, DType, Extent, In, OpSpec, Out, Scalar
@@ -49,12 +54,16 @@ def _normal_cdf(x: np.ndarray) -> np.ndarray:
 
 
 def _gelu(x, alpha):
+    if x.dtype == np.float32:  # e.g. the host GEMM's epilogue: the float32 block math
+        return _map32(_gelu_f32, x)
     y = _normal_cdf(x)
     y *= x
     return y
 
 
 def _gelu_grad(x, dy, alpha):
+    if x.dtype == np.float32:
+        return _map32(_gelu_grad_f32, x, dy)
     t = x.dtype.type
     pdf = x * x
     pdf *= t(-0.5)
@@ -65,6 +74,27 @@ def _gelu_grad(x, dy, alpha):
     grad += pdf
     grad *= dy
     return grad
+
+
+def _gelu_f32(x, y, s1, s2):
+    """y = x Phi(x) on one float32 block (s1, s2: scratch)."""
+    normal_cdf_f32(x, y, s1, s2)
+    y *= x
+
+
+_F32_INV_SQRT_2PI, _F32_MINUS_HALF = np.float32(_INV_SQRT_2PI), np.float32(-0.5)
+
+
+def _gelu_grad_f32(x, dy, dx, s1, s2):
+    """dx = dy * (Phi(x) + x phi(x)) on one float32 block (s1, s2: scratch)."""
+    normal_cdf_f32(x, dx, s1, s2)
+    np.multiply(x, x, out=s1)
+    s1 *= _F32_MINUS_HALF
+    np.exp(s1, out=s1)
+    s1 *= x
+    s1 *= _F32_INV_SQRT_2PI  # x phi(x)
+    dx += s1
+    dx *= dy
 
 
 def _gelu_tanh(x, alpha):
@@ -89,18 +119,23 @@ def _silu_grad(x, dy, alpha):
 @dataclass(frozen=True)
 class Activation:
     """One activation: name, host forward (x, alpha) and backward (x, dy, alpha) math on
-    arrays in the accumulator dtype, and whether the op takes the run-time ``alpha``."""
+    arrays in the accumulator dtype, and whether the op takes the run-time ``alpha``.
+    Optionally its float32 math on one cache-sized block, written into the last array
+    given, with two float32 scratch arrays: forward32(x, y, s1, s2) and
+    backward32(x, dy, dx, s1, s2); the host plans use them for every dtype but f64."""
 
     name: str
     forward: Callable[[np.ndarray, Any], np.ndarray]
     backward: Callable[[np.ndarray, np.ndarray, Any], np.ndarray]
     alpha: bool = False
+    forward32: Callable[..., None] | None = None
+    backward32: Callable[..., None] | None = None
 
 
 ACTIVATIONS: tuple[Activation, ...] = (
     Activation("relu", lambda x, a: np.where(x > 0, x, x.dtype.type(0)),
                lambda x, dy, a: np.where(x > 0, dy, x.dtype.type(0))),
-    Activation("gelu", _gelu, _gelu_grad),
+    Activation("gelu", _gelu, _gelu_grad, forward32=_gelu_f32, backward32=_gelu_grad_f32),
     Activation("gelu_tanh", _gelu_tanh, _gelu_tanh_grad),
     Activation("silu", lambda x, a: x / (x.dtype.type(1) + np.exp(-x)), _silu_grad),
     Activation("tanh", lambda x, a: np.tanh(x),
@@ -189,8 +224,17 @@ class UnaryPlan(_ActivationPlan):
     _direction = "forward"
 
     def _run_numpy(self, stream: Stream, ws: Workspace, args: Any) -> None:
+        x, y, alpha, acc = args.x, args.y, args.alpha, self._acc
+        if self._act.forward32 is not None and acc == np.float32:
+            _run_blocks32(self._act.forward32, (x,), y)
+            return
+        forward = self._act.forward
+
+        def block(lo: int, hi: int) -> None:
+            y[lo:hi] = forward(x[lo:hi].astype(acc, copy=False), alpha)
+
         with np.errstate(over="ignore"):
-            args.y[...] = self._act.forward(args.x.astype(self._acc, copy=False), args.alpha)
+            for_blocks(x.size, block)
 
     def _run_map(self, stream: Stream, ws: Workspace, args: Any) -> None:
         fn = _MODULE.function(self._kernel, stream.device_id)
@@ -207,16 +251,49 @@ class UnaryBackwardPlan(_ActivationPlan):
     _direction = "backward"
 
     def _run_numpy(self, stream: Stream, ws: Workspace, args: Any) -> None:
-        acc = self._acc
+        x, dy, dx, alpha, acc = args.x, args.dy, args.dx, args.alpha, self._acc
+        if self._act.backward32 is not None and acc == np.float32:
+            _run_blocks32(self._act.backward32, (x, dy), dx)
+            return
+        backward = self._act.backward
+
+        def block(lo: int, hi: int) -> None:
+            dx[lo:hi] = backward(x[lo:hi].astype(acc, copy=False),
+                                 dy[lo:hi].astype(acc, copy=False), alpha)
+
         with np.errstate(over="ignore"):
-            args.dx[...] = self._act.backward(args.x.astype(acc, copy=False),
-                                              args.dy.astype(acc, copy=False), args.alpha)
+            for_blocks(x.size, block)
 
     def _run_map(self, stream: Stream, ws: Workspace, args: Any) -> None:
         fn = _MODULE.function(self._kernel, stream.device_id)
         launch(stream, fn, self._grid, 256,
                (args.x, args.dy, args.dx, np.int64(self.desc.numel), self._alpha(args),
                 _aligned16(args.x, args.dy, args.dx)))
+
+
+def _map32(fn: Callable[..., None], *inputs: np.ndarray) -> np.ndarray:
+    """A new float32 array of inputs[0]'s shape: `fn` over blocks of the float32 inputs."""
+    out = np.empty(inputs[0].shape, np.float32)
+    _run_blocks32(fn, tuple(np.ascontiguousarray(a).reshape(-1) for a in inputs),
+                  out.reshape(-1))
+    return out
+
+
+def _run_blocks32(fn: Callable[..., None], inputs: tuple, out: np.ndarray) -> None:
+    """fn(*float32 input blocks, float32 output block, s1, s2) over the blocks of flat arrays
+    (gpuplan.host_pool.for_blocks); operands of other dtypes are converted a block at a
+    time. Scratch is per block: a few small allocations, reused warm by the allocator."""
+    direct = out.dtype == np.float32
+
+    def block(lo: int, hi: int) -> None:
+        s1, s2 = np.empty(hi - lo, np.float32), np.empty(hi - lo, np.float32)
+        o = out[lo:hi] if direct else np.empty(hi - lo, np.float32)
+        fn(*(a[lo:hi].astype(np.float32, copy=False) for a in inputs), o, s1, s2)
+        if not direct:
+            out[lo:hi] = o
+
+    with np.errstate(over="ignore", invalid="ignore"):
+        for_blocks(out.size, block)
 
 
 # -- functional API ------------------------------------------------------------------------

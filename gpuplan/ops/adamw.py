@@ -6,11 +6,14 @@
     v = beta2 * v + (1 - beta2) * g^2
     p = p - lr / (1 - beta1^t) * m / (sqrt(v) / sqrt(1 - beta2^t) + eps)
 
-Dtypes, SKUs and the shared checks: gpuplan/ops/optimizer.py.
+Dtypes, SKUs and the shared checks: gpuplan/ops/optimizer.py. Host: cache-sized blocks over
+the host threads (gpuplan.host_pool).
 """
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import math
 from operator import attrgetter
 from types import SimpleNamespace
@@ -21,6 +24,7 @@ import numpy as np
 from gpuplan import backend
 from gpuplan.errors import InvalidProblem, describe
 from gpuplan.execute import call
+from gpuplan.host_pool import for_blocks
 from gpuplan.nvrtc import cdiv, launch
 from gpuplan.ops.optimizer import (
     DTYPE_FIELDS,
@@ -136,8 +140,10 @@ class AdamWPlan(FusedStepPlan):
         self._scalars = adamw_scalars(self.op, args, self._dtype)
 
     def _run_numpy(self, stream: Stream, ws: Workspace, args: Any) -> None:
-        _adamw_numpy(args.param, args.grad, args.exp_avg, args.exp_avg_sq, args.param_lowp,
-                     self._scalars)
+        p, g, m, v, low, s = (args.param, args.grad, args.exp_avg, args.exp_avg_sq,
+                              args.param_lowp, self._scalars)
+        for_blocks(self.desc.n, lambda lo, hi: _adamw_numpy(
+            p[lo:hi], g[lo:hi], m[lo:hi], v[lo:hi], None if low is None else low[lo:hi], s))
 
     def _run_fused(self, stream: Stream, ws: Workspace, args: Any) -> None:
         fn = MODULE.function(self._kernel, stream.device_id)
@@ -217,6 +223,7 @@ class AdamWMultiTensorPlan(FusedStepPlan):
                   for n in sizes)
             for name, dt in zip(self._names, self._dtypes, strict=False))
         self._sizes, self._chunks = sizes, nchunks
+        self._offsets = [0, *itertools.accumulate(sizes)]  # of each tensor in the concatenation
         # Per call only the addresses change: the element counts and the chunk rows of the
         # launch table are written once.
         self._table = np.zeros(6 * t + 2 * nchunks, dtype=np.int64)
@@ -289,11 +296,25 @@ class AdamWMultiTensorPlan(FusedStepPlan):
                                          self._stream)
 
     def _run_numpy(self, stream: Stream, ws: Workspace, args: Any) -> None:
+        # Blocks of the tensors' concatenation, over the host threads (elementwise: any
+        # split gives the same bits).
         lowps = args.params_lowp or (None,) * len(self._sizes)
-        for k, n in enumerate(self._sizes):
-            if n:
-                _adamw_numpy(args.params[k], args.grads[k], args.exp_avgs[k],
-                             args.exp_avg_sqs[k], lowps[k], self._scalars)
+        tensors = list(zip(args.params, args.grads, args.exp_avgs, args.exp_avg_sqs, lowps,
+                           strict=True))
+        offsets = self._offsets
+
+        def block(lo: int, hi: int) -> None:
+            k = bisect.bisect_right(offsets, lo) - 1
+            while lo < hi:
+                end = min(hi, offsets[k + 1])
+                if end > lo:
+                    a, b = lo - offsets[k], end - offsets[k]
+                    p, g, m, v, low = tensors[k]
+                    _adamw_numpy(p[a:b], g[a:b], m[a:b], v[a:b],
+                                 None if low is None else low[a:b], self._scalars)
+                lo, k = end, k + 1
+
+        for_blocks(offsets[-1], block)
 
     def _run_fused(self, stream: Stream, ws: Workspace, args: Any) -> None:
         lists = self._lists(args)

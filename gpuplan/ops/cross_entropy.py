@@ -6,6 +6,7 @@ logits [N, V], target [N] int32/int64, e = label_smoothing (PyTorch's formula):
 loss[n] = 0 where t_n == ignore_index. reduction "none" gives loss [N]; "sum" sum_n loss[n];
 "mean" that sum / #{n : t_n != ignore_index} (0 such rows -> nan, as PyTorch). Loss and lse
 are float32 (float64 for f64 logits); the mean/sum is a fixed-order reduction (no atomics).
+Host: blocks of rows over the host threads (gpuplan.host_pool), the mean/sum over all rows.
 Backward: dlogits[n, j] = g_n * (softmax(logits[n])_j - (1 - e) * [j == t_n] - e / V), with
 g_n = dloss[n] ("none"), dloss ("sum") or dloss / count ("mean"); ignored rows get 0.
 A target outside [0, V) that is not ignore_index: on the host `can_implement` inspects the
@@ -29,6 +30,7 @@ from gpuplan.dtypes import FLOAT_DTYPES, accumulator, as_dtype, cuda_name
 from gpuplan.dtypes import short_name as sn
 from gpuplan.errors import InvalidProblem, describe
 from gpuplan.execute import call
+from gpuplan.host_pool import for_blocks
 from gpuplan.nvrtc import CudaModule, cdiv, launch
 from gpuplan.plan import BackendKind, Candidate, Plan, host_candidate
 from gpuplan.spec import INDEX, Choice, DType, Extent, In, Index, OpSpec, Out, Real
@@ -109,28 +111,34 @@ def check_targets(op: str, target: Any, ignore_index: int, vocab: int) -> None:
 
 def host_backward(d: Any, args: Any, start: int, total: int, smoothing: float) -> None:
     """dlogits of the columns [start, start + d.vocab) of rows `total` wide (see the module
-    docstring), in the accumulator dtype."""
+    docstring), in the accumulator dtype, a block of rows at a time over the host threads."""
     acc = accumulator(d.dtype)
     t = args.target.astype(np.int64, copy=False)
     keep = t != d.ignore_index
     g = args.dloss.astype(acc)
-    if d.reduction == "none":
-        g = g[:, None]
-    elif d.reduction == "mean":
+    per_row = d.reduction == "none"
+    if d.reduction == "mean":
         # With no non-ignored row every gradient row is zeroed below: avoid 0 / 0.
         g = g / acc.type(max(1, np.count_nonzero(keep)))
     e = acc.type(smoothing)
-    grad = args.logits.astype(acc, copy=False) - args.lse.astype(acc, copy=False)[:, None]
-    np.exp(grad, out=grad)
-    if smoothing != 0.0:
-        grad -= e / acc.type(total)
     local = t - start
-    rows = np.nonzero(keep & (local >= 0) & (local < d.vocab))[0]
-    grad[rows, local[rows]] -= acc.type(1) - e
-    grad *= g
-    if not keep.all():
-        grad[~keep] = 0
-    args.dlogits[...] = grad
+    hit = keep & (local >= 0) & (local < d.vocab)
+    all_kept = keep.all()
+
+    def block(lo: int, hi: int) -> None:
+        grad = (args.logits[lo:hi].astype(acc, copy=False)
+                - args.lse[lo:hi].astype(acc, copy=False)[:, None])
+        np.exp(grad, out=grad)
+        if smoothing != 0.0:
+            grad -= e / acc.type(total)
+        rows = np.nonzero(hit[lo:hi])[0]
+        grad[rows, local[lo:hi][rows]] -= acc.type(1) - e
+        grad *= g[lo:hi, None] if per_row else g
+        if not all_kept:
+            grad[~keep[lo:hi]] = 0
+        args.dlogits[lo:hi] = grad
+
+    for_blocks(d.n, block, d.vocab)
 
 
 def launch_reduce(plan: Plan, stream: Stream, row_loss: Any, args: Any) -> None:
@@ -252,28 +260,34 @@ class CrossEntropyPlan(_CrossEntropyBase):
 
     def _run_numpy(self, stream: Stream, ws: Workspace, args: Any) -> None:
         d, acc = self.desc, self._acc
-        x = args.logits.astype(acc, copy=False)
         t = args.target.astype(np.int64, copy=False)
         ignored = t == d.ignore_index
-        with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
-            m = x.max(axis=1) if d.n else np.zeros(0, acc)
+        e = acc.type(d.label_smoothing)
+        loss = np.empty(d.n, acc)
+
+        def block(lo: int, hi: int) -> None:  # per-row lse and loss
+            x = args.logits[lo:hi].astype(acc, copy=False)
+            m = x.max(axis=1)
             m_safe = np.where(np.isfinite(m), m, 0).astype(acc)
             shifted = x - m_safe[:, None]
             np.exp(shifted, out=shifted)
             lse = (m_safe + np.log(shifted.sum(axis=1))).astype(acc)
-            xt = x[np.arange(d.n), np.where(ignored, 0, t)]
-            e = acc.type(d.label_smoothing)
-            loss = (acc.type(1) - e) * (lse - xt)
+            ig = ignored[lo:hi]
+            xt = x[np.arange(hi - lo), np.where(ig, 0, t[lo:hi])]
+            row = (acc.type(1) - e) * (lse - xt)
             if d.label_smoothing != 0.0:
-                loss = loss + e * (lse - x.mean(axis=1))
-            loss = np.where(ignored, acc.type(0), loss).astype(acc)
+                row = row + e * (lse - x.mean(axis=1))
+            loss[lo:hi] = np.where(ig, acc.type(0), row)
+            args.lse[lo:hi] = lse
+
+        with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+            for_blocks(d.n, block, d.vocab)
             if d.reduction == "none":
                 args.loss[...] = loss
             elif d.reduction == "sum":
                 args.loss[...] = loss.sum(dtype=acc)
             else:
                 args.loss[...] = loss.sum(dtype=acc) / acc.type(np.count_nonzero(~ignored))
-        args.lse[...] = lse
 
     def _run_warp_row(self, stream: Stream, ws: Workspace, args: Any) -> None:
         d = self.desc

@@ -8,7 +8,9 @@ Backward (g = dy * weight, xhat = (x - mean) * rstd, mean = 0 for RMSNorm):
   dx = rstd * (g - mean_d(g) - xhat * mean_d(g * xhat))   (RMSNorm: no mean_d(g) term)
   dweight = sum_r dy * xhat, dbias = sum_r dy (written, not accumulated).
 Parameter gradients are deterministic on the GPU: per-chunk partial sums go to the
-workspace and a second kernel adds them in a fixed order (no atomics). D = 0 rows have
+workspace and a second kernel adds them in a fixed order (no atomics). Host: cache-sized row
+blocks over the host threads (gpuplan.host_pool.for_blocks); the parameter gradients add
+per-block partial sums in block order (bit-identical for any thread count). D = 0 rows have
 mean 0 and rstd 1/sqrt(eps).
 """
 
@@ -23,6 +25,7 @@ from gpuplan import backend
 from gpuplan.dtypes import FLOAT_DTYPES, accumulator, as_dtype, cuda_name, short_name
 from gpuplan.errors import InvalidProblem, describe
 from gpuplan.execute import call
+from gpuplan.host_pool import block_rows, for_blocks
 from gpuplan.nvrtc import CudaModule, cdiv, launch
 from gpuplan.plan import BackendKind, Candidate, Plan, host_candidate
 from gpuplan.spec import DType, Extent, Flag, In, OpSpec, Out, Real
@@ -203,17 +206,22 @@ class _NormForwardPlan(_NormPlan):
         self._eps = np.float64(self.desc.eps)
 
     def _run_numpy(self, stream: Stream, ws: Workspace, args: Any) -> None:
-        mean, rstd, y = _stats(args.x, self.rms, self.desc.eps)
-        acc = mean.dtype
-        y *= rstd[:, None]
-        if args.weight is not None:
-            y *= args.weight.astype(acc, copy=False)
-        if self._has_bias:
-            y += args.bias.astype(acc, copy=False)
-        args.y[...] = y
-        if not self.rms:
-            args.mean[...] = mean
-        args.rstd[...] = rstd
+        acc, rms, eps, x, y_out = self._acc, self.rms, self.desc.eps, args.x, args.y
+        weight = None if args.weight is None else args.weight.astype(acc, copy=False)
+        bias = args.bias.astype(acc, copy=False) if self._has_bias else None
+
+        def block(lo: int, hi: int) -> None:
+            mean, rstd, y = _stats(x[lo:hi], rms, eps)
+            y *= rstd[:, None]
+            if weight is not None:
+                y *= weight
+            if bias is not None:
+                y += bias
+            y_out[lo:hi], args.rstd[lo:hi] = y, rstd
+            if not rms:
+                args.mean[lo:hi] = mean
+
+        for_blocks(self.desc.rows, block, self.desc.dim)
 
     def _run_warp_row(self, stream: Stream, ws: Workspace, args: Any) -> None:
         fn = _MODULE.function(self._kernel, stream.device_id)
@@ -260,26 +268,41 @@ class _NormBackwardPlan(_NormPlan):
 
     def _run_numpy(self, stream: Stream, ws: Workspace, args: Any) -> None:
         # dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), g = dy * weight (mean(g) = 0
-        # for RMSNorm); dweight = sum over rows of dy * xhat; dbias = sum over rows of dy.
-        acc, inv = self._acc, self._acc.type(1.0 / self.desc.dim)
-        dy = args.dy.astype(acc, copy=False)
-        rstd = args.rstd.astype(acc, copy=False)[:, None]
-        xhat = args.x.astype(acc)
-        if not self.rms:
-            xhat -= args.mean.astype(acc, copy=False)[:, None]
-        xhat *= rstd
-        g = dy if args.weight is None else dy * args.weight.astype(acc, copy=False)
-        if args.dweight is not None:
-            args.dweight[...] = (dy * xhat).sum(axis=0)
-        if self._has_bias:
-            args.dbias[...] = dy.sum(axis=0)
-        proj = (g * xhat).sum(axis=1, keepdims=True)
-        proj *= inv
-        dx = g.copy() if self.rms else g - g.sum(axis=1, keepdims=True) * inv
-        xhat *= proj
-        dx -= xhat
-        dx *= rstd
-        args.dx[...] = dx
+        # for RMSNorm); dweight = sum over rows of dy * xhat; dbias = sum over rows of dy,
+        # each the sum of per-block partial sums in block order.
+        d, acc, rms, step = self.desc, self._acc, self.rms, block_rows(self.desc.dim)
+        inv = acc.type(1.0 / d.dim)
+        weight = None if args.weight is None else args.weight.astype(acc, copy=False)
+        parts = (-(-d.rows // step), d.dim)
+        part_w = None if args.dweight is None else np.empty(parts, acc)
+        part_b = np.empty(parts, acc) if self._has_bias else None
+
+        def block(lo: int, hi: int) -> None:
+            dy = args.dy[lo:hi].astype(acc, copy=False)
+            rstd = args.rstd[lo:hi].astype(acc, copy=False)[:, None]
+            xhat = args.x[lo:hi].astype(acc)
+            if not rms:
+                xhat -= args.mean[lo:hi].astype(acc, copy=False)[:, None]
+            xhat *= rstd
+            g = dy if weight is None else dy * weight
+            k = lo // step
+            if part_w is not None:
+                np.sum(dy * xhat, axis=0, out=part_w[k])
+            if part_b is not None:
+                np.sum(dy, axis=0, out=part_b[k])
+            proj = (g * xhat).sum(axis=1, keepdims=True)
+            proj *= inv
+            dx = g.copy() if rms else g - g.sum(axis=1, keepdims=True) * inv
+            xhat *= proj
+            dx -= xhat
+            dx *= rstd
+            args.dx[lo:hi] = dx
+
+        for_blocks(d.rows, block, d.dim, step)
+        if part_w is not None:
+            args.dweight[...] = part_w.sum(axis=0)
+        if part_b is not None:
+            args.dbias[...] = part_b.sum(axis=0)
 
     def _run_device(self, stream: Stream, ws: Workspace, args: Any) -> None:
         dev = stream.device_id

@@ -10,7 +10,8 @@ Backward, from the forward output y (sums over the unmasked positions; masked dx
   softmax:     dx = scale * y * (dy - sum_j dy_j * y_j)
   log_softmax: dx = scale * (dy - exp(y) * sum_j dy_j)
 The four plans share one descriptor: scale and the causal mask are fixed per model (the
-attention scale), so they are descriptor fields. Half types accumulate in float32. GPU
+attention scale), so they are descriptor fields. Half types accumulate in float32. Host:
+cache-sized blocks of rows over the host threads (gpuplan.host_pool). GPU
 SKUs: one row per warp (dim <= 1024) or one row per block, columns looped, so any row
 length works (e.g. a 50257-word vocabulary).
 """
@@ -26,6 +27,7 @@ from gpuplan import backend
 from gpuplan.dtypes import FLOAT_DTYPES, accumulator, as_dtype, cuda_name, short_name
 from gpuplan.errors import InvalidProblem, describe
 from gpuplan.execute import call
+from gpuplan.host_pool import block_rows, for_blocks
 from gpuplan.nvrtc import CudaModule, cdiv, launch
 from gpuplan.plan import BackendKind, Candidate, Plan, host_candidate
 from gpuplan.spec import DType, Extent, Flag, In, OpSpec, Out, Real
@@ -115,6 +117,15 @@ class _RowsPlan(Plan):
             valid = np.arange(d.q_len) + (d.dim - d.q_len) + 1
             self._mask = np.arange(d.dim)[None, :] >= valid[:, None]
 
+    def _host_blocks(self, rows_fn: Any, *arrays: np.ndarray) -> None:
+        """rows_fn(*row slices) over cache-sized blocks of rows (whole groups of q_len rows
+        when causal), spread over the host threads (rows are independent: any split gives
+        the same bits)."""
+        d = self.desc
+        group = d.q_len if d.causal else 1
+        step = group * block_rows(group * d.dim)
+        for_blocks(d.rows, lambda lo, hi: rows_fn(*(a[lo:hi] for a in arrays)), d.dim, step)
+
     def _launch(self, stream: Stream, arrays: tuple) -> None:
         launch(stream, _MODULE.function(self._kernel, stream.device_id), self._grid,
                self._block, arrays + self._params)
@@ -127,31 +138,32 @@ class SoftmaxPlan(_RowsPlan):
     spec = FORWARD
 
     def _run_numpy(self, stream: Stream, ws: Workspace, args: Any) -> None:
-        d = self.desc
-        acc = self._acc
+        with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+            self._host_blocks(self._forward_rows, args.x, args.y)
+
+    def _forward_rows(self, x: np.ndarray, y: np.ndarray) -> None:
+        """y = (log-)softmax of the rows x (whole causal groups of q_len rows)."""
+        d, acc, masked = self.desc, self._acc, self._mask
         # A private copy (scaled on the way), updated in place below.
-        z = args.x.astype(acc) if d.scale == 1 else np.multiply(args.x, acc.type(d.scale),
-                                                                 dtype=acc)
-        masked = self._mask
+        z = x.astype(acc) if d.scale == 1 else np.multiply(x, acc.type(d.scale), dtype=acc)
         if masked is not None:  # z3 views z as [rows / q_len, q_len, dim]
             z3 = z.reshape(-1, d.q_len, d.dim)
             np.copyto(z3, -np.inf, where=masked)
-        with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
-            m = z.max(axis=1, keepdims=True)
-            m[np.isneginf(m)] = 0  # fully masked rows
-            z -= m
-            if self.log:
-                s = np.exp(z).sum(axis=1, keepdims=True)
-                z -= np.log(s)
-            else:
-                np.exp(z, out=z)
-                s = z.sum(axis=1, keepdims=True)
-                z /= s
+        m = z.max(axis=1, keepdims=True)
+        m[np.isneginf(m)] = 0  # fully masked rows
+        z -= m
+        if self.log:
+            s = np.exp(z).sum(axis=1, keepdims=True)
+            z -= np.log(s)
+        else:
+            np.exp(z, out=z)
+            s = z.sum(axis=1, keepdims=True)
+            z /= s
         # With every row max finite and every sum > 0, masked entries already hold exactly
         # exp(-inf) / s = 0 (log: -inf); only rows of NaN or all -inf need the mask again.
         if masked is not None and not np.all(s > 0):
             np.copyto(z3, -np.inf if self.log else 0, where=masked)
-        args.y[...] = z
+        y[...] = z
 
     def _run_warp_row(self, stream: Stream, ws: Workspace, args: Any) -> None:
         self._launch(stream, (args.x, args.y))
@@ -174,12 +186,15 @@ class SoftmaxBackwardPlan(_RowsPlan):
     _direction = "backward"
 
     def _run_numpy(self, stream: Stream, ws: Workspace, args: Any) -> None:
+        self._host_blocks(self._backward_rows, args.y, args.dy, args.dx)
+
+    def _backward_rows(self, y: np.ndarray, dy: np.ndarray, dx_out: np.ndarray) -> None:
         d = self.desc
         acc = self._acc
-        y, dy = args.y.astype(acc, copy=False), args.dy.astype(acc, copy=False)
+        y, dy = y.astype(acc, copy=False), dy.astype(acc, copy=False)
         if self._mask is not None:  # masked positions take no part (and get dx = 0)
             dy = np.where(self._mask, acc.type(0), dy.reshape(-1, d.q_len, d.dim))
-            dy = dy.reshape(d.rows, d.dim)
+            dy = dy.reshape(y.shape)
         if self.log:
             dx = np.exp(y)
             dx *= dy.sum(axis=1, keepdims=True)
@@ -191,7 +206,7 @@ class SoftmaxBackwardPlan(_RowsPlan):
             dx *= y
         if d.scale != 1:
             dx *= acc.type(d.scale)
-        args.dx[...] = dx
+        dx_out[...] = dx
 
     def _run_warp_row(self, stream: Stream, ws: Workspace, args: Any) -> None:
         self._launch(stream, (args.y, args.dy, args.dx))

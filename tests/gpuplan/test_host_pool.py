@@ -1,0 +1,159 @@
+"""Host worker threads (gpuplan.host_pool) and the host SKUs split over them: every result is
+bit-identical for any thread count."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+import gpuplan as gp
+from gpuplan import host, host_pool
+from gpuplan.testing import random
+
+F = gp.functional
+
+
+@pytest.fixture
+def threads(monkeypatch):
+    """threads(n): the host ops use n threads from now on (this test only)."""
+    def use(n: int) -> None:
+        monkeypatch.setattr(host, "thread_budget", lambda: n)
+    return use
+
+
+def test_split_covers_the_range_in_aligned_parts():
+    assert host_pool.split(10, 3) == [0, 3, 6, 10]
+    assert host_pool.split(100, 2, align=32) == [0, 64, 100]
+    assert host_pool.split(5, 4, align=32) == [0, 5]  # one unit: one part
+    assert host_pool.split(0, 2) == [0, 0]
+
+
+def test_parallel_for_runs_every_part_once_on_several_threads(threads):
+    threads(3)
+    seen, names = [], set()
+
+    def fn(lo, hi):
+        seen.append((lo, hi))
+        names.add(threading.get_ident())
+
+    host_pool.parallel_for(90, fn, grain=10)
+    assert sorted(seen) == [(0, 30), (30, 60), (60, 90)]
+    assert len(names) == 3
+    seen.clear()
+    host_pool.parallel_for(15, fn, grain=10)  # too short for two parts
+    assert seen == [(0, 15)]
+
+
+def test_parallel_for_reraises_and_stays_usable(threads):
+    threads(2)
+
+    def fail_second(lo, hi):
+        if lo:
+            raise KeyError(lo)
+
+    with pytest.raises(KeyError):
+        host_pool.parallel_for(10, fail_second)
+    out = np.zeros(10)
+    host_pool.parallel_for(10, lambda lo, hi: out.__setitem__(slice(lo, hi), 1))
+    assert (out == 1).all()
+
+
+def test_nested_calls_run_on_the_caller_and_workers_share_the_error_state(threads):
+    threads(2)
+    inner, states = [], []
+
+    def outer(lo, hi):
+        states.append(np.geterr()["over"])
+        host_pool.parallel_for(4, lambda a, b: inner.append((a, b)))
+
+    with np.errstate(over="raise"):
+        host_pool.parallel_for(2, outer)
+    assert sorted(inner) == [(0, 4), (0, 4)]  # each outer part ran the inner loop whole
+    assert states == ["raise", "raise"]
+
+
+def test_for_blocks_depend_on_the_shape_only(threads):
+    got = {}
+    for n in (1, 2, 3):
+        threads(n)
+        seen = []
+        host_pool.for_blocks(1000, lambda lo, hi, s=seen: s.append((lo, hi)), row=100,
+                             rows_per_block=64)
+        got[n] = sorted(seen)
+    assert got[1] == got[2] == got[3]
+    assert got[1][0] == (0, 64) and got[1][-1] == (960, 1000)
+
+
+def test_thread_budget_follows_set_blas_threads(monkeypatch):
+    monkeypatch.setattr(host, "_budget", None)
+    assert host.thread_budget() >= 1
+    monkeypatch.setattr(host, "_entry_points", lambda names: [])  # no OpenBLAS to size
+    host.set_blas_threads(3)
+    assert host.thread_budget() == 3
+
+
+def _host_ops(dtype):
+    """Every split host op on shapes that span several blocks and threads: name -> call."""
+    x = random((300_001,), dtype, low=-6, high=6)
+    dy = random((300_001,), dtype, seed=1)
+    rows = random((1500, 96), dtype, seed=2)
+    drows = random((1500, 96), dtype, seed=3)
+    w, b = random((96,), dtype, seed=4), random((96,), dtype, seed=5)
+    _, mean, rstd = F.layer_norm(rows, w, b)
+    scores = random((24, 128, 128), dtype, seed=6, low=-4, high=4)
+    probs = F.softmax(scores, scale=0.3, causal=True)
+    logits = random((3000, 77), dtype, seed=7, low=-5, high=5)
+    target = np.random.default_rng(8).integers(0, 77, 3000)
+    target[::7] = -100
+    _, lse = F.cross_entropy(logits, target)
+    return {
+        "gelu": lambda: F.unary("gelu", x),
+        "gelu_backward": lambda: F.unary_backward("gelu", x, dy),
+        "silu": lambda: F.unary("silu", x),
+        "layer_norm": lambda: F.layer_norm(rows, w, b),
+        "layer_norm_backward": lambda: F.layer_norm_backward(drows, rows, w, mean, rstd),
+        "rms_norm_backward": lambda: F.rms_norm_backward(drows, rows, w, rstd),
+        "softmax": lambda: F.softmax(scores, scale=0.3, causal=True),
+        "softmax_backward": lambda: F.softmax_backward(probs, scores, scale=0.3, causal=True),
+        "cross_entropy": lambda: F.cross_entropy(logits, target, label_smoothing=0.1),
+        "cross_entropy_backward": lambda: F.cross_entropy_backward(
+            logits, target, lse, np.float32(0.5), label_smoothing=0.1),
+    }
+
+
+def _bits(out):
+    outs = out if isinstance(out, tuple) else (out,)
+    return [np.asarray(o).tobytes() for o in outs if o is not None]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, gp.bfloat16, np.float64])
+def test_host_ops_are_bit_identical_for_any_thread_count(threads, dtype):
+    ops = _host_ops(dtype)
+    results = {}
+    for n in (1, 2, 3):
+        threads(n)
+        results[n] = {name: _bits(op()) for name, op in ops.items()}
+    for name in ops:
+        assert results[1][name] == results[2][name] == results[3][name], name
+
+
+def test_adamw_multi_tensor_is_bit_identical_for_any_thread_count(threads):
+    sizes = (70_000, 5, 0, 100_003, 128)
+    results = []
+    for n in (1, 2, 3):
+        threads(n)
+        rng = np.random.default_rng(0)  # the same start for every thread count
+        params = [rng.standard_normal(k).astype(np.float32) for k in sizes]
+        grads = [rng.standard_normal(k).astype(np.float32) for k in sizes]
+        m = [np.zeros(k, np.float32) for k in sizes]
+        v = [np.zeros(k, np.float32) for k in sizes]
+        desc = gp.AdamWMultiTensorDescriptor(sizes, np.float32)
+        plan = gp.AdamWMultiTensorPlan.select(gp.Stream.host(), desc)
+        for step in (1, 2):
+            plan.run(gp.Stream.host(), None, gp.AdamWMultiTensorArgs(
+                params, grads, m, v, lr=1e-2, step=step, beta1=0.9, beta2=0.95, eps=1e-8,
+                weight_decay=0.1))
+        results.append(b"".join(a.tobytes() for a in params + m + v))
+    assert results[0] == results[1] == results[2]
