@@ -11,6 +11,7 @@ import numpy as np
 from dist.cuda_aware import cuda_aware_mpi
 from dist.nccl_backend import NcclTransport
 from dist.staging import PinnedBufferCache, stage_to_device, stage_to_host, sync_current_stream
+from dist.watchdog import watched
 from gpuplan import backend
 from gpuplan.dtypes import HALF_DTYPES, as_dtype, float32
 from gpuplan.errors import InvalidProblem, Unsupported, describe
@@ -46,15 +47,18 @@ def resolve_backend(requested: str | None = None) -> str:
 
 
 class PendingSend:
-    """A non-blocking send in flight; keeps its buffers alive until `wait()`."""
+    """A non-blocking send in flight; keeps its buffers alive until `wait()` (which the
+    watchdog bounds like any blocking call; comm and dest name it in its message)."""
 
-    def __init__(self, requests: list[Any], buffers: list[Any]) -> None:
+    def __init__(self, requests: list[Any], buffers: list[Any], comm: Any = None,
+                 dest: int | None = None) -> None:
         self._requests = requests
         self._buffers = buffers
+        self._comm, self._dest = comm, dest
 
     def wait(self) -> None:
         if self._requests:
-            _mpi().Request.Waitall(self._requests)
+            watched("isend", self._comm, self._dest, _mpi().Request.Waitall, self._requests)
         self._requests, self._buffers = [], []
 
 
@@ -66,13 +70,19 @@ class Communicator:
     through cached pinned host buffers ("mpi-host-staged"); with "nccl" the collectives run
     on NCCL (stream-ordered) and point-to-point messages still use MPI. The current CUDA
     stream is synchronized before MPI touches device memory. f16/bf16 reduce in float32.
+    Every blocking MPI call runs under the watchdog (dist.watchdog): one that waits longer
+    than the timeout aborts the job with a line naming the op, the peer and `label`.
     """
 
     def __init__(self, mpi_comm: Any = None, backend: str | None = None) -> None:
         self.mpi_comm = _mpi().COMM_WORLD if mpi_comm is None else mpi_comm
         self._requested = backend
         self._backend = resolve_backend(backend)
-        self._nccl = NcclTransport(self.mpi_comm) if self._backend == "nccl" else None
+        #: World rank of each rank of this communicator, and how messages name it.
+        self.world_ranks = _world_ranks(self.mpi_comm)
+        self.label = _label(self.world_ranks)
+        self._nccl = (watched("nccl init", self, None, NcclTransport, self.mpi_comm)
+                      if self._backend == "nccl" else None)
         # How device buffers reach MPI (all of MPI with the MPI backends, p2p with NCCL).
         self._mpi_sees_device = self._backend == "mpi-cuda-aware" or (
             self._backend == "nccl" and cuda_aware_mpi()[0])
@@ -95,11 +105,12 @@ class Communicator:
 
     def split(self, color: int, key: int | None = None) -> Communicator:
         """Sub-communicator of the ranks passing the same `color`, ordered by `key`."""
-        sub = self.mpi_comm.Split(color, self.rank if key is None else key)
+        sub = watched("split", self, None, self.mpi_comm.Split, color,
+                      self.rank if key is None else key)
         return Communicator(sub, backend=self._requested)
 
     def barrier(self) -> None:
-        self.mpi_comm.Barrier()
+        watched("barrier", self, None, self.mpi_comm.Barrier)
 
     # ---- collectives -------------------------------------------------------------------
 
@@ -119,7 +130,7 @@ class Communicator:
         if not in_place:
             recv = out.reshape(-1) if direct else xp.empty(x.size, dtype=work)
         mpi_op = self._mpi_op(op)
-        self._exchange(send, recv,
+        self._exchange("all_reduce", None, send, recv,
                        lambda s, r: self.mpi_comm.Allreduce(s, r, op=mpi_op),
                        lambda s, r: self._nccl.all_reduce(s, r, _nccl_op(op)))
         if op == "mean":
@@ -137,7 +148,7 @@ class Communicator:
             return _assign(out, x.reshape(result_shape))
         gathered = xp.empty((self.size,) + shape, dtype=x.dtype)
         send = _bytes(xp.ascontiguousarray(x))
-        self._exchange(send, _bytes(gathered),
+        self._exchange("all_gather", None, send, _bytes(gathered),
                        lambda s, r: self.mpi_comm.Allgather(s, r),
                        lambda s, r: self._nccl.all_gather(s, r))
         result = xp.moveaxis(gathered, 0, axis).reshape(result_shape)
@@ -163,7 +174,7 @@ class Communicator:
         send = xp.ascontiguousarray(xp.moveaxis(split, axis, 0), dtype=work).reshape(-1)
         recv = xp.empty(send.size // self.size, dtype=work)
         mpi_op = self._mpi_op(op)
-        self._exchange(send, recv,
+        self._exchange("reduce_scatter", None, send, recv,
                        lambda s, r: self.mpi_comm.Reduce_scatter_block(s, r, op=mpi_op),
                        lambda s, r: self._nccl.reduce_scatter(s, r, _nccl_op(op)))
         if op == "mean":
@@ -177,7 +188,7 @@ class Communicator:
             return x
         buf = x if x.flags.c_contiguous else backend.array_namespace(x).ascontiguousarray(x)
         raw = _bytes(buf)
-        self._exchange(raw, raw, lambda s, r: self.mpi_comm.Bcast(r, root=root),
+        self._exchange("broadcast", root, raw, raw, lambda s, r: self.mpi_comm.Bcast(r, root=root),
                        lambda s, r: self._nccl.broadcast(r, root))
         return x if buf is x else _assign(x, buf)
 
@@ -188,7 +199,8 @@ class Communicator:
         self._check_rank("send", "dest", dest)
         if x.size:
             buf = _bytes(backend.array_namespace(x).ascontiguousarray(x))
-            self._exchange(buf, None, lambda s, r: self.mpi_comm.Send(s, dest=dest, tag=tag))
+            self._exchange("send", dest, buf, None,
+                           lambda s, r: self.mpi_comm.Send(s, dest=dest, tag=tag))
 
     def recv(self, out: Any, source: int, tag: int = 0) -> Any:
         """Blocking receive into `out` (shape and dtype agreed with the sender); returns out."""
@@ -197,7 +209,7 @@ class Communicator:
             return out
         xp = backend.array_namespace(out)
         buf = out if out.flags.c_contiguous else xp.empty(out.shape, dtype=out.dtype)
-        self._exchange(None, _bytes(buf),
+        self._exchange("recv", source, None, _bytes(buf),
                        lambda s, r: self.mpi_comm.Recv(r, source=source, tag=tag))
         return out if buf is out else _assign(out, buf)
 
@@ -205,21 +217,21 @@ class Communicator:
         """Non-blocking send; the data is copied or pinned now, so x may change at once."""
         self._check_rank("isend", "dest", dest)
         if x.size == 0:
-            return PendingSend([], [])
+            return PendingSend([], [], self, dest)
         if backend.is_device_array(x) and not self._mpi_sees_device:
             buf = backend.to_host(x).reshape(-1).view(np.uint8)  # synchronous copy
         else:
             buf = _bytes(backend.array_namespace(x).array(x, order="C", copy=True))
             if backend.is_device_array(x):
                 sync_current_stream()  # the copy must be finished before MPI reads it
-        return PendingSend([self.mpi_comm.Isend(buf, dest=dest, tag=tag)], [buf])
+        return PendingSend([self.mpi_comm.Isend(buf, dest=dest, tag=tag)], [buf], self, dest)
 
     def isend_array(self, x: Any, dest: int, tag: int = 0) -> PendingSend:
         """isend of a header (shape, dtype, device) then the data, for recv_array."""
         header = (tuple(x.shape), as_dtype(x.dtype).name, backend.device_of(x))
         first = self.mpi_comm.isend(header, dest=dest, tag=tag)
         data = self.isend(x, dest, tag)
-        return PendingSend([first] + data._requests, data._buffers)
+        return PendingSend([first] + data._requests, data._buffers, self, dest)
 
     def send_array(self, x: Any, dest: int, tag: int = 0) -> None:
         self.isend_array(x, dest, tag).wait()
@@ -227,41 +239,44 @@ class Communicator:
     def recv_array(self, source: int, tag: int = 0, device: str | None = None) -> Any:
         """Receive what send_array/isend_array sent, on `device` (default: the sender's)."""
         self._check_rank("recv_array", "source", source)
-        shape, dtype, sender_device = self.mpi_comm.recv(source=source, tag=tag)
+        shape, dtype, sender_device = watched("recv_array", self, source, self.mpi_comm.recv,
+                                              None, source, tag)
         out = backend.empty(shape, as_dtype(dtype), device or sender_device)
         return self.recv(out, source, tag)
 
     # ---- small Python objects ----------------------------------------------------------
 
     def bcast_object(self, obj: Any, root: int = 0) -> Any:
-        return self.mpi_comm.bcast(obj, root=root)
+        return watched("bcast_object", self, root, self.mpi_comm.bcast, obj, root)
 
     def all_gather_object(self, obj: Any) -> list[Any]:
-        return self.mpi_comm.allgather(obj)
+        return watched("all_gather_object", self, None, self.mpi_comm.allgather, obj)
 
     def gather_object(self, obj: Any, root: int = 0) -> list[Any] | None:
         """Every rank's `obj`, in rank order, on `root`; None on the other ranks."""
-        return self.mpi_comm.gather(obj, root=root)
+        return watched("gather_object", self, root, self.mpi_comm.gather, obj, root)
 
     # ---- helpers -----------------------------------------------------------------------
 
-    def _exchange(self, send: Any, recv: Any, mpi_fn: Callable[[Any, Any], Any],
+    def _exchange(self, op: str, peer: int | None, send: Any, recv: Any,
+                  mpi_fn: Callable[[Any, Any], Any],
                   nccl_fn: Callable[[Any, Any], Any] | None = None) -> None:
         """Run one MPI (or NCCL) call on flat contiguous buffers; send or recv may be None.
 
-        `send is recv` means in place (MPI.IN_PLACE for the collectives that take it).
+        `send is recv` means in place (MPI.IN_PLACE for the collectives that take it). The
+        MPI call runs under the watchdog as `op` with `peer` (NCCL calls only enqueue work).
         """
         in_place = send is recv
         probe = recv if recv is not None else send
         if not backend.is_device_array(probe):
-            mpi_fn(_mpi().IN_PLACE if in_place else send, recv)
+            watched(op, self, peer, mpi_fn, _mpi().IN_PLACE if in_place else send, recv)
             return
         if self._nccl is not None and nccl_fn is not None:
             nccl_fn(send, recv)
             return
         if self._mpi_sees_device:
             sync_current_stream()
-            mpi_fn(_mpi().IN_PLACE if in_place else send, recv)
+            watched(op, self, peer, mpi_fn, _mpi().IN_PLACE if in_place else send, recv)
             return
         host_send = None if send is None else stage_to_host(send, self._pinned, "send")
         host_send = None if host_send is None else host_send.view(send.dtype)
@@ -269,7 +284,7 @@ class Communicator:
         if recv is not None:
             host_recv = (host_send if in_place
                          else self._pinned.get(recv.nbytes, "recv").view(recv.dtype))
-        mpi_fn(_mpi().IN_PLACE if in_place else host_send, host_recv)
+        watched(op, self, peer, mpi_fn, _mpi().IN_PLACE if in_place else host_send, host_recv)
         if recv is not None:
             stage_to_device(host_recv.view(np.uint8), recv)
 
@@ -302,6 +317,28 @@ class Communicator:
     def _check_rank(self, op_name: str, arg: str, r: int) -> None:
         if not 0 <= int(r) < self.size:
             raise InvalidProblem(describe(op_name, arg, f"a rank in [0, {self.size})", r))
+
+
+def _world_ranks(mpi_comm: Any) -> tuple[int, ...]:
+    """The world rank of each rank of an mpi4py communicator, in its rank order."""
+    MPI = _mpi()
+    if mpi_comm == MPI.COMM_WORLD:
+        return tuple(range(mpi_comm.Get_size()))
+    group, world = mpi_comm.Get_group(), MPI.COMM_WORLD.Get_group()
+    try:
+        return tuple(group.Translate_ranks(None, world))
+    finally:
+        group.Free()
+        world.Free()
+
+
+def _label(world_ranks: tuple[int, ...]) -> str:
+    """"world (4 ranks)" or "communicator of world ranks [0, 2]" (long lists shortened)."""
+    n = len(world_ranks)
+    if world_ranks == tuple(range(_mpi().COMM_WORLD.Get_size())):
+        return f"world ({n} rank{'s' if n != 1 else ''})"
+    shown = list(world_ranks) if n <= 8 else [*world_ranks[:4], "...", *world_ranks[-2:]]
+    return f"communicator of world ranks [{', '.join(map(str, shown))}]"
 
 
 def _nccl_op(op: str) -> str:

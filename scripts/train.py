@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
         ns = parse_args(argv)
     except OptionError as exc:
         ns = exc
-    world = dist.init()
+    world = dist.init(timeout=getattr(ns, "timeout", None))  # None when the options failed
     try:
         if isinstance(ns, OptionError):
             raise ns

@@ -66,7 +66,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="auto: the GPU when there is one (or the emulated device under "
                          "GPUPLAN_DEVICE=emulated), else cpu; emulated: every kernel runs on "
                          "the CPU from its CUDA source (slow; for checking)")
+    ap.add_argument("--timeout", type=_seconds, default=None,
+                    help="seconds a collective or pipeline send/recv may wait before the job "
+                         "is aborted (default: $GPUPLAN_COLLECTIVE_TIMEOUT, else 600; 0: none)")
     return ap.parse_args(argv)
+
+
+def _seconds(text: str) -> float:
+    """--timeout's type: seconds >= 0 (0: no limit)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"expected seconds >= 0 (0: no limit), given {text}")
+    return value
 
 
 def derive_layout(n: int, tp: int | None, pp: int | None, dp: int | None) -> tuple[int, ...]:

@@ -114,6 +114,15 @@ def test_option_errors_are_one_line(args, world, message):
     assert "\n" not in str(e.value)
 
 
+def test_timeout_option():
+    assert train.parse_args(["--timeout", "30"]).timeout == 30.0
+    assert train.parse_args([]).timeout is None  # $GPUPLAN_COLLECTIVE_TIMEOUT, else 600
+    for bad in ("-1", "soon"):
+        with pytest.raises(ValueError, match=f"argument --timeout: expected seconds >= 0 "
+                                             fr"\(0: no limit\), given {bad}"):
+            train.parse_args(["--timeout", bad])
+
+
 def test_bad_options_exit_2_on_every_rank_with_one_line(tmp_path):
     """Each case: exit 2 (every rank), one `train.py: error:` line (rank 0 only) naming the
     option, what was expected and what was given; never a traceback. Before: tracebacks on
