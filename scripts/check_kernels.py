@@ -137,7 +137,10 @@ def main(argv: list[str] | None = None) -> int:
     if ns.module:
         mods = [m for m in mods if any(s in m.path.stem for s in ns.module)]
     if ns.execute:
-        return execute(mods, [m.path.stem for m in mods], ns.quiet, ns.device)
+        # One family per .cu stem (a file may back several modules: gemm.cu's plain and
+        # fused instances).
+        return execute(mods, list(dict.fromkeys(m.path.stem for m in mods)), ns.quiet,
+                       ns.device)
     failures: list[str] = []
     n_kernels = 0
     for mod in mods:

@@ -72,7 +72,9 @@ class CausalSelfAttention(Module):
 
 
 class MLP(Module):
-    """``proj(gelu(x @ W_fc + b_fc))`` with hidden width ``4 C``."""
+    """``proj(gelu(x @ W_fc + b_fc))`` with hidden width ``4 C``. With a dense ``fc`` (an
+    ``nn.Linear``) and a GELU, the activation runs in fc's GEMM epilogue
+    (`F.linear_gelu`); substituted layers (tensor-parallel ones) run fc, then act."""
 
     def __init__(self, cfg: GPTConfig) -> None:
         super().__init__()
@@ -82,7 +84,12 @@ class MLP(Module):
         self.drop = Dropout(cfg.dropout)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.drop(self.proj(self.act(self.fc(x))))
+        fc, act = self.fc, self.act
+        if type(fc) is Linear and type(act) is GELU:
+            h = F.linear_gelu(x, fc.weight, fc.bias, approximate=act.approximate)
+        else:
+            h = act(fc(x))
+        return self.drop(self.proj(h))
 
 
 class Block(Module):

@@ -3,84 +3,21 @@
 // pointer 16-byte aligned, checked on the host) the loops move 16-byte packs; the tail and
 // the unaligned case use scalar accesses. All loops are grid-stride, 64-bit.
 //
-// The enumerators of `Activation` come from the Python table (gpuplan/ops/activation.py,
-// ACTIVATIONS) through -DGPUPLAN_ENUM_Activation: a table row without a branch below fails
-// to compile (the static_assert), a branch whose row is gone names an undeclared value.
+// The math of every activation (act_forward, act_backward) lives in gpuplan_activation.cuh,
+// shared with the GEMM epilogue (gemm.cu); its enum `Activation` comes from the Python table
+// (gpuplan/ops/activation.py, ACTIVATIONS) through -DGPUPLAN_ENUM_Activation.
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
-#include "gpuplan_map.cuh"
+#include "gpuplan_activation.cuh"
 
 namespace {
 
 using gp::Acc;
+using gp::act_backward;
+using gp::act_forward;
 using gp::ld;
 using gp::Pack;
 using gp::st;
-
-enum Activation { GPUPLAN_ENUM_Activation };
-
-template <int OP> constexpr bool unknown_op = OP < 0;
-
-template <int OP, typename A> __device__ __forceinline__ A act_forward(A x, A alpha) {
-    using gp::m_erf;
-    using gp::m_exp;
-    using gp::m_tanh;
-    if constexpr (OP == RELU) {
-        return x > A(0) ? x : A(0);
-    } else if constexpr (OP == GELU) {
-        return A(0.5) * x * (A(1) + m_erf(x * A(0.70710678118654752440)));
-    } else if constexpr (OP == GELU_TANH) {
-        const A u = A(0.79788456080286535588) * (x + A(0.044715) * x * x * x);
-        return A(0.5) * x * (A(1) + m_tanh(u));
-    } else if constexpr (OP == SILU) {
-        return x / (A(1) + m_exp(-x));
-    } else if constexpr (OP == TANH) {
-        return m_tanh(x);
-    } else if constexpr (OP == EXP) {
-        return m_exp(x);
-    } else if constexpr (OP == NEG) {
-        return -x;
-    } else if constexpr (OP == SCALE) {
-        return alpha * x;
-    } else {
-        static_assert(unknown_op<OP>, "activation without CUDA forward math");
-        return x;
-    }
-}
-
-// dx = dy * f'(x), x being the forward input.
-template <int OP, typename A> __device__ __forceinline__ A act_backward(A x, A dy, A alpha) {
-    using gp::m_erf;
-    using gp::m_exp;
-    using gp::m_tanh;
-    if constexpr (OP == RELU) {
-        return x > A(0) ? dy : A(0);
-    } else if constexpr (OP == GELU) {
-        const A cdf = A(0.5) * (A(1) + m_erf(x * A(0.70710678118654752440)));
-        const A pdf = A(0.39894228040143267794) * m_exp(A(-0.5) * x * x);
-        return dy * (cdf + x * pdf);
-    } else if constexpr (OP == GELU_TANH) {
-        const A k = A(0.79788456080286535588), c = A(0.044715);
-        const A t = m_tanh(k * (x + c * x * x * x));
-        const A dt = k * (A(1) + A(3) * c * x * x);
-        return dy * (A(0.5) * (A(1) + t) + A(0.5) * x * (A(1) - t * t) * dt);
-    } else if constexpr (OP == SILU) {
-        const A s = A(1) / (A(1) + m_exp(-x));
-        return dy * s * (A(1) + x * (A(1) - s));
-    } else if constexpr (OP == TANH) {
-        const A t = m_tanh(x);
-        return dy * (A(1) - t * t);
-    } else if constexpr (OP == EXP) {
-        return dy * m_exp(x);
-    } else if constexpr (OP == NEG) {
-        return -dy;
-    } else if constexpr (OP == SCALE) {
-        return alpha * dy;
-    } else {
-        static_assert(unknown_op<OP>, "activation without CUDA backward math");
-        return dy;
-    }
-}
 
 }  // namespace
 

@@ -3,7 +3,8 @@
 Every activation is one row of `ACTIVATIONS`: its name (the CUDA enumerator is the name
 upper-cased, passed to activation.cu as -DGPUPLAN_ENUM_Activation), its NumPy forward and
 backward math, and whether it takes the run-time scalar ``alpha`` ('scale': y = alpha * x).
-Adding an activation is one row here plus its two branches in activation.cu.
+Adding an activation is one row here plus its two branches in gpuplan_activation.cuh (the
+CUDA math, shared with the GEMM epilogue: gpuplan.ops.gemm_sku.EPILOGUES).
 
 Math runs in f32 for f16/bf16 and in the dtype itself for f32/f64. On the host every
 activation is split over the thread budget (gpuplan.host_pool; elementwise, so the result does

@@ -3,21 +3,34 @@
 // grid.z with element strides stride_a / stride_b (0 broadcasts a 2-D operand) and M*N.
 // beta == 0 never reads C (it may hold NaN), as in BLAS. Every kernel reduces over k in a
 // fixed order, so results are deterministic; no split-K, no atomics.
+//
+// EPI: the epilogue activation, an `Activation` enumerator (gpuplan_activation.cuh, the math
+// shared with activation.cu; the rows allowed here are gemm_sku.py's EPILOGUES) or
+// EPI_NONE. With one, C = f(v) and, where `pre` is not null, pre = v (the pre-activation a
+// backward needs), v = alpha * acc + beta * C + bias in the accumulator type.
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
-#include "gpuplan_common.cuh"
+#include "gpuplan_activation.cuh"
 
 namespace gemm {
 
+constexpr int EPI_NONE = -1;
+
 // ---------------------------------------------------------------------------------------
-// Shared epilogue: v = alpha * acc + beta * C + bias[n], rounded once to T.
-template <typename T, typename Acc>
-__device__ __forceinline__ void store_out(T* __restrict__ c, const T* __restrict__ bias,
-                                          long long idx, long long n, Acc v, Acc alpha,
-                                          Acc beta, int has_bias) {
+// Shared epilogue: v = alpha * acc + beta * C + bias[n]; C = v (EPI_NONE) or f(v), and pre = v
+// when an activation's `pre` is not null; each rounded once to T.
+template <int EPI, typename T, typename Acc>
+__device__ __forceinline__ void store_out(T* __restrict__ c, T* __restrict__ pre,
+                                          const T* __restrict__ bias, long long idx,
+                                          long long n, Acc v, Acc alpha, Acc beta,
+                                          int has_bias) {
     v = alpha * v;
     if (beta != Acc(0)) v += beta * static_cast<Acc>(gp::to_acc<T>(c[idx]));
     if (has_bias) v += static_cast<Acc>(gp::to_acc<T>(bias[n]));
+    if constexpr (EPI != EPI_NONE) {
+        if (pre != nullptr) pre[idx] = gp::from_acc<T>(v);
+        v = gp::act_forward<EPI, Acc>(v, Acc(0));
+    }
     c[idx] = gp::from_acc<T>(v);
 }
 
@@ -221,13 +234,15 @@ __device__ __forceinline__ void mma_tile(unsigned a_addr, unsigned b_addr,
 }
 
 // grid = (ceil(M / 128), ceil(N / 128), min(batch, 65535)), block = 256, dynamic shared
-// memory tc::SMEM_BYTES. The cp.async (VEC) kernels with a k-contiguous A are held to 128
-// registers for two blocks per SM; the others need more (they spill at 128) and run one.
-template <typename T, bool TA, bool TB, bool VEC>
-__global__ void __launch_bounds__(tc::THREADS, (VEC && !TA) ? 2 : 1)
+// memory tc::SMEM_BYTES. The cp.async (VEC) kernels with a k-contiguous A and no activation
+// are held to 128 registers for two blocks per SM; the others need more (they spill at 128:
+// an activation's math runs while all 64 accumulators are live) and run one.
+template <typename T, bool TA, bool TB, bool VEC, int EPI>
+__global__ void __launch_bounds__(tc::THREADS, (VEC && !TA && EPI == EPI_NONE) ? 2 : 1)
 gemm_tc(const T* __restrict__ A, const T* __restrict__ B, T* __restrict__ C,
-        const T* __restrict__ bias, long long M, long long N, long long K, long long batch,
-        long long stride_a, long long stride_b, float alpha, float beta, int has_bias) {
+        T* __restrict__ pre, const T* __restrict__ bias, long long M, long long N, long long K,
+        long long batch, long long stride_a, long long stride_b, float alpha, float beta,
+        int has_bias) {
     using namespace tc;
     constexpr bool A_KC = !TA;  // A [M, K] is k-contiguous
     constexpr bool B_KC = TB;   // B [N, K] is k-contiguous
@@ -285,6 +300,7 @@ gemm_tc(const T* __restrict__ A, const T* __restrict__ B, T* __restrict__ C,
 
         // Fragment (i, n): rows g (c0, c1) and g + 8 (c2, c3), columns 2t and 2t + 1.
         T* c = C + b * M * N;
+        T* p = pre == nullptr ? nullptr : pre + b * M * N;
         const int row0 = m0 + wm0 + (lane >> 2);
         const int col0 = n0 + wn0 + 2 * (lane & 3);
 #pragma unroll
@@ -294,14 +310,16 @@ gemm_tc(const T* __restrict__ A, const T* __restrict__ B, T* __restrict__ C,
                 const int m = row0 + i * 16 + h * 8;
                 if (m >= Mi) continue;
                 T* crow = c + static_cast<long long>(m) * N;
+                T* prow = p == nullptr ? nullptr : p + static_cast<long long>(m) * N;
 #pragma unroll
                 for (int n = 0; n < 4; ++n) {
 #pragma unroll
                     for (int e = 0; e < 2; ++e) {
                         const int col = col0 + n * 8 + e;
                         if (col < Ni) {
-                            store_out<T, float>(crow, bias, col, col, acc[i][n][2 * h + e],
-                                                alpha, beta, has_bias);
+                            store_out<EPI, T, float>(crow, prow, bias, col, col,
+                                                     acc[i][n][2 * h + e], alpha, beta,
+                                                     has_bias);
                         }
                     }
                 }
@@ -352,11 +370,14 @@ __device__ __forceinline__ void fma_store(T (&s)[BK][LD], const T (&reg)[ROWS * 
     }
 }
 
-template <typename T, bool TA, bool TB, int BM, int BN, int TM, int TN>
-__global__ void __launch_bounds__((BM / TM) * (BN / TN))
+// With an activation, at least one block per SM (0: no minimum) is stated: left free, ptxas
+// held one f32 instance to 128 registers and spilled.
+template <typename T, bool TA, bool TB, int BM, int BN, int TM, int TN, int EPI>
+__global__ void __launch_bounds__((BM / TM) * (BN / TN), EPI == EPI_NONE ? 0 : 1)
 gemm_fma(const T* __restrict__ A, const T* __restrict__ B, T* __restrict__ C,
-         const T* __restrict__ bias, long long M, long long N, long long K, long long batch,
-         long long stride_a, long long stride_b, T alpha, T beta, int has_bias) {
+         T* __restrict__ pre, const T* __restrict__ bias, long long M, long long N, long long K,
+         long long batch, long long stride_a, long long stride_b, T alpha, T beta,
+         int has_bias) {
     constexpr int BK = 8, PAD = 4;
     constexpr int TX = BN / TN, TY = BM / TM, THREADS = TX * TY;
     constexpr int LA = BM * BK / THREADS, LB = BN * BK / THREADS;
@@ -374,6 +395,7 @@ gemm_fma(const T* __restrict__ A, const T* __restrict__ B, T* __restrict__ C,
         const T* a = A + b * stride_a;
         const T* bm = B + b * stride_b;
         T* c = C + b * M * N;
+        T* p = pre == nullptr ? nullptr : pre + b * M * N;
         T ra[LA], rb[LB];
         T acc[TM][TN];
 #pragma unroll
@@ -420,10 +442,14 @@ gemm_fma(const T* __restrict__ A, const T* __restrict__ B, T* __restrict__ C,
             const int m = m0 + ty + i * TY;
             if (m >= Mi) continue;
             T* crow = c + static_cast<long long>(m) * N;
+            T* prow = p == nullptr ? nullptr : p + static_cast<long long>(m) * N;
 #pragma unroll
             for (int j = 0; j < TN; ++j) {
                 const int col = n0 + tx + j * TX;
-                if (col < Ni) store_out<T, T>(crow, bias, col, col, acc[i][j], alpha, beta, has_bias);
+                if (col < Ni) {
+                    store_out<EPI, T, T>(crow, prow, bias, col, col, acc[i][j], alpha, beta,
+                                         has_bias);
+                }
             }
         }
     }
@@ -443,6 +469,20 @@ __global__ void gemm_scale_bias(T* __restrict__ C, const T* __restrict__ bias, l
         if (beta != Acc(0)) v = beta * gp::to_acc<T>(C[i]);
         if (has_bias) v += gp::to_acc<T>(bias[i % N]);
         C[i] = gp::from_acc<T>(v);
+    }
+}
+
+// C = f(C) over `total` elements, pre = C first when pre is not null: the cuBLAS SKU's
+// activation epilogue, after the GEMM (the pre-activation is rounded to T before f).
+template <typename T, int EPI>
+__global__ void gemm_activation(T* __restrict__ C, T* __restrict__ pre, long long total) {
+    using Acc = typename gp::acc_type<T>::type;
+    const long long step = static_cast<long long>(blockDim.x) * gridDim.x;
+    for (long long i = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
+         i += step) {
+        const T v = C[i];
+        if (pre != nullptr) pre[i] = v;
+        C[i] = gp::from_acc<T>(gp::act_forward<EPI, Acc>(gp::to_acc<T>(v), Acc(0)));
     }
 }
 

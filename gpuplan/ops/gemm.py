@@ -1,11 +1,17 @@
-"""General matrix multiply: C = alpha * op(A) @ op(B) + beta * C (+ bias), strided batch.
+"""General matrix multiply: C = f(alpha * op(A) @ op(B) + beta * C (+ bias)), strided batch.
 
 All operands are row major and C-contiguous. With trans_a, A is stored [K, M] and op(A) = A^T,
 otherwise A is [M, K]; with trans_b, B is stored [N, K], otherwise [K, N]. C is [batch, M, N];
 A and B carry the same leading batch axis unless broadcast (a 2-D operand shared by every
 batch entry). When both operands are 2-D, batch must be 1 and C is [M, N]. Per batch entry b:
 
-    C[b, m, n] = alpha * sum_k op(A)[b, m, k] * op(B)[b, k, n] + beta * C[b, m, n] + bias[n]
+    P[b, m, n] = alpha * sum_k op(A)[b, m, k] * op(B)[b, k, n] + beta * C[b, m, n] + bias[n]
+    C[b, m, n] = f(P[b, m, n])
+
+f is the identity (epilogue "none") or an activation of the activation family's table
+(`gemm_sku.EPILOGUES`: "gelu", "gelu_tanh"), applied to P in the accumulator dtype before
+the one rounding; with save_preact, P itself (rounded) is written to `preact`, what the
+activation's backward needs.
 
 alpha and beta are run arguments (`GemmArgs`), not descriptor fields: a new scale (a loss
 scale, an attention 1/sqrt(d)) reuses the plan. beta == 0 never reads C (it may hold NaN).
@@ -15,7 +21,6 @@ dtype (except where noted for the cuBLAS bias path).
 
 from __future__ import annotations
 
-import functools
 import math
 from typing import Any
 
@@ -26,43 +31,36 @@ from gpuplan.dtypes import FLOAT_DTYPES, HALF_DTYPES, accumulator, as_dtype, cud
 from gpuplan.dtypes import short_name as sn
 from gpuplan.errors import InvalidProblem, Unsupported, describe
 from gpuplan.execute import call
-from gpuplan.nvrtc import CudaModule, cdiv, launch, on_stream
+from gpuplan.nvrtc import cdiv, launch
+from gpuplan.ops.gemm_sku import (
+    EPILOGUE_MODULE,
+    EPILOGUES,
+    FMA_TILES,
+    MODULE,
+    TC_SMEM_BYTES,
+    TC_THREADS,
+    TC_TILE,
+    CublasGemm,
+    activation_name,
+    allow_dynamic_smem,
+    cublas,
+    epilogue_activation,
+    fma_name,
+    tc_name,
+)
 from gpuplan.plan import BackendKind, Candidate, Plan, host_candidate
-from gpuplan.spec import DType, Extent, Flag, In, OpSpec, Out, Scalar
+from gpuplan.spec import Choice, DType, Extent, Flag, In, OpSpec, Out, Scalar
 from gpuplan.stream import Stream, Workspace
 
 __all__ = ["GemmDescriptor", "GemmArgs", "GemmPlan"]
 __functional__ = ["matmul"]
 
-_BOOLS = ("false", "true")
-#: Tensor-core tile (must match gemm.cu tc::): 128x128 block tile, 256 threads, and
-#: tc::SMEM_BYTES = STAGES(4) * 2 operands * max(128*40, 32*136) halves * 2 bytes.
-_TC_TILE, _TC_THREADS, _TC_SMEM_BYTES = 128, 256, 4 * 2 * 5120 * 2
-#: CUDA-core tiles per dtype: (BM, BN, TM, TN) of gemm_fma, 256 threads each.
-_FMA_TILES = {"float": (128, 128, 8, 8), "double": (64, 64, 4, 4)}
+#: The CUDA modules (gemm_sku): plain GEMMs, and GEMMs with an activation epilogue.
+_MODULE, _EPILOGUE_MODULE = MODULE, EPILOGUE_MODULE
 #: Kernels index rows and k in int (k-tile bases run up to K + 1023); cuBLAS takes int.
 _MAX_EXTENT = 2**31 - 1024
 _GRID_YZ_MAX = 65535
 
-
-def _tc_name(t: str, ta: bool, tb: bool, vec: bool) -> str:
-    return f"gemm::gemm_tc<{t}, {_BOOLS[ta]}, {_BOOLS[tb]}, {_BOOLS[vec]}>"
-
-
-def _fma_name(t: str, ta: bool, tb: bool) -> str:
-    bm, bn, tm, tn = _FMA_TILES[t]
-    return f"gemm::gemm_fma<{t}, {_BOOLS[ta]}, {_BOOLS[tb]}, {bm}, {bn}, {tm}, {tn}>"
-
-
-_FLAGS = [(ta, tb) for ta in (False, True) for tb in (False, True)]
-_MODULE = CudaModule(
-    __file__,
-    "gemm.cu",
-    [_tc_name(cuda_name(t), ta, tb, v) for t in HALF_DTYPES for ta, tb in _FLAGS
-     for v in (False, True)]
-    + [_fma_name(t, ta, tb) for t in _FMA_TILES for ta, tb in _FLAGS]
-    + [f"gemm::gemm_scale_bias<{cuda_name(t)}>" for t in FLOAT_DTYPES],
-)
 
 
 # -- the declaration ----------------------------------------------------------------------
@@ -90,34 +88,26 @@ SPEC = OpSpec(
     fields=(Extent("m"), Extent("n"), Extent("k"), Extent("batch", default=1),
             Flag("trans_a", default=False), Flag("trans_b", default=False),
             Flag("has_bias", default=False), Flag("broadcast_a", default=False),
-            Flag("broadcast_b", default=False), DType("dtype", FLOAT_DTYPES, default=np.float32)),
+            Flag("broadcast_b", default=False), DType("dtype", FLOAT_DTYPES, default=np.float32),
+            Choice("epilogue", EPILOGUES, default="none"), Flag("save_preact", default=False)),
     operands=(In("a", _a_shape), In("b", _b_shape), Out("c", _c_shape),
-              In("bias", ("n",), present="has_bias")),
+              In("bias", ("n",), present="has_bias"),
+              Out("preact", _c_shape, present="save_preact", distinct=("a", "b", "bias", "c"))),
     scalars=(Scalar("alpha", 1.0), Scalar("beta", 0.0)),
     empty=("m", "n", "batch"),  # k == 0 is not empty: C = beta * C + bias
 )
 GemmDescriptor = SPEC.descriptor(
-    "GemmDescriptor", "C[batch, M, N] = alpha * op(A) @ op(B) + beta * C + bias (see gemm.py); "
-    "a_shape(), b_shape(), c_shape() give the operand shapes.")
+    "GemmDescriptor", "C[batch, M, N] = f(alpha * op(A) @ op(B) + beta * C + bias), f the "
+    "epilogue (see gemm.py); a_shape(), b_shape(), c_shape() give the operand shapes.")
 GemmDescriptor.a_shape, GemmDescriptor.b_shape, GemmDescriptor.c_shape = (
     _a_shape, _b_shape, _c_shape)
 GemmArgs = SPEC.args(
-    "GemmArgs", "a, b, c (written; read when beta != 0), bias [N] when has_bias; alpha, beta "
-    "run-time reals.")
-
-
-@functools.lru_cache(maxsize=1)
-def _cublas() -> Any | None:
-    """CuPy's low-level cuBLAS bindings, or None where libcublas cannot be loaded."""
-    try:
-        from cupy_backends.cuda.libs import cublas
-    except Exception:  # noqa: BLE001 - missing libcublas: no cuBLAS SKU
-        return None
-    return cublas
+    "GemmArgs", "a, b, c (written; read when beta != 0), bias [N] when has_bias, preact (the "
+    "pre-activation, c's shape) when save_preact; alpha, beta run-time reals.")
 
 
 class GemmPlan(Plan):
-    """Batched GEMM with alpha/beta and a bias epilogue.
+    """Batched GEMM with alpha/beta, a bias and an activation epilogue.
 
     SKUs on a GPU, in order of preference:
     - ``cublas`` (cublasGemmStridedBatchedEx): f16/bf16 on tensor cores with f32 compute,
@@ -126,13 +116,15 @@ class GemmPlan(Plan):
       given version, architecture and SM count), not bit-stable across devices. The bias
       (and beta, when there is a bias) is applied by a small kernel of ours that first sets
       C = beta*C + bias, then cuBLAS adds alpha*AB with beta = 1: with beta != 0 and a bias
-      the addend is rounded to the output dtype once before the final rounding.
+      the addend is rounded to the output dtype once before the final rounding. An
+      activation epilogue is a second kernel of ours over C (so P is rounded before f).
     - ``tiled`` (NVRTC): our kernels. f16/bf16 (sm_80+ by the stream's compute capability):
       mma.sync m16n8k16 tensor cores, 128x128x32 tiles, 4-stage cp.async pipeline, f32
       accumulation. f32/f64: register-tiled FMA kernel. No split-K and no atomics:
       deterministic. The FMA kernel's bits do not depend on the device (one fma chain per
       output in ascending k); the tensor-core kernel's do (the summation inside an mma
-      instruction is the hardware's), so it is marked bit_stable=False.
+      instruction is the hardware's), so it is marked bit_stable=False. The activation
+      epilogue runs in the kernels' own epilogue, on the unrounded accumulator.
     Host: ``numpy``, np.matmul in the accumulator dtype, rounded once.
     """
 
@@ -150,6 +142,9 @@ class GemmPlan(Plan):
         if desc.broadcast_a and desc.broadcast_b and desc.batch != 1:
             raise InvalidProblem(describe(cls.op, "batch", "1 when both operands are 2-D",
                                           desc.batch))
+        if desc.save_preact and desc.epilogue == "none":
+            raise InvalidProblem(describe(cls.op, "save_preact", "False without an activation "
+                                          "epilogue (the pre-activation is C)", True))
 
     @classmethod
     def _candidates(cls, desc: Any, stream: Stream) -> list[Candidate]:
@@ -160,10 +155,10 @@ class GemmPlan(Plan):
         cands = []
         # The emulated stream refuses cuBLAS by name (Plan.select): offered there so that
         # asking for it says why; on a GPU only where libcublas loads.
-        if stream.is_emulated or _cublas() is not None:
+        if stream.is_emulated or cublas() is not None:
             cands.append(Candidate("cublas", BackendKind.CUBLAS, True, False, mp, acc))
         half = d in HALF_DTYPES
-        tile_n = _TC_TILE if half else _FMA_TILES[cuda_name(d)][1]
+        tile_n = TC_TILE if half else FMA_TILES[cuda_name(d)][1]
         if cdiv(desc.n, tile_n) <= _GRID_YZ_MAX:
             # mma.sync / cp.async: Plan.select compares this with stream.compute_capability.
             cands.append(Candidate("tiled", BackendKind.NVRTC, True, not half, mp, acc,
@@ -176,13 +171,17 @@ class GemmPlan(Plan):
         self._kscalar = np.float64 if as_dtype(d.dtype) == float64 else np.float32
         self._stride_a = 0 if d.broadcast_a else d.m * d.k
         self._stride_b = 0 if d.broadcast_b else d.k * d.n
+        self._act = epilogue_activation(d.epilogue)
+        self._module = _MODULE if self._act is None else _EPILOGUE_MODULE
         variant = self._cand.variant
         if variant == "tiled":
             self._prepare_tiled()
         elif variant == "cublas":
             self._prepare_cublas()
         if variant != "numpy":
-            self._scale_bias_kernel = f"gemm::gemm_scale_bias<{cuda_name(d.dtype)}>"
+            t = cuda_name(d.dtype)
+            self._scale_bias_kernel = f"gemm::gemm_scale_bias<{t}>"
+            self._act_kernel = None if self._act is None else activation_name(t, d.epilogue)
 
     def _check_args(self, args: Any) -> None:
         alpha, beta = args.alpha, args.beta
@@ -207,40 +206,30 @@ class GemmPlan(Plan):
             b = np.ascontiguousarray(b) if b.ndim > 2 else b
         if beta == 0 and acc == args.c.dtype:
             # f32/f64: BLAS writes C directly; the same roundings as below, no temporaries.
-            c = np.matmul(a, b, out=args.c)
+            v = np.matmul(a, b, out=args.c)
             if alpha != 1:
-                c *= acc.type(alpha)
+                v *= acc.type(alpha)
             if d.has_bias:
-                c += args.bias
-            return
-        v = np.matmul(a, b)
-        if alpha != 1:
-            v *= acc.type(alpha)
-        if beta != 0:
-            v += acc.type(beta) * args.c.astype(acc)
-        if d.has_bias:
-            v += args.bias.astype(acc, copy=False)
-        args.c[...] = v
+                v += args.bias
+        else:
+            v = np.matmul(a, b)
+            if alpha != 1:
+                v *= acc.type(alpha)
+            if beta != 0:
+                v += acc.type(beta) * args.c.astype(acc)
+            if d.has_bias:
+                v += args.bias.astype(acc, copy=False)
+        if self._act is not None:
+            if args.preact is not None:
+                args.preact[...] = v
+            with np.errstate(over="ignore"):
+                v = self._act.forward(v, None)
+        if v is not args.c:
+            args.c[...] = v
 
     # -- cuBLAS -------------------------------------------------------------------------
     def _prepare_cublas(self) -> None:
-        from cupy_backends.cuda.api import runtime
-
-        cublas, d = _cublas(), self.desc
-        dt = as_dtype(d.dtype)
-        self._data_type = {np.dtype(np.float32): runtime.CUDA_R_32F,
-                           np.dtype(np.float64): runtime.CUDA_R_64F,
-                           np.dtype(np.float16): runtime.CUDA_R_16F}.get(dt, runtime.CUDA_R_16BF)
-        if dt == float64:
-            self._compute = cublas.CUBLAS_COMPUTE_64F
-        elif dt in HALF_DTYPES:
-            self._compute = cublas.CUBLAS_COMPUTE_32F
-        else:  # f32: PEDANTIC forbids TF32 even if CUPY_TF32 set the handle's math mode
-            self._compute = cublas.CUBLAS_COMPUTE_32F_PEDANTIC
-        # Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: B goes first.
-        self._ops = (cublas.CUBLAS_OP_T if d.trans_b else cublas.CUBLAS_OP_N,
-                     cublas.CUBLAS_OP_T if d.trans_a else cublas.CUBLAS_OP_N)
-        self._lds = (d.k if d.trans_b else d.n, d.m if d.trans_a else d.k)
+        self._cublas_call = CublasGemm.of(self.desc, self._stride_a, self._stride_b)
 
     def _run_cublas(self, stream: Stream, ws: Workspace, args: Any) -> None:
         d = self.desc
@@ -248,53 +237,45 @@ class GemmPlan(Plan):
         if d.has_bias or d.k == 0:
             self._scale_bias(stream, args)  # C = beta * C + bias
             beta = 1.0
-        if d.k == 0:
-            return
-        cp, cublas = backend.cupy_module(), _cublas()
-        alpha = np.array(args.alpha, dtype=self._kscalar)
-        beta_h = np.array(beta, dtype=self._kscalar)
-        (op_b, op_a), (ld_b, ld_a), dt = self._ops, self._lds, self._data_type
-        with on_stream(stream):  # CuPy's cuBLAS calls bind the handle to the current stream
-            handle = cp.cuda.device.get_cublas_handle()
-            mode = cublas.getPointerMode(handle)
-            cublas.setPointerMode(handle, cublas.CUBLAS_POINTER_MODE_HOST)
-            try:
-                cublas.gemmStridedBatchedEx(
-                    handle, op_b, op_a, d.n, d.m, d.k, alpha.ctypes.data,
-                    args.b.data.ptr, dt, ld_b, self._stride_b,
-                    args.a.data.ptr, dt, ld_a, self._stride_a,
-                    beta_h.ctypes.data, args.c.data.ptr, dt, d.n, d.m * d.n,
-                    d.batch, self._compute, cublas.CUBLAS_GEMM_DEFAULT)
-            finally:
-                cublas.setPointerMode(handle, mode)
+        if d.k > 0:
+            self._cublas_call.run(stream, args.a, args.b, args.c, args.alpha, beta)
+        if self._act is not None:
+            self._activation(stream, args)  # preact = C, C = f(C)
 
     def _scale_bias(self, stream: Stream, args: Any) -> None:
-        """C = beta * C + bias (the cuBLAS SKU's epilogue, launched before cuBLAS)."""
+        """C = beta * C + bias (the cuBLAS SKU's bias pass, launched before cuBLAS)."""
         d = self.desc
-        fn = _MODULE.function(self._scale_bias_kernel, stream.device_id)
+        fn = self._module.function(self._scale_bias_kernel, stream.device_id)
         total = args.c.size
         bias = args.bias if d.has_bias else args.c  # never read without a bias
         launch(stream, fn, int(min(cdiv(total, 256), 65536)), 256,
                (args.c, bias, np.int64(total), np.int64(d.n), self._kscalar(args.beta),
                 np.int32(d.has_bias)))
 
+    def _activation(self, stream: Stream, args: Any) -> None:
+        """preact = C (when saved), C = f(C): the cuBLAS SKU's activation pass, after it."""
+        fn = self._module.function(self._act_kernel, stream.device_id)
+        total = args.c.size
+        launch(stream, fn, int(min(cdiv(total, 256), 65536)), 256,
+               (args.c, args.preact, np.int64(total)))
+
     # -- our kernels --------------------------------------------------------------------
     def _prepare_tiled(self) -> None:
         d = self.desc
-        t = cuda_name(d.dtype)
+        t, epi = cuda_name(d.dtype), d.epilogue
         if as_dtype(d.dtype) in HALF_DTYPES:
             contiguous_a = d.m if d.trans_a else d.k
             contiguous_b = d.k if d.trans_b else d.n
             # cp.async tiles need 8-element rows; the 16-byte bases are checked per call.
             self._vec_extents = contiguous_a % 8 == 0 and contiguous_b % 8 == 0
-            self._kernels = (_tc_name(t, d.trans_a, d.trans_b, False),
-                             _tc_name(t, d.trans_a, d.trans_b, True))
-            bm = bn = _TC_TILE
-            self._block, self._smem = _TC_THREADS, _TC_SMEM_BYTES
+            self._kernels = (tc_name(t, d.trans_a, d.trans_b, False, epi),
+                             tc_name(t, d.trans_a, d.trans_b, True, epi))
+            bm = bn = TC_TILE
+            self._block, self._smem = TC_THREADS, TC_SMEM_BYTES
         else:
             self._vec_extents = False
-            self._kernels = (_fma_name(t, d.trans_a, d.trans_b),) * 2
-            bm, bn, tm, tn = _FMA_TILES[t]
+            self._kernels = (fma_name(t, d.trans_a, d.trans_b, epi),) * 2
+            bm, bn, tm, tn = FMA_TILES[t]
             self._block, self._smem = (bm // tm) * (bn // tn), 0
         self._grid = (cdiv(d.m, bm), cdiv(d.n, bn), min(d.batch, _GRID_YZ_MAX))
         self._extents = (np.int64(d.m), np.int64(d.n), np.int64(d.k), np.int64(d.batch),
@@ -304,35 +285,26 @@ class GemmPlan(Plan):
         d = self.desc
         vec = (self._vec_extents and backend.data_ptr(args.a) % 16 == 0
                and backend.data_ptr(args.b) % 16 == 0)
-        fn = _MODULE.function(self._kernels[vec], stream.device_id)
+        fn = self._module.function(self._kernels[vec], stream.device_id)
         if self._smem:
-            _allow_dynamic_smem(fn, self._smem)
+            allow_dynamic_smem(fn, self._smem)
         scalar = self._kscalar  # the accumulator's: f32 for the tensor-core kernels
         launch(stream, fn, self._grid, self._block,
-               (args.a, args.b, args.c, args.bias if d.has_bias else args.c) + self._extents
-               + (scalar(args.alpha), scalar(args.beta), np.int32(d.has_bias)),
+               (args.a, args.b, args.c, args.preact, args.bias if d.has_bias else args.c)
+               + self._extents + (scalar(args.alpha), scalar(args.beta), np.int32(d.has_bias)),
                shared_mem=self._smem)
-
-
-_SMEM_SET: dict[int, Any] = {}
-
-
-def _allow_dynamic_smem(fn: Any, nbytes: int) -> None:
-    """Raise a kernel's dynamic shared-memory cap above 48 KB (once per compiled function)."""
-    if id(fn) not in _SMEM_SET:
-        fn.max_dynamic_shared_size_bytes = nbytes
-        _SMEM_SET[id(fn)] = fn  # held, so that its id is never reused by another function
 
 
 # -- functional API ------------------------------------------------------------------------
 
-#: (a.shape, b.shape, dtype, trans_a, trans_b, has_bias) -> (descriptor, a view shape or
-#: None, b view shape or None, output shape or None): derived once per problem shape.
+#: (a.shape, b.shape, dtype, trans_a, trans_b, has_bias, epilogue, save_preact) ->
+#: (descriptor, a view shape or None, b view shape or None, output shape or None): derived
+#: once per problem shape.
 _PROBLEMS: dict[tuple, tuple] = {}
 
 
 def _matmul_problem(a_shape: tuple, b_shape: tuple, dtype: Any, trans_a: bool, trans_b: bool,
-                    has_bias: bool) -> tuple:
+                    has_bias: bool, epilogue: str, save_preact: bool) -> tuple:
     """The GEMM descriptor of matmul on these shapes, and the views to pass it. The rank,
     batch-axis and contraction errors are raised here: once per problem shape."""
     op = "matmul"
@@ -350,7 +322,8 @@ def _matmul_problem(a_shape: tuple, b_shape: tuple, dtype: Any, trans_a: bool, t
         raise InvalidProblem(describe(op, "b", f"a contraction extent of {k} like 'a'", k_b))
     lead = lead_a or lead_b
     batch = math.prod(lead)
-    common = dict(trans_a=trans_a, trans_b=trans_b, has_bias=has_bias, dtype=dtype)
+    common = dict(trans_a=trans_a, trans_b=trans_b, has_bias=has_bias, dtype=dtype,
+                  epilogue=epilogue, save_preact=save_preact)
     if lead_a and not lead_b and not trans_a:
         # [*batch, M, K] @ [K, N] is one [batch*M, K] @ [K, N] GEMM.
         desc = GemmDescriptor(batch * m, n, k, broadcast_a=True, broadcast_b=True, **common)
@@ -364,8 +337,10 @@ def _matmul_problem(a_shape: tuple, b_shape: tuple, dtype: Any, trans_a: bool, t
 
 
 def matmul(a: Any, b: Any, *, trans_a: bool = False, trans_b: bool = False, alpha: float = 1.0,
-           bias: Any = None) -> Any:
-    """alpha * op(a) @ op(b) (+ bias[N]) as a fresh array of the inputs' dtype.
+           bias: Any = None, epilogue: str = "none", save_preact: bool = False) -> Any:
+    """f(alpha * op(a) @ op(b) (+ bias[N])) as a fresh array of the inputs' dtype, f the
+    `epilogue` ("none", "gelu", "gelu_tanh"); with save_preact, returns (out, preact), preact
+    the argument of f (what f's backward needs).
 
     a: [M, K] or [*batch, M, K] ([K, M] / [*batch, K, M] with trans_a); b: [K, N] or
     [*batch, K, N] ([N, K] / [*batch, N, K] with trans_b). A 2-D operand is broadcast over
@@ -373,14 +348,14 @@ def matmul(a: Any, b: Any, *, trans_a: bool = False, trans_b: bool = False, alph
     [*batch, M, N] ([M, N] when both are 2-D). Strided inputs are copied; dtypes, devices
     and the bias are checked once, by the plan.
     """
-    key = (a.shape, b.shape, a.dtype, trans_a, trans_b, bias is not None)
+    key = (a.shape, b.shape, a.dtype, trans_a, trans_b, bias is not None, epilogue, save_preact)
     problem = _PROBLEMS.get(key)
     if problem is None:
         if len(_PROBLEMS) >= 1024:
             _PROBLEMS.clear()
         problem = _PROBLEMS[key] = _matmul_problem(
             tuple(a.shape), tuple(b.shape), a.dtype, bool(trans_a), bool(trans_b),
-            bias is not None)
+            bias is not None, epilogue, save_preact)
     desc, a_view, b_view, out_shape = problem
     if not a.flags.c_contiguous:
         a = backend.ascontiguous(a)
@@ -388,6 +363,9 @@ def matmul(a: Any, b: Any, *, trans_a: bool = False, trans_b: bool = False, alph
         b = backend.ascontiguous(b)
     if bias is not None and not bias.flags.c_contiguous:
         bias = backend.ascontiguous(bias)
-    c = call(GemmPlan, desc, like=a, a=a if a_view is None else a.reshape(a_view),
-             b=b if b_view is None else b.reshape(b_view), bias=bias, alpha=alpha)
-    return c if out_shape is None else c.reshape(out_shape)
+    c, preact = call(GemmPlan, desc, like=a, a=a if a_view is None else a.reshape(a_view),
+                     b=b if b_view is None else b.reshape(b_view), bias=bias, alpha=alpha)
+    if out_shape is not None:
+        c = c.reshape(out_shape)
+        preact = None if preact is None else preact.reshape(out_shape)
+    return (c, preact) if save_preact else c

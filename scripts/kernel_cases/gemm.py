@@ -1,14 +1,16 @@
 """GEMM on the emulated device (the NVRTC ``tiled`` SKU: tensor-core kernels for f16/bf16,
-scalar-copy and cp.async (VEC) tile loads; FMA kernels for f32/f64) and the cuBLAS SKU's
-epilogue kernel gemm_scale_bias, against float64 NumPy math.
+scalar-copy and cp.async (VEC) tile loads; FMA kernels for f32/f64; each without and with
+every activation epilogue, the pre-activation saved or not) and the cuBLAS SKU's own
+kernels gemm_scale_bias and gemm_activation, against float64 NumPy math.
 
 Tolerance as tests/gpuplan/ops/test_gemm.py: |err| <= rtol * (|ref| + |beta * C0| + |bias|)
 + atol * sqrt(K) with the dtype's (rtol, atol): a sum of K products grows like sqrt(K), and
 an addend may be rounded once more before the final rounding.
 
-gemm_scale_bias is launched only by the cuBLAS SKU (C = beta * C + bias before a beta = 1
-cuBLAS call), which the emulated device does not have; its cases call that SKU's launch
-method, GemmPlan._scale_bias, on a plan selected for the emulated stream.
+gemm_scale_bias and gemm_activation are launched only by the cuBLAS SKU (C = beta * C + bias
+before a beta = 1 cuBLAS call; preact = C, C = f(C) after it), which the emulated device
+does not have; their cases call that SKU's launch methods, GemmPlan._scale_bias and
+GemmPlan._activation, on a plan selected for the emulated stream.
 """
 
 from __future__ import annotations
@@ -17,7 +19,13 @@ import numpy as np
 
 import gpuplan as gp
 from gpuplan.dtypes import HALF_DTYPES
-from gpuplan.testing import assert_gemm_close, gemm_operands, gemm_reference
+from gpuplan.ops.gemm_sku import EPILOGUE_ACTIVATIONS
+from gpuplan.testing import (
+    assert_gemm_close,
+    gemm_epilogue_reference,
+    gemm_operands,
+    gemm_reference,
+)
 from kernel_cases import common
 from kernel_cases.common import DTYPES, Case, dtype_id, emu, f64, host, run_emulated
 
@@ -45,10 +53,18 @@ def tiled(desc: gp.GemmDescriptor, vec: bool | None, seed: int, alpha: float = 1
         picks = (ca % 8 == 0 and cb % 8 == 0 and ad.data.ptr % 16 == 0
                  and bd.data.ptr % 16 == 0)
         assert picks == vec, f"case meant for VEC={vec} would launch VEC={picks}"
-    plan = run_emulated(gp.GemmPlan, desc, gp.GemmArgs(ad, bd, c, emu(bias), alpha, beta))
+    pre = emu(np.full(desc.c_shape(), np.nan, desc.dtype)) if desc.save_preact else None
+    plan = run_emulated(gp.GemmPlan, desc, gp.GemmArgs(ad, bd, c, emu(bias), preact=pre,
+                                                       alpha=alpha, beta=beta))
     assert plan.sku().variant == "tiled", plan.sku()
-    assert_gemm_close(c, gemm_reference(desc, a, b, c0, bias, alpha, beta), desc, c0, bias,
-                      what="gemm tiled", beta=beta)
+    want_pre = gemm_reference(desc, a, b, c0, bias, alpha, beta)
+    if desc.epilogue == "none":
+        assert_gemm_close(c, want_pre, desc, c0, bias, what="gemm tiled", beta=beta)
+        return
+    assert_gemm_close(c, gemm_epilogue_reference(desc, want_pre), desc, c0, bias,
+                      what=f"gemm tiled {desc.epilogue}", beta=beta, pre=want_pre)
+    if pre is not None:
+        assert_gemm_close(pre, want_pre, desc, c0, bias, what="gemm tiled preact", beta=beta)
 
 
 def scale_bias(dtype, beta: float, has_bias: bool) -> None:
@@ -67,6 +83,46 @@ def scale_bias(dtype, beta: float, has_bias: bool) -> None:
     d0 = gp.GemmDescriptor(7, 45, 0, batch=3, has_bias=has_bias, dtype=dtype)
     assert_gemm_close(c, expected, d0, c0, bias, what="gemm_scale_bias", beta=beta)
     assert host(c).shape == (3, 7, 45)
+
+
+def activation_pass(dtype, epilogue: str, save: bool) -> None:
+    """The cuBLAS SKU's activation pass (gemm_activation) over a C already computed."""
+    desc = gp.GemmDescriptor(7, 45, 3, batch=3, dtype=dtype, epilogue=epilogue,
+                             save_preact=save)
+    a, b, c0, _ = gemm_operands(desc, seed=23)
+    c0 = (4 * c0.astype(np.float64)).astype(dtype)  # past GELU's knee on both sides
+    c = emu(c0.copy())
+    pre = emu(np.full(desc.c_shape(), np.nan, dtype)) if save else None
+    stream = common.stream()
+    plan = gp.GemmPlan.select(stream, desc, gp.PlanPreference(backend=gp.BackendKind.NVRTC))
+    plan._activation(stream, gp.GemmArgs(emu(a), emu(b), c, preact=pre))
+    stream.synchronize()
+    common.check(c, gemm_epilogue_reference(desc, f64(c0)), dtype, f"gemm_activation "
+                 f"{epilogue}", scale=4)
+    if save:
+        np.testing.assert_array_equal(host(pre), c0)
+
+
+def _epilogue_cases() -> list[Case]:
+    """Every tiled instance with an activation epilogue: half types through both tile
+    loads (extents % 8: cp.async; odd: scalar), f32/f64 through the FMA kernels; with
+    alpha, beta, a bias, a batch, and the pre-activation saved in every other case."""
+    cases = []
+    for e, epi in enumerate(EPILOGUE_ACTIVATIONS):
+        for t in (*HALF_DTYPES, np.float32, np.float64):
+            half = t in HALF_DTYPES
+            for i, (ta, tb) in enumerate(FLAGS):
+                for vec in ((False, True) if half else (None,)):
+                    m, n, k = (40, 24, 72) if vec else (23, 41, 37)
+                    d = gp.GemmDescriptor(m, n, k, batch=2, trans_a=ta, trans_b=tb,
+                                          has_bias=True, dtype=t, epilogue=epi,
+                                          save_preact=(i + e) % 2 == 0)
+                    name = (f"{epi} {_flags_id(ta, tb)} "
+                            f"{'' if vec is None else ('vec ' if vec else 'scalar ')}"
+                            f"[{dtype_id(t)}]")
+                    cases.append(Case(name, lambda d=d, vec=vec, i=i: tiled(
+                        d, vec, 40 + i, 2.5, 0.75 if i % 2 else 0.0)))
+    return cases
 
 
 def _tc_cases() -> list[Case]:
@@ -118,4 +174,8 @@ CASES = (
     + [Case(f"scale_bias beta={beta} bias={hb}[{dtype_id(t)}]",
             lambda t=t, beta=beta, hb=hb: scale_bias(t, beta, hb))
        for t in DTYPES for beta, hb in ((0.75, True), (0.0, True), (-0.5, False))]
+    + _epilogue_cases()
+    + [Case(f"activation pass {epi} save={save}[{dtype_id(t)}]",
+            lambda t=t, epi=epi, save=save: activation_pass(t, epi, save))
+       for t in DTYPES for epi in EPILOGUE_ACTIVATIONS for save in (False, True)]
 )

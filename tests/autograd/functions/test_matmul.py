@@ -72,3 +72,39 @@ def test_empty(device):
     F.linear(x, w).backward(np.zeros((0, 3)))
     assert x.grad.shape == (0, 4)
     np.testing.assert_array_equal(w.grad.numpy(), np.zeros((4, 3)))
+
+
+# -- linear_gelu: the activation in the GEMM epilogue ---------------------------------------
+
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+@pytest.mark.parametrize("x_shape,bias", [((2, 3, 4), True), ((3, 4), False), ((4,), True)])
+def test_linear_gelu_gradcheck_and_values(device, approximate, x_shape, bias):
+    x, w, b = 2 * _r(*x_shape, seed=11), _r(4, 5, seed=12), _r(5, seed=13)
+    args = (x, w, b) if bias else (x, w)
+    gradcheck_on(device, lambda *t: F.linear_gelu(*t, approximate=approximate), *args)
+    ts = [ag.tensor(a, device=device) for a in args]
+    fused = F.linear_gelu(*ts, approximate=approximate)
+    composed = F.gelu(F.linear(*ts), approximate=approximate)
+    assert fused.shape == composed.shape == x_shape[:-1] + (5,)
+    np.testing.assert_allclose(fused.numpy(), composed.numpy(), rtol=1e-14, atol=1e-15)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_linear_gelu_dtypes(device, dtype):
+    x, w, b = 2 * _r(5, 17, seed=14), _r(17, 9, seed=15), _r(9, seed=16)
+    check_dtypes(lambda p, q, r: F.linear_gelu(p, q, r) @ q.T, [x, w, b], device, [dtype],
+                 scale=20)
+
+
+def test_linear_gelu_without_grad_and_errors(device):
+    x, w = ag.tensor(_r(3, 4), device=device), ag.tensor(_r(4, 5), device=device)
+    with ag.no_grad():
+        y = F.linear_gelu(x, w, approximate="tanh")
+    assert not y.requires_grad
+    np.testing.assert_allclose(y.numpy(), F.gelu(F.linear(x, w), "tanh").numpy(), rtol=1e-14)
+    with pytest.raises(ValueError, match="linear_gelu: approximate"):
+        F.linear_gelu(x, w, approximate="erf")
+    with pytest.raises(ValueError, match="linear_gelu: expected a weight"):
+        F.linear_gelu(x, ag.tensor(_r(4, 5, 1), device=device))
+    with pytest.raises(ValueError, match="contraction extent of 4"):
+        F.linear_gelu(x, ag.tensor(_r(3, 5), device=device))

@@ -332,3 +332,32 @@ def test_generate_sampling_is_seeded():
     assert np.all((a.data >= 0) & (a.data < 13))
     draws = [model.generate(prompt, 6, seed=s).data for s in range(4)]
     assert any(not np.array_equal(draws[0], d) for d in draws[1:])
+
+
+def test_mlp_fuses_gelu_into_fc_unless_fc_is_substituted(monkeypatch):
+    """A dense fc + GELU runs as one F.linear_gelu (the activation in the GEMM epilogue),
+    with the composed path's values; any other fc (a parallel layer) runs fc, then act."""
+    from autograd.nn import functional as F
+
+    cfg = nn.GPTConfig(**SMALL, dtype=np.float64, seed=4)
+    mlp = nn.GPT(cfg).blocks[0].mlp
+    x = ag.tensor(np.random.default_rng(0).standard_normal((2, 3, 8)))
+    calls = []
+    fused = F.linear_gelu
+    monkeypatch.setattr(F, "linear_gelu", lambda *a, **k: calls.append(k) or fused(*a, **k))
+    out = host(mlp(x))
+    assert calls == [{"approximate": "none"}]
+    want = host(mlp.proj(F.gelu(mlp.fc(x))))
+    np.testing.assert_allclose(out, want, rtol=1e-14, atol=1e-15)
+
+    class Wrapped(nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, t):
+            return self.inner(t)
+
+    mlp.fc = Wrapped(mlp.fc)
+    np.testing.assert_allclose(host(mlp(x)), want, rtol=1e-14, atol=1e-15)
+    assert len(calls) == 1

@@ -234,18 +234,18 @@ BF16, F16 = "__nv_bfloat16", "__half"
 # 16-byte aligned operands, so the cp.async (VEC) path of gemm_tc is taken.
 PROBLEMS: dict[str, Problem] = {
     "gemm-bf16-nn": Problem(gemm_family, lambda: run_gemm(bfloat16, 40, 72, 48),
-                            f"gemm::gemm_tc<{BF16}, false, false, true>"),
+                            f"gemm::gemm_tc<{BF16}, false, false, true, -1>"),
     "gemm-f16-nn": Problem(gemm_family, lambda: run_gemm(float16, 40, 72, 48),
-                           f"gemm::gemm_tc<{F16}, false, false, true>"),
+                           f"gemm::gemm_tc<{F16}, false, false, true, -1>"),
     "gemm-bf16-tn": Problem(gemm_family, lambda: run_gemm(bfloat16, 40, 72, 48, trans_a=True),
-                            f"gemm::gemm_tc<{BF16}, true, false, true>"),
+                            f"gemm::gemm_tc<{BF16}, true, false, true, -1>"),
     "gemm-bf16-nt": Problem(gemm_family, lambda: run_gemm(bfloat16, 40, 72, 48, trans_b=True),
-                            f"gemm::gemm_tc<{BF16}, false, true, true>"),
+                            f"gemm::gemm_tc<{BF16}, false, true, true, -1>"),
     # K = 160: five k-tiles, more than the pipeline's STAGES - 1 = 3 in flight
     "gemm-bf16-nn-k160": Problem(gemm_family, lambda: run_gemm(bfloat16, 40, 72, 160),
-                                 f"gemm::gemm_tc<{BF16}, false, false, true>"),
+                                 f"gemm::gemm_tc<{BF16}, false, false, true, -1>"),
     "gemm-f32-nn": Problem(gemm_family, lambda: run_gemm(float32, 40, 72, 48),
-                           "gemm::gemm_fma<float, false, false, 128, 128, 8, 8>"),
+                           "gemm::gemm_fma<float, false, false, 128, 128, 8, 8, -1>"),
     # dim 2048 > WARP_ROW_MAX_DIM: the block-per-row kernel, whose row sums are gp::block_sum
     "layer-norm-f32-block-row": Problem(norm_family, lambda: run_layer_norm(float32, 3, 2048),
                                         "norm_forward<float, false, false>"),

@@ -161,7 +161,7 @@ def test_spec_checks(device, dtype):
     a, b, c0, bias = gemm_operands(desc, seed=4)
 
     def reference(a, b, c, bias, alpha, beta):
-        return gemm_reference(desc, a, b, c, bias, alpha, beta)
+        return {"c": gemm_reference(desc, a, b, c, bias, alpha, beta)}
 
 
     check_plan(gp.GemmPlan, desc, dict(a=a, b=b, c=c0, bias=bias, alpha=0.5, beta=-1.0),
