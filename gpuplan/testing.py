@@ -108,6 +108,21 @@ def layer_norm_reference(x: Any, weight: Any = None, bias: Any = None, eps: floa
     return y, mean, rstd
 
 
+def layer_norm_backward_reference(dy: Any, x: Any, weight: Any = None, eps: float = 1e-5
+                                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(dx, dweight, dbias) of LayerNorm over the last axis of 2-D x in float64, statistics
+    from x (`layer_norm_reference`): with xhat = (x - mean) * rstd and g = dy * weight,
+    dx = rstd * (g - mean_d(g) - xhat * mean_d(g * xhat)), dweight = sum_r dy * xhat,
+    dbias = sum_r dy."""
+    x, dy = f64(x), f64(dy)
+    _, mean, rstd = layer_norm_reference(x, eps=eps)
+    xhat = (x - mean[:, None]) * rstd[:, None]
+    g = dy if weight is None else dy * f64(weight)
+    dx = rstd[:, None] * (g - g.mean(axis=1, keepdims=True)
+                          - xhat * (g * xhat).mean(axis=1, keepdims=True))
+    return dx, (dy * xhat).sum(axis=0), dy.sum(axis=0)
+
+
 def gemm_operands(desc: Any, seed: int = 0) -> tuple[np.ndarray, ...]:
     """A, B, C0 and (with has_bias) the bias of a GemmDescriptor, drawn in its dtype."""
     a = random(desc.a_shape(), desc.dtype, seed=seed)
@@ -368,7 +383,7 @@ __all__ = [
     "adamw_reference", "sgd_reference",
     "TOLERANCES", "assert_close", "assert_gemm_close", "assert_rejected", "f64",
     "gemm_operands", "gemm_reference", "gemm_epilogue_reference", "gelu_reference",
-    "layer_norm_reference", "on",
+    "layer_norm_reference", "layer_norm_backward_reference", "on",
     "random", "run_plan", "stream_for", "tol", "float16", "float32", "float64", "bfloat16",
     "embedding_reference", "embedding_backward_reference", "flush_f32", "quantize_reference64",
     "quantize_reference_exact", "scale_reference64", "scaled_reference_exact",

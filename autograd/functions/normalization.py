@@ -1,4 +1,5 @@
-"""Layer norm and RMS norm Functions over the trailing `normalized_shape` dims."""
+"""Layer norm and RMS norm Functions over the trailing `normalized_shape` dims, and the
+fused residual add + layer norm of a pre-LN transformer block."""
 
 from __future__ import annotations
 
@@ -41,6 +42,36 @@ class LayerNorm(Function):
         dx = dx.reshape(dy.shape) if need_x else None
         dw = dw.reshape(weight.shape) if need_w else None
         return dx, dw, (db.reshape(ctx.bias_shape) if need_b else None)
+
+
+class ResidualLayerNorm(Function):
+    """(s, y) with s = x + r and y = LayerNorm(s) over the last D elements, one plan.
+
+    Inputs x, r (one shape), weight or None, bias or None; s, mean and rstd are saved.
+    backward(ds, dy): dx = dr = LayerNorm's input gradient of dy at s, plus ds (one plan);
+    dweight and dbias as for LayerNorm.
+    """
+
+    @staticmethod
+    def forward(ctx, x, r, weight, bias, d, eps):
+        s, y, mean, rstd = F.residual_layer_norm(x.reshape(-1, d), r.reshape(-1, d),
+                                                 _vec(weight, d), _vec(bias, d), eps=eps)
+        ctx.d = d
+        ctx.bias_shape = None if bias is None else bias.shape
+        ctx.save_for_backward(s, weight, mean, rstd)
+        return s.reshape(x.shape), y.reshape(x.shape)
+
+    @staticmethod
+    def backward(ctx, ds, dy):
+        s, weight, mean, rstd = ctx.saved
+        d = ctx.d
+        dx, dw, db = F.residual_layer_norm_backward(dy.reshape(-1, d), s, _vec(weight, d),
+                                                    mean, rstd, ds=ds.reshape(-1, d))
+        need_x, need_r, need_w, need_b = ctx.needs_input_grad
+        dx = dx.reshape(dy.shape)
+        return (dx if need_x else None, dx if need_r else None,
+                dw.reshape(weight.shape) if need_w else None,
+                db.reshape(ctx.bias_shape) if need_b else None)
 
 
 class RMSNorm(Function):
@@ -87,6 +118,21 @@ def layer_norm(x: Tensor, normalized_shape: int | Sequence[int], weight: Any = N
     _check_affine(weight, shape, "layer_norm", "weight")
     _check_affine(bias, shape, "layer_norm", "bias")
     return LayerNorm.apply(x, weight, bias, d=d, eps=float(eps))
+
+
+def residual_layer_norm(x: Tensor, residual: Tensor, normalized_shape: int | Sequence[int],
+                        weight: Any = None, bias: Any = None, eps: float = 1e-5
+                        ) -> tuple[Tensor, Tensor]:
+    """``(s, layer_norm(s, normalized_shape, weight, bias, eps))`` with ``s = x + residual``
+    (x and residual of one shape), in one pass: a pre-LN block's residual stream feeding
+    its next LayerNorm. The values of the composed ops."""
+    if tuple(residual.shape) != tuple(x.shape):
+        raise ValueError(f"residual_layer_norm: residual must have the input's shape "
+                         f"{tuple(x.shape)}, given {tuple(residual.shape)}")
+    d, shape = _norm_size(x, normalized_shape, "residual_layer_norm")
+    _check_affine(weight, shape, "residual_layer_norm", "weight")
+    _check_affine(bias, shape, "residual_layer_norm", "bias")
+    return ResidualLayerNorm.apply(x, residual, weight, bias, d=d, eps=float(eps))
 
 
 def rms_norm(x: Tensor, normalized_shape: int | Sequence[int], weight: Any = None,

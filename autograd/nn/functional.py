@@ -10,15 +10,15 @@ from autograd.functions.dropout import dropout
 from autograd.functions.embedding import embedding
 from autograd.functions.loss import cross_entropy
 from autograd.functions.matmul import linear, linear_gelu
-from autograd.functions.normalization import layer_norm, rms_norm
+from autograd.functions.normalization import layer_norm, residual_layer_norm, rms_norm
 from autograd.functions.quantize import dequantize_per_token, quantize_per_token
 from autograd.functions.softmax import log_softmax, softmax
 from autograd.tensor import Tensor
 
 __all__ = [
     "linear", "linear_gelu", "relu", "gelu", "silu", "tanh", "softmax", "log_softmax",
-    "layer_norm", "rms_norm", "embedding", "dropout", "cross_entropy", "mse_loss",
-    "scaled_dot_product_attention", "quantize_per_token", "dequantize_per_token",
+    "layer_norm", "residual_layer_norm", "rms_norm", "embedding", "dropout", "cross_entropy",
+    "mse_loss", "scaled_dot_product_attention", "quantize_per_token", "dequantize_per_token",
 ]
 
 

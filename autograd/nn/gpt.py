@@ -92,8 +92,19 @@ class MLP(Module):
         return self.drop(self.proj(h))
 
 
+def add_norm(x: Tensor, residual: Tensor, norm: Module) -> tuple[Tensor, Tensor]:
+    """``(s, norm(s))`` with ``s = x + residual``: one plan (`F.residual_layer_norm`) when
+    ``norm`` is an ``nn.LayerNorm``, the two ops otherwise."""
+    if type(norm) is LayerNorm:
+        return F.residual_layer_norm(x, residual, norm.normalized_shape, norm.weight,
+                                     norm.bias, norm.eps)
+    s = x + residual
+    return s, norm(s)
+
+
 class Block(Module):
-    """Pre-LN transformer block: ``x + attn(ln_1(x))`` then ``x + mlp(ln_2(x))``."""
+    """Pre-LN transformer block: ``x + attn(ln_1(x))`` then ``x + mlp(ln_2(x))``; the first
+    residual add and ln_2 run as one op (`add_norm`)."""
 
     def __init__(self, cfg: GPTConfig) -> None:
         super().__init__()
@@ -103,8 +114,14 @@ class Block(Module):
         self.mlp = MLP(cfg)
 
     def forward(self, x: Tensor) -> Tensor:
-        x = x + self.attn(self.ln_1(x))
-        return x + self.mlp(self.ln_2(x))
+        s, m = self.residual_branches(x)
+        return s + m
+
+    def residual_branches(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """``(s, m)``, the block's output being ``s + m``: ``s = x + attn(ln_1(x))`` and
+        ``m = mlp(ln_2(s))`` (a caller that normalizes the output fuses that last add)."""
+        s, h = add_norm(x, self.attn(self.ln_1(x)), self.ln_2)
+        return s, self.mlp(h)
 
 
 class GPT(Module):
@@ -166,20 +183,26 @@ class GPT(Module):
         pos = gp.asarray(np.arange(T, dtype=np.int64), device=gp.device_of(idx))
         return self.drop(self.wte(idx) + self.wpe(pos))
 
-    def logits(self, x: Tensor) -> Tensor:
+    def logits(self, x: Tensor, residual: Tensor | None = None) -> Tensor:
         """``ln_f(x)`` projected on the vocabulary: ``head(ln_f(x))``, or with tied weights
-        (``head`` None) ``ln_f(x) @ wte.weight^T``; ``[B, T, C]`` -> ``[B, T, V]``."""
-        x = self.ln_f(x)
+        (``head`` None) ``ln_f(x) @ wte.weight^T``; ``[B, T, C]`` -> ``[B, T, V]``. With
+        ``residual``, of ``x + residual`` (the add fused with ln_f, `add_norm`)."""
+        x = self.ln_f(x) if residual is None else add_norm(x, residual, self.ln_f)[1]
         return x @ self.wte.weight.T if self.head is None else self.head(x)
 
     def forward_stage(self, x: Any, first: bool = True, last: bool = True) -> Tensor:
         """A contiguous part of the forward pass: `embed` first when ``first`` (``x`` is then
-        the token ids), every module of ``blocks`` in order, `logits` last when ``last``.
-        ``forward_stage(idx)`` is ``forward(idx)``."""
+        the token ids), every module of ``blocks`` in order, `logits` last when ``last``
+        (then the last block's output add runs with ln_f: ``logits(s, m)`` of its
+        `Block.residual_branches`). ``forward_stage(idx)`` is ``forward(idx)``."""
         if first:
             x = self.embed(x)
-        for block in self.blocks:
+        blocks = list(self.blocks)
+        fuse = last and blocks and hasattr(blocks[-1], "residual_branches")
+        for block in blocks[:-1] if fuse else blocks:
             x = block(x)
+        if fuse:  # the last block's residual add runs with ln_f
+            return self.logits(*blocks[-1].residual_branches(x))
         return self.logits(x) if last else x
 
     def forward(self, idx: Any, targets: Any = None) -> Tensor | tuple[Tensor, Tensor]:

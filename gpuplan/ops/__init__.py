@@ -13,6 +13,7 @@ FAMILIES: tuple[str, ...] = (
     "cast",
     "reduction",
     "normalization",
+    "residual_norm",
     "softmax",
     "attention",
     "attention_backward",

@@ -87,3 +87,42 @@ def test_empty(device):
     F.layer_norm(x, 4, w).backward(np.zeros((0, 4)))
     assert x.grad.shape == (0, 4)
     np.testing.assert_array_equal(w.grad.numpy(), np.zeros(4))
+
+
+# -- residual_layer_norm: s = x + r and layer_norm(s) in one plan -----------------------------
+
+@pytest.mark.parametrize("affine", [True, False])
+def test_residual_layer_norm(device, affine):
+    x, r, w, b = _x(2, 3, 6, seed=12), _x(2, 3, 6, seed=13), _x(6, seed=14) + 1.5, _x(6, seed=15)
+    args = [x, r] + ([w, b] if affine else [])
+    gradcheck_on(device, lambda *t: F.residual_layer_norm(*t[:2], 6, *t[2:], eps=1e-5), *args)
+    # s feeding a later add as well (the pre-LN block's shape): both gradients reach x, r.
+    gradcheck_on(device, lambda *t: (lambda s, y: s * y)(*F.residual_layer_norm(
+        *t[:2], 6, *t[2:])), *args)
+    ts = [ag.tensor(a, device=device) for a in args]
+    s, y = F.residual_layer_norm(*ts[:2], 6, *ts[2:])
+    np.testing.assert_array_equal(s.numpy(), x + r)
+    np.testing.assert_allclose(y.numpy(), _ref_norm(x + r, w if affine else None,
+                                                    b if affine else None, 1, 1e-5),
+                               rtol=1e-10, atol=1e-10)
+
+
+def test_residual_layer_norm_two_trailing_dims_and_dtypes(device):
+    x, r, w, b = _x(2, 3, 4, seed=16), _x(2, 3, 4, seed=17), _x(3, 4, seed=18), _x(3, 4, seed=19)
+    gradcheck_on(device, lambda t, u, p, q: F.residual_layer_norm(t, u, (3, 4), p, q)[1],
+                 x, r, w, b)
+    for dtype in DTYPES:
+        check_dtypes(lambda t, u, p, q: (lambda s, y: s * y)(*F.residual_layer_norm(
+            t, u, 65, p, q)), [_x(5, 65, seed=20), _x(5, 65, seed=21), _x(65, seed=22) + 1.5,
+                               _x(65, seed=23)], device, [dtype.values[0]], scale=8,
+                     grad_scale=32)
+
+
+def test_residual_layer_norm_errors(device):
+    x = ag.tensor(_x(2, 4), device=device)
+    with pytest.raises(ValueError, match="residual_layer_norm: residual must have"):
+        F.residual_layer_norm(x, ag.tensor(_x(4, 2), device=device), 2)
+    with pytest.raises(ValueError, match="normalized_shape"):
+        F.residual_layer_norm(x, x, (3,))
+    with pytest.raises(ValueError, match="weight"):
+        F.residual_layer_norm(x, x, 4, ag.tensor(_x(3), device=device))

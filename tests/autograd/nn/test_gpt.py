@@ -361,3 +361,29 @@ def test_mlp_fuses_gelu_into_fc_unless_fc_is_substituted(monkeypatch):
     mlp.fc = Wrapped(mlp.fc)
     np.testing.assert_allclose(host(mlp(x)), want, rtol=1e-14, atol=1e-15)
     assert len(calls) == 1
+
+
+def test_residual_adds_feeding_ln_2_and_ln_f_are_fused(monkeypatch):
+    """Each block's first residual add runs with ln_2, and the last block's output add with
+    ln_f (F.residual_layer_norm), with the composed values; a norm that is not an
+    nn.LayerNorm runs the add and the norm apart."""
+    from autograd.nn import functional as F
+
+    cfg = nn.GPTConfig(**SMALL, dtype=np.float64, seed=6)
+    model = nn.GPT(cfg)
+    _perturb_norms_and_biases(model)
+    idx, _ = batch(cfg, 2, 5)
+    want = host(model.logits(model.blocks[1](model.blocks[0](model.embed(idx)))))
+    calls = []
+    fused = F.residual_layer_norm
+    monkeypatch.setattr(F, "residual_layer_norm",
+                        lambda *a, **k: calls.append(1) or fused(*a, **k))
+    np.testing.assert_array_equal(host(model(idx)), want)
+    assert len(calls) == cfg.n_layer + 1  # ln_2 of every block, then ln_f
+    calls.clear()
+    model.blocks[0].ln_2 = nn.RMSNorm(cfg.n_embd, dtype=np.float64)
+    x = model.embed(idx)
+    s = x + model.blocks[0].attn(model.blocks[0].ln_1(x))
+    out = s + model.blocks[0].mlp(model.blocks[0].ln_2(s))
+    np.testing.assert_array_equal(host(model.blocks[0](x)), host(out))
+    assert calls == []
