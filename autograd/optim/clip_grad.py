@@ -1,4 +1,5 @@
-"""Gradient clipping by the global L2 norm over all parameters (one norm launch)."""
+"""Gradient clipping by the global L2 norm over all parameters: norm and scaling of every
+gradient in one multi-tensor plan call (gp.functional.clip_grad_norm_)."""
 
 from __future__ import annotations
 
@@ -35,8 +36,9 @@ def clip_grads_with_norm_(parameters: Iterable[Any] | Any, max_norm: float,
     if coef >= 1.0:
         return
     grads = [p.grad for p in _as_list(parameters) if p.grad is not None]
-    for g in grads:
-        g.data[...] = gp.functional.unary("scale", g.data, alpha=coef)
+    if grads:  # one launch for all: each element as unary("scale", g, coef)
+        gp.functional.clip_grad_norm_([g.data for g in grads], max_norm, eps=eps,
+                                      total_norm=float(total_norm))
     record_writes(grads, "clip_grads_with_norm_")
 
 
@@ -44,13 +46,17 @@ def clip_grad_norm_(parameters: Iterable[Any] | Any, max_norm: float,
                     eps: float = 1e-6) -> float:
     """Scale every ``p.grad`` in place by ``max_norm / (total + eps)`` when that is below 1.
 
-    ``total = sqrt(sum over parameters of sum(grad**2))`` (`get_total_norm`); returns
-    ``total`` as a Python float (before clipping), like PyTorch's ``clip_grad_norm_``.
-    Parameters without a gradient are skipped; with none at all the norm is 0.0.
+    ``total = sqrt(sum over parameters of sum(grad**2))``; returns ``total`` as a Python
+    float (before clipping), like PyTorch's ``clip_grad_norm_``. Parameters without a
+    gradient are skipped; with none at all the norm is 0.0. One plan call computes the norm
+    and scales (on a GPU the scaling reads the norm on the device); the result is bit for
+    bit `get_total_norm` then `clip_grads_with_norm_`.
     """
-    params = [p for p in _as_list(parameters) if p.grad is not None]
-    if not params:
+    grads = [p.grad for p in _as_list(parameters) if p.grad is not None]
+    if not grads:
         return 0.0
-    total = get_total_norm([p.grad for p in params])
-    clip_grads_with_norm_(params, max_norm, total, eps)
+    norm = gp.functional.clip_grad_norm_([g.data for g in grads], max_norm, eps=eps)
+    total = float(gp.to_host(norm))
+    if not float(max_norm) / (total + eps) >= 1.0:  # scaled (a NaN norm scales as well)
+        record_writes(grads, "clip_grad_norm_")
     return total

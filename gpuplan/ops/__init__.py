@@ -12,6 +12,7 @@ FAMILIES: tuple[str, ...] = (
     "binary",
     "cast",
     "reduction",
+    "clip_grad",
     "normalization",
     "residual_norm",
     "softmax",

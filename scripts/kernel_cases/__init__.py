@@ -8,5 +8,6 @@ counts the instances that ran (gpuplan.emulator.device.EXECUTED), it does not tr
 """
 
 FAMILIES = ("embedding", "quantize", "gemm", "activation", "binary", "cast", "reduction",
-            "normalization", "residual_norm", "softmax", "attention", "attention_backward",
-            "attention_backward_tc", "cross_entropy", "dropout", "optimizer")
+            "clip_grad", "normalization", "residual_norm", "softmax", "attention",
+            "attention_backward", "attention_backward_tc", "cross_entropy", "dropout",
+            "optimizer")

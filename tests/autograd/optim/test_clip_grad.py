@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import autograd as ag
+import gpuplan as gp
 from autograd import optim
 from autograd.nn import Parameter
 
@@ -47,3 +48,34 @@ def test_clip_grad_norm_is_the_two_steps_bitwise():
     optim.clip_grads_with_norm_(b, 0.5, total)
     for p, q in zip(a, b, strict=True):
         np.testing.assert_array_equal(p.grad.data, q.grad.data)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, gp.bfloat16])
+def test_clip_grad_norm_on_a_device_is_the_two_steps_bitwise(device, dtype):
+    """One plan call (norm and scaling of every gradient) against get_total_norm then
+    clip_grads_with_norm_, and against float64: scaled only when max_norm / total < 1."""
+    rng = np.random.default_rng(3)
+    values = [rng.uniform(-1, 1, s).astype(dtype) for s in ((40, 3), (17,), (0,), (5, 5))]
+
+    def params():
+        out = []
+        for v in values:
+            p = Parameter(gp.to_device(np.zeros(v.shape, dtype), device))
+            p.grad = ag.tensor(v.copy(), device=device)
+            out.append(p)
+        return out
+
+    for max_norm in (0.5, 100.0):
+        a, b = params(), params()
+        total = optim.clip_grad_norm_(a, max_norm)
+        assert total == optim.get_total_norm([p.grad for p in b])
+        assert total == pytest.approx(math.sqrt(sum(float((v.astype(np.float64) ** 2).sum())
+                                                    for v in values)), rel=1e-5)
+        optim.clip_grads_with_norm_(b, max_norm, total)
+        coef = min(max_norm / (total + 1e-6), 1.0)
+        for p, q, v in zip(a, b, values, strict=True):
+            got = gp.to_host(p.grad.data)
+            np.testing.assert_array_equal(got.view(np.uint8), gp.to_host(q.grad.data)
+                                          .view(np.uint8))
+            np.testing.assert_allclose(got.astype(np.float64), coef * v.astype(np.float64),
+                                       rtol=1e-2 if dtype == gp.bfloat16 else 1e-6)

@@ -1,0 +1,139 @@
+"""Gradient clipping in one multi-tensor plan: the norm and every scaled gradient against
+float64, clipping only below 1, a given norm, determinism, the declared `out` operand's
+checks, the gradients list's checks, and equality with global_l2_norm + unary('scale')."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import gpuplan as gp
+from gpuplan.ops.reduce_launch import NORM_CHUNK
+from gpuplan.spec_check import check_plan
+from tests.plan_testing import assert_close, assert_rejected, f64, on, random, stream_for
+
+EPS = 1e-6
+
+
+def _grads(with_f64: bool) -> list[np.ndarray]:
+    """Mixed dtypes, several norm chunks, an empty tensor; f64 makes the norm f64."""
+    dts = [np.float32, gp.bfloat16, np.float16, np.float64 if with_f64 else np.float32]
+    shapes = [(NORM_CHUNK + 7,), (7, 13), (0,), (3, 300)]
+    return [random(s, t, seed=i, low=-2, high=2) for i, (s, t) in enumerate(zip(shapes, dts,
+                                                                               strict=True))]
+
+
+def _reference(grads: list, max_norm: float, total: float | None = None):
+    norm = np.sqrt(sum(float(np.sum(f64(g) ** 2)) for g in grads)) if total is None else total
+    coef = max_norm / (norm + EPS)
+    return norm, [f64(g) * min(coef, 1.0) for g in grads]
+
+
+@pytest.mark.parametrize("with_f64", [False, True], ids=["f32-norm", "f64-norm"])
+@pytest.mark.parametrize("max_norm,given", [(1.0, None), (1e6, None), (2.0, 50.0),
+                                            (2.0, 1.0)])
+def test_clips_like_the_reference(device, with_f64, max_norm, given):
+    """check_plan: the norm (`out`) and the gradients (scaled in place) against float64,
+    then every malformed `out`, each rejected with nothing written."""
+    grads = _grads(with_f64)
+    host = [g.copy() for g in grads]
+    dev = tuple(on(device, g.copy()) for g in grads)
+    desc = gp.ClipGradNormDescriptor(tuple(g.size for g in grads), tuple(g.dtype for g in grads))
+    want_norm, want = _reference(host, max_norm, given)
+
+    def reference(out, arrays, max_norm, eps, total_norm):
+        for a, w, g in zip(arrays, want, host, strict=True):  # scaled in place by the run
+            if w.size and min(max_norm / (want_norm + EPS), 1.0) == 1.0:
+                np.testing.assert_array_equal(gp.to_host(a), g)  # untouched, bit for bit
+            else:
+                assert_close(a, w, g.dtype, scale=2)
+        return {"out": np.float64(want_norm)}
+
+    plan = check_plan(gp.ClipGradNormPlan, desc,
+                      dict(arrays=dev, max_norm=max_norm, eps=EPS, total_norm=given),
+                      reference, device=device, scale=10,
+                      tolerance_dtype=desc.out_dtype())
+    g = plan.precision_guarantee()
+    assert g.deterministic and g.bit_stable
+
+
+def test_equals_global_norm_then_scale_bitwise(device):
+    """The fused plan is get_total_norm + clip_grads_with_norm_'s former per-tensor
+    unary('scale') bit for bit, norm included."""
+    F = gp.functional
+    grads = _grads(False)
+    a = [on(device, g.copy()) for g in grads]
+    b = [on(device, g.copy()) for g in grads]
+    norm = F.clip_grad_norm_(a, 0.5)
+    norm2 = float(gp.to_host(F.global_l2_norm(b)))
+    assert float(gp.to_host(norm)) == norm2
+    coef = 0.5 / (norm2 + EPS)
+    for x, y in zip(a, b, strict=True):
+        if y.size:
+            np.testing.assert_array_equal(gp.to_host(x), gp.to_host(F.unary("scale", y,
+                                                                             alpha=coef)))
+
+
+def test_nonfinite_norm_propagates(device):
+    g = random((5,), np.float32)
+    g[2] = np.inf
+    d = on(device, g)
+    norm = gp.functional.clip_grad_norm_([d], 1.0)
+    assert np.isinf(float(gp.to_host(norm)))
+    out = gp.to_host(d)
+    assert np.isnan(out[2]) and np.all(out[[0, 1, 3, 4]] == 0)  # coef 0: inf * 0 is NaN
+
+
+def test_list_errors_leave_gradients_untouched(device):
+    s = stream_for(device)
+    grads = [random((10,), np.float32, seed=1), random((3, 4), np.float64, seed=2)]
+    desc = gp.ClipGradNormDescriptor((10, 12), (np.float32, np.float64))
+    plan = gp.ClipGradNormPlan.select(s, desc)
+    ws = gp.Workspace.allocate(s, plan.workspace_size())
+    a, b = (on(device, g) for g in grads)
+    out = on(device, np.zeros((), np.float64))
+
+    def run(arrays, **kw):
+        return lambda: plan.run(s, ws, gp.ClipGradNormArgs(out, arrays, **({"max_norm": 0.1}
+                                                                          | kw)))
+
+    assert_rejected(run((a,)), gp.InvalidProblem, [a, b, out], "clip_grad_norm", "'arrays'",
+                    "2 arrays")
+    assert_rejected(run((a, on(device, grads[1].astype(np.float32)))), gp.Unsupported,
+                    [a, b, out], "'arrays[1]'")
+    assert_rejected(run((a, on(device, np.zeros(6, np.float64)))), gp.BufferTooSmall,
+                    [a, b, out], "'arrays[1]'", "12 elements")
+    assert_rejected(run((a, b), max_norm="1"), gp.InvalidProblem, [a, b, out], "'max_norm'")
+    assert_rejected(run((a, b), total_norm=[1.0]), gp.InvalidProblem, [a, b, out],
+                    "'total_norm'")
+    if device == "cpu":
+        ro = grads[1].reshape(12).copy()
+        ro.flags.writeable = False
+        assert_rejected(run((a, ro)), gp.InvalidProblem, [a, out], "'arrays[1]'", "writable")
+
+
+def test_overlapping_gradients_are_rejected(device):
+    s = stream_for(device)
+    buf = on(device, random((20,), np.float32))
+    before = gp.to_host(buf).copy()
+    desc = gp.ClipGradNormDescriptor((12, 12), (np.float32, np.float32))
+    plan = gp.ClipGradNormPlan.select(s, desc)
+    ws = gp.Workspace.allocate(s, plan.workspace_size())
+    out = on(device, np.zeros((), np.float32))
+    assert_rejected(lambda: plan.run(s, ws, gp.ClipGradNormArgs(out, (buf[:12], buf[8:]),
+                                                                 max_norm=1e-3)),
+                    gp.InvalidProblem, [buf, out], "'arrays[", "overlapping")
+    np.testing.assert_array_equal(gp.to_host(buf), before)
+
+
+def test_functional_and_descriptor():
+    F = gp.functional
+    assert F.clip_grad_norm_([], 1.0).shape == ()
+    z = np.zeros(0, np.float32)
+    assert float(F.clip_grad_norm_([z, z], 1.0)) == 0.0
+    s = gp.Stream.host()
+    with pytest.raises(gp.InvalidProblem, match="clip_grad_norm: argument 'dtypes'"):
+        gp.ClipGradNormPlan.select(s, gp.ClipGradNormDescriptor((3, 4), (np.float32,)))
+    with pytest.raises(gp.Unsupported, match="argument 'dtypes\\[1\\]'"):
+        gp.ClipGradNormPlan.select(s, gp.ClipGradNormDescriptor((3, 4),
+                                                                (np.float32, np.int8)))
