@@ -16,6 +16,7 @@ dy * (Phi(x) + x phi(x)) shares that code: no float64 erf in either direction.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -206,9 +207,11 @@ class _ActivationPlan(Plan):
     def _check_args(self, args: Any) -> None:
         alpha = args.alpha
         if self._act.alpha:
-            if isinstance(alpha, bool) or not isinstance(alpha, (int, float, np.number)):
-                raise InvalidProblem(describe(self.op, "alpha", f"a number ('{self.desc.op}' "
-                                                                f"scales by it)", repr(alpha)))
+            if isinstance(alpha, bool) or not isinstance(alpha, (int, float, np.number)) \
+                    or not math.isfinite(alpha):
+                raise InvalidProblem(describe(self.op, "alpha", f"a finite number "
+                                                                f"('{self.desc.op}' scales by it)",
+                                              repr(alpha)))
         elif alpha is not None:
             raise InvalidProblem(describe(self.op, "alpha", f"None ('{self.desc.op}' takes no "
                                                             f"alpha)", alpha))
@@ -313,7 +316,10 @@ def unary(name: str, x: Any, *, alpha: float | None = None) -> Any:
 
 
 def unary_backward(name: str, x: Any, dy: Any, *, alpha: float | None = None) -> Any:
-    """dx = dy * f'(x), x the forward input."""
+    """dx = dy * f'(x), x the forward input (dy has x's shape)."""
+    if dy.shape != x.shape:  # flat views of the two would match in size only
+        raise InvalidProblem(describe("unary_backward", "dy", f"shape {tuple(x.shape)} like "
+                                                              f"'x'", f"shape {tuple(dy.shape)}"))
     flat = _flat(x)
     dx = call(UnaryBackwardPlan, UnaryDescriptor(name, flat.size, x.dtype), like=x, x=flat,
               dy=_flat(dy), alpha=alpha)

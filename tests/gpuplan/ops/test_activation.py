@@ -216,3 +216,16 @@ def test_the_cuda_enum_is_generated_from_the_table():
     _compile_activation(UNARY_OPS)
     with pytest.raises(Exception, match="activation without CUDA forward math"):
         _compile_activation(UNARY_OPS + ("softplus",))
+
+
+def test_functional_rejects_what_flat_views_would_hide():
+    """dy of a transposed shape has the same size: it used to pass through the flat views
+    silently; a NaN clip factor used to scale every gradient to NaN."""
+    x = np.ones((3, 4), np.float32)
+    with pytest.raises(gp.InvalidProblem, match="unary_backward: argument 'dy': expected "
+                                                r"shape \(3, 4\)"):
+        gp.functional.unary_backward("gelu", x, np.ones((4, 3), np.float32))
+    for bad in (float("nan"), float("inf")):
+        with pytest.raises(gp.InvalidProblem, match="unary: argument 'alpha': expected a "
+                                                    "finite number"):
+            gp.functional.unary("scale", x, alpha=bad)
