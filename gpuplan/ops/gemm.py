@@ -185,11 +185,14 @@ class GemmPlan(Plan):
 
     def _check_args(self, args: Any) -> None:
         alpha, beta = args.alpha, args.beta
-        if type(alpha) is float and type(beta) is float:
+        # x - x == 0 is False for NaN and +-inf: the common case costs two comparisons.
+        if type(alpha) is float and type(beta) is float and alpha - alpha == 0 == beta - beta:
             return
         for name, v in (("alpha", alpha), ("beta", beta)):
             if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)):
                 raise InvalidProblem(describe(self.op, name, "a real number", repr(v)))
+            if not math.isfinite(v):
+                raise InvalidProblem(describe(self.op, name, "a finite number", v))
 
     # -- host ---------------------------------------------------------------------------
     def _run_numpy(self, stream: Stream, ws: Workspace, args: Any) -> None:

@@ -345,3 +345,16 @@ def test_tiled_is_deterministic_and_close_to_cublas(dtype, accelerator):
 def test_batch_beyond_grid_z_limit():
     desc = gp.GemmDescriptor(3, 5, 4, batch=70000, has_bias=True, dtype=np.float16)
     check_all_skus(gp.backend.resolve_device("cuda"), desc, seed=13)
+
+
+@pytest.mark.parametrize("alpha, beta", [(float("nan"), 0.0), (1.0, float("inf")),
+                                         (np.float32("nan"), 0.0)])
+def test_non_finite_alpha_beta_are_rejected(alpha, beta):
+    """Some plans accepted NaN scales and others rejected them: now every one rejects."""
+    x = np.ones((2, 3), np.float32)
+    with pytest.raises(gp.InvalidProblem, match="a finite number"):
+        gp.functional.matmul(x, x, trans_b=True, alpha=alpha) if beta == 0.0 else \
+            gp.GemmPlan.select(gp.Stream.host(), gp.GemmDescriptor(2, 2, 3, trans_b=True)).run(
+                gp.Stream.host(), None, gp.GemmArgs(x[None], x[None],
+                                                    np.zeros((1, 2, 2), np.float32),
+                                                    alpha=alpha, beta=beta))
