@@ -135,7 +135,7 @@ class Activation:
 
 
 ACTIVATIONS: tuple[Activation, ...] = (
-    Activation("relu", lambda x, a: np.where(x > 0, x, x.dtype.type(0)),
+    Activation("relu", lambda x, a: np.where((x > 0) | np.isnan(x), x, x.dtype.type(0)),
                lambda x, dy, a: np.where(x > 0, dy, x.dtype.type(0))),
     Activation("gelu", _gelu, _gelu_grad, forward32=_gelu_f32, backward32=_gelu_grad_f32),
     Activation("gelu_tanh", _gelu_tanh, _gelu_tanh_grad),

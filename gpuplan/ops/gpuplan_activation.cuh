@@ -17,7 +17,7 @@ template <int OP> constexpr bool unknown_activation = OP < 0;
 
 template <int OP, typename A> __device__ __forceinline__ A act_forward(A x, A alpha) {
     if constexpr (OP == RELU) {
-        return x > A(0) ? x : A(0);
+        return x > A(0) || x != x ? x : A(0);  // NaN propagates, as in PyTorch
     } else if constexpr (OP == GELU) {
         return A(0.5) * x * (A(1) + m_erf(x * A(0.70710678118654752440)));
     } else if constexpr (OP == GELU_TANH) {

@@ -229,3 +229,13 @@ def test_functional_rejects_what_flat_views_would_hide():
         with pytest.raises(gp.InvalidProblem, match="unary: argument 'alpha': expected a "
                                                     "finite number"):
             gp.functional.unary("scale", x, alpha=bad)
+
+
+def test_relu_propagates_nan_like_pytorch(device):
+    """relu(nan) was 0 (x > 0 is False for NaN); torch.relu keeps NaN. Its gradient at NaN
+    stays 0, as torch's threshold_backward gives."""
+    x = on(device, np.array([np.nan, -1.0, 2.0, -np.inf, np.inf], np.float32))
+    y = gp.to_host(gp.functional.unary("relu", x))
+    np.testing.assert_array_equal(y, [np.nan, 0.0, 2.0, 0.0, np.inf])
+    dx = gp.to_host(gp.functional.unary_backward("relu", x, on(device, np.ones(5, np.float32))))
+    np.testing.assert_array_equal(dx, [0.0, 0.0, 1.0, 0.0, 1.0])
