@@ -8,12 +8,13 @@ size: cores // local MPI ranks under a launcher, GPUPLAN_HOST_THREADS=N to choos
 calling thread taking the first part. Parts are at least `grain` long, so small problems
 stay on the calling thread and pay nothing.
 
-`for_blocks(n, fn, row)` goes further: it calls ``fn(lo, hi)`` on blocks of about BLOCK
-elements (rows of `row` elements each), so that an op's chain of NumPy passes runs on
-L2-resident data, and spreads the blocks over the threads. The blocks depend on the shape
-only, never on the thread count, so a reduction that adds per-block partial results in
-block order is bit-identical for any number of threads; maps and row-wise ops are
-bit-identical however they are split.
+`for_blocks(n, fn, row)` goes further: it calls ``fn(lo, hi)`` on blocks of rows (of `row`
+elements each), BLOCK elements at a time on one thread, so that an op's chain of NumPy
+passes runs on L2-resident data, and spreads bigger blocks over the threads when the op is
+big enough to gain from them. Maps and row-wise ops give the same bits however they are
+split; a reduction that adds per-block partial results in block order passes
+`rows_per_block` (a function of the shape only), which makes it bit-identical for any
+number of threads too.
 
 The workers are daemon threads that wait on a queue and run under the caller's NumPy error
 state (np.errstate); a call made while the pool is busy (from a worker, or from a second
@@ -25,16 +26,21 @@ from __future__ import annotations
 import os
 import queue
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import numpy as np
 
 from gpuplan import host
 
-#: Elements per block of `for_blocks` (128 KiB of float32: a block's operands and scratch
-#: stay in L2), and the fewest elements worth a thread of its own.
-BLOCK = 32768
-GRAIN = 65536
+#: Elements per block of `for_blocks`: BLOCK (256 KiB of float32: a block's operands and
+#: scratch stay in L2) on one thread; BIG_BLOCK when split, which needs GRAIN elements per
+#: thread. Every NumPy call re-takes the GIL, and handing the GIL between threads costs
+#: several microseconds (more on a VM), so a split op needs calls of ~0.1 ms or more; on the
+#: 2-core benchmark machine a second thread made ops of 0.5M elements slower (a [1024, 512]
+#: GELU 0.8 -> 1.0 ms) and sped ops of 4M elements up 1.4-1.9x.
+BLOCK = 65536
+BIG_BLOCK = 524288
+GRAIN = 1 << 20
 
 _lock = threading.Lock()
 _workers: list[_Worker] = []
@@ -101,29 +107,30 @@ def parallel_for(n: int, fn: Callable[[int, int], None], grain: int = 1,
         _lock.release()
 
 
-def blocks(start: int, stop: int, size: int) -> Iterator[tuple[int, int]]:
-    """(lo, hi) of each `size`-long block of range(start, stop) (the last may be shorter)."""
-    for lo in range(start, stop, size):
-        yield lo, min(lo + size, stop)
-
-
 def block_rows(row: int) -> int:
-    """Rows of `row` elements in one block of `for_blocks` (at least one)."""
+    """Rows of `row` elements in one BLOCK (at least one)."""
     return max(1, BLOCK // max(1, row))
 
 
-def for_blocks(n: int, fn: Callable[[int, int], None], row: int = 1,
+def for_blocks(n: int, fn: Callable[[int, int], None], row: int = 1, group: int = 1,
                rows_per_block: int | None = None) -> None:
-    """fn(lo, hi) for each block [lo, hi) of range(n) (n rows of `row` elements; blocks of
-    `rows_per_block` rows, by default block_rows(row)), the blocks spread over the threads.
-    Block k starts at k * rows_per_block whatever the thread count."""
-    size = rows_per_block or block_rows(row)
+    """fn(lo, hi) for each block [lo, hi) of range(n), n rows of `row` elements, spread over
+    the threads when there are GRAIN elements or more per thread. Blocks are whole groups
+    of `group` rows, BLOCK elements (BIG_BLOCK when split) or `rows_per_block` rows: pass
+    that when the result depends on the blocks (block k then starts at k * rows_per_block
+    whatever the thread count)."""
+    row = max(1, row)
+    grain = max(1, GRAIN // row)
+    size = rows_per_block
+    if size is None:
+        shared = min(host.thread_budget(), n // grain) > 1
+        size = group * max(1, (BIG_BLOCK if shared else BLOCK) // (row * group))
 
     def part(start: int, stop: int) -> None:
         for lo in range(start, stop, size):
             fn(lo, min(lo + size, stop))
 
-    parallel_for(n, part, max(1, GRAIN // max(1, row)), align=size)
+    parallel_for(n, part, grain, align=size)
 
 
 def _forget_workers() -> None:  # a forked child has the pool's list but not its threads

@@ -298,7 +298,7 @@ class _NormBackwardPlan(_NormPlan):
             dx *= rstd
             args.dx[lo:hi] = dx
 
-        for_blocks(d.rows, block, d.dim, step)
+        for_blocks(d.rows, block, d.dim, rows_per_block=step)
         if part_w is not None:
             args.dweight[...] = part_w.sum(axis=0)
         if part_b is not None:

@@ -27,7 +27,7 @@ from gpuplan import backend
 from gpuplan.dtypes import FLOAT_DTYPES, accumulator, as_dtype, cuda_name, short_name
 from gpuplan.errors import InvalidProblem, describe
 from gpuplan.execute import call
-from gpuplan.host_pool import block_rows, for_blocks
+from gpuplan.host_pool import for_blocks
 from gpuplan.nvrtc import CudaModule, cdiv, launch
 from gpuplan.plan import BackendKind, Candidate, Plan, host_candidate
 from gpuplan.spec import DType, Extent, Flag, In, OpSpec, Out, Real
@@ -122,9 +122,8 @@ class _RowsPlan(Plan):
         when causal), spread over the host threads (rows are independent: any split gives
         the same bits)."""
         d = self.desc
-        group = d.q_len if d.causal else 1
-        step = group * block_rows(group * d.dim)
-        for_blocks(d.rows, lambda lo, hi: rows_fn(*(a[lo:hi] for a in arrays)), d.dim, step)
+        for_blocks(d.rows, lambda lo, hi: rows_fn(*(a[lo:hi] for a in arrays)), d.dim,
+                   d.q_len if d.causal else 1)
 
     def _launch(self, stream: Stream, arrays: tuple) -> None:
         launch(stream, _MODULE.function(self._kernel, stream.device_id), self._grid,

@@ -17,7 +17,12 @@ F = gp.functional
 
 @pytest.fixture
 def threads(monkeypatch):
-    """threads(n): the host ops use n threads from now on (this test only)."""
+    """threads(n): the host ops use n threads from now on (this test only); blocks and the
+    grain are made small, so that the shapes below are split into many blocks and parts."""
+    monkeypatch.setattr(host_pool, "BLOCK", 2048)
+    monkeypatch.setattr(host_pool, "BIG_BLOCK", 8192)
+    monkeypatch.setattr(host_pool, "GRAIN", 4096)
+
     def use(n: int) -> None:
         monkeypatch.setattr(host, "thread_budget", lambda: n)
     return use
@@ -74,16 +79,27 @@ def test_nested_calls_run_on_the_caller_and_workers_share_the_error_state(thread
     assert states == ["raise", "raise"]
 
 
+def test_for_blocks_split_only_big_ops_and_fixed_blocks_stay_fixed(threads):
+    threads(2)
+    seen = []
+    host_pool.for_blocks(4000, lambda lo, hi: seen.append((lo, hi)))  # < 2 grains: one thread
+    assert seen == [(lo, min(lo + 2048, 4000)) for lo in range(0, 4000, 2048)]
+    seen.clear()
+    host_pool.for_blocks(100, lambda lo, hi: seen.append((lo, hi)), row=100, group=3)
+    # Split (2 parts of >= 40 rows): BIG_BLOCK rows rounded down to whole groups of 3.
+    assert sorted(seen) == [(0, 81), (81, 100)]
+
+
 def test_for_blocks_depend_on_the_shape_only(threads):
     got = {}
     for n in (1, 2, 3):
         threads(n)
         seen = []
-        host_pool.for_blocks(1000, lambda lo, hi, s=seen: s.append((lo, hi)), row=100,
+        host_pool.for_blocks(30_000, lambda lo, hi, s=seen: s.append((lo, hi)), row=100,
                              rows_per_block=64)
         got[n] = sorted(seen)
     assert got[1] == got[2] == got[3]
-    assert got[1][0] == (0, 64) and got[1][-1] == (960, 1000)
+    assert got[1][0] == (0, 64) and got[1][-1] == (29_952, 30_000)
 
 
 def test_thread_budget_follows_set_blas_threads(monkeypatch):
