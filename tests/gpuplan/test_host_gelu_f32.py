@@ -79,3 +79,19 @@ def test_gelu_half_types_round_the_f32_result():
         want = gp.functional.unary_backward("gelu", x.astype(np.float32),
                                             dy.astype(np.float32)).astype(dtype)
         np.testing.assert_array_equal(gp.functional.unary_backward("gelu", x, dy), want)
+
+
+def test_the_table_rows_give_the_plans_bits_on_float32_arrays():
+    """The 'gelu' row's forward/backward on float32 arrays (what the host GEMM epilogue
+    calls) run the same float32 block math as the plans."""
+    from gpuplan.ops.activation import ACTIVATIONS
+    row = next(a for a in ACTIVATIONS if a.name == "gelu")
+    rng = np.random.default_rng(3)
+    x = rng.uniform(-7, 7, (300, 257)).astype(np.float32)
+    dy = rng.uniform(-1, 1, (300, 257)).astype(np.float32)
+    y = row.forward(x, None)
+    assert y.dtype == np.float32 and y.shape == x.shape
+    np.testing.assert_array_equal(y, gp.functional.unary("gelu", x))
+    np.testing.assert_array_equal(row.backward(x, dy, None),
+                                  gp.functional.unary_backward("gelu", x, dy))
+    np.testing.assert_array_equal(row.forward(x.T, None), y.T)  # a strided view
