@@ -11,6 +11,7 @@
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
 #include "gpuplan_activation.cuh"
+#include "gpuplan_mma.cuh"
 
 namespace gemm {
 
@@ -64,75 +65,13 @@ static_assert((KC_LD * 2) % 16 == 0 && (RC_LD * 2) % 16 == 0, "16-byte aligned r
 static_assert((TILE * 2) % 16 == 0, "16-byte aligned tiles");
 }  // namespace tc
 
-__device__ __forceinline__ unsigned smem_addr(const void* p) {
-    return static_cast<unsigned>(__cvta_generic_to_shared(p));
-}
-
-__device__ __forceinline__ void cp_async16(unsigned dst, const void* src, bool valid) {
-#if __CUDA_ARCH__ >= 800
-    const int src_bytes = valid ? 16 : 0;  // 0: nothing is read, 16 zero bytes are written
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
-                 :: "r"(dst), "l"(src), "r"(src_bytes));
-#else
-    __trap();
-#endif
-}
-__device__ __forceinline__ void cp_async_commit() {
-#if __CUDA_ARCH__ >= 800
-    asm volatile("cp.async.commit_group;\n" ::);
-#endif
-}
-template <int N> __device__ __forceinline__ void cp_async_wait() {
-#if __CUDA_ARCH__ >= 800
-    asm volatile("cp.async.wait_group %0;\n" :: "n"(N));
-#endif
-}
-
-// ldmatrix .x4 from shared byte address `addr` (this lane's row address).
-template <bool TRANS>
-__device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], unsigned addr) {
-#if __CUDA_ARCH__ >= 800
-    if constexpr (TRANS) {
-        asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
-    } else {
-        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
-    }
-#else
-    __trap();
-#endif
-}
-
-template <typename T> struct Mma;
-template <> struct Mma<__half> {
-    static __device__ __forceinline__ void run(float (&c)[4], const unsigned (&a)[4],
-                                               unsigned b0, unsigned b1) {
-#if __CUDA_ARCH__ >= 800
-        asm volatile(
-            "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
-            "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-#else
-        __trap();
-#endif
-    }
-};
-template <> struct Mma<__nv_bfloat16> {
-    static __device__ __forceinline__ void run(float (&c)[4], const unsigned (&a)[4],
-                                               unsigned b0, unsigned b1) {
-#if __CUDA_ARCH__ >= 800
-        asm volatile(
-            "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-            "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-#else
-        __trap();
-#endif
-    }
-};
+// cp.async, ldmatrix and mma.sync wrappers: the ones the attention kernels use too.
+using gp::cp_async16;
+using gp::cp_async_commit;
+using gp::cp_async_wait;
+using gp::ldmatrix_x4;
+using gp::Mma;
+using gp::smem_addr;
 
 // Element offset of (row, k) in a shared tile of either layout.
 template <bool KC>
