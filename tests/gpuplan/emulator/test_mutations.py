@@ -66,7 +66,6 @@ class Mutation:
 
 GEMM_TC = ("__global__ void __launch_bounds__(tc::THREADS", "// CUDA-core kernel")
 GEMM_FMA = ("gemm_fma(const T* __restrict__ A", "gemm_scale_bias")
-GEMM_ALL = ("namespace gemm {", "}  // namespace gemm")
 
 MUTATIONS: dict[str, Mutation] = {
     # gemm_tc: the barrier that makes every thread's cp.async copies of k-tile kt visible
@@ -85,8 +84,10 @@ MUTATIONS: dict[str, Mutation] = {
         "gemm.cu", "a_lane_offset(int lane, int wm0) {", "\n}",
         r"\(q >> 1\) \* 8 \+ r\)", "(q >> 1) * 8 + ((r + 1) & 7))"),
     # the transposing ldmatrix loses .trans
+    # (the wrapper lives in gpuplan_mma.cuh, shared by gemm.cu and the attention kernels)
     "tc-ldmatrix-trans-dropped": Mutation(
-        "gemm.cu", *GEMM_ALL, r"ldmatrix\.sync\.aligned\.m8n8\.x4\.trans\.shared\.b16",
+        "gpuplan_mma.cuh", "void ldmatrix_x4(unsigned (&r)[4], unsigned addr) {", "\n}\n",
+        r"ldmatrix\.sync\.aligned\.m8n8\.x4\.trans\.shared\.b16",
         "ldmatrix.sync.aligned.m8n8.x4.shared.b16"),
     # epilogue column bound off by one at the N edge of the tile
     "tc-epilogue-col-le-n": Mutation(
