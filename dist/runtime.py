@@ -131,6 +131,26 @@ def _start_watchdog(seconds: float, rank: int, size: int) -> None:
     _WATCHDOG.start()
 
 
+def exit_agreed(code: int) -> None:
+    """End this process with `code` when every rank made the same decision (an error all
+    ranks agreed on, e.g. after an all_reduce): flush, wait for the others at the exit
+    communicator (bounded by the timeout), MPI_Finalize and leave with `code`. No MPI_Abort,
+    so no rank prints an abort line after the one error the program reported. If some rank
+    does not arrive in time, this rank leaves without finalizing and mpiexec ends the job."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # noqa: BLE001 - a closed stream must not keep the process alive
+            pass
+    try:
+        from mpi4py import MPI
+        if MPI.Is_initialized() and not MPI.Is_finalized() and _EXIT_COMM is not None \
+                and barrier_with_deadline(_EXIT_COMM, collective_timeout()):
+            MPI.Finalize()
+    finally:
+        os._exit(code)
+
+
 def install_exit_hook() -> None:
     """Make a rank that leaves the program wait (at most the timeout) for every rank to
     leave, then let MPI finalize; past the timeout, one line and MPI_Abort.
