@@ -11,7 +11,7 @@ import traceback
 from typing import Any
 
 from dist.communicator import Communicator
-from dist.watchdog import Watchdog, barrier_with_deadline, emit, resolve_timeout, watched
+from dist.watchdog import Watchdog, barrier_with_deadline, resolve_timeout, watched
 from gpuplan import backend as gpb
 
 _WORLD: Communicator | None = None
@@ -131,26 +131,6 @@ def _start_watchdog(seconds: float, rank: int, size: int) -> None:
     _WATCHDOG.start()
 
 
-def exit_agreed(code: int) -> None:
-    """End this process with `code` when every rank made the same decision (an error all
-    ranks agreed on, e.g. after an all_reduce): flush, wait for the others at the exit
-    communicator (bounded by the timeout), MPI_Finalize and leave with `code`. No MPI_Abort,
-    so no rank prints an abort line after the one error the program reported. If some rank
-    does not arrive in time, this rank leaves without finalizing and mpiexec ends the job."""
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except Exception:  # noqa: BLE001 - a closed stream must not keep the process alive
-            pass
-    try:
-        from mpi4py import MPI
-        if MPI.Is_initialized() and not MPI.Is_finalized() and _EXIT_COMM is not None \
-                and barrier_with_deadline(_EXIT_COMM, collective_timeout()):
-            MPI.Finalize()
-    finally:
-        os._exit(code)
-
-
 def install_exit_hook() -> None:
     """Make a rank that leaves the program wait (at most the timeout) for every rank to
     leave, then let MPI finalize; past the timeout, one line and MPI_Abort.
@@ -177,8 +157,8 @@ def _wait_for_every_rank_at_exit() -> None:
     if os.getpid() != _EXIT_PID or MPI.Is_finalized():
         return  # a fork child, or a program that finalized MPI itself
     if _ABORT_STATUS:  # python -m mpi4py calls MPI_Abort right after this hook
-        emit(f"[rank {_WATCHDOG.rank}/{_WATCHDOG.size}] watchdog: exit with status "
-             f"{_ABORT_STATUS} under python -m mpi4py, which aborts the MPI job")
+        # No line here: the program chose its exit status (and said why); mpiexec merges the
+        # ranks' stderr without line atomicity, so an extra line here could split that one.
         return
     limit = collective_timeout()
     if not limit:

@@ -308,9 +308,4 @@ def _config_json(cfg) -> dict:
 
 
 if __name__ == "__main__":
-    status = main()
-    if status and "dist.runtime" in sys.modules:
-        # Every rank returns the same status (the error paths agree first): leave together
-        # without MPI_Abort, so the one error line is the only output.
-        sys.modules["dist.runtime"].exit_agreed(status)
-    sys.exit(status)
+    sys.exit(main())
