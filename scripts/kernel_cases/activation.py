@@ -18,8 +18,8 @@ from kernel_cases.common import (
     Case,
     check,
     dtype_id,
-    emu,
     f64,
+    place,
     random,
     run_emulated,
     run_reference,
@@ -28,29 +28,20 @@ from kernel_cases.common import (
 N = 37
 
 
-def _place(a: np.ndarray, misaligned: bool):
-    """An emulated copy of 1-D `a`, one element past a 256-byte boundary when misaligned."""
-    if not misaligned:
-        return emu(a)
-    buf = emu(np.zeros(a.shape[0] + 1, a.dtype))[1:]
-    buf[...] = a
-    return buf
-
-
 def unary(dtype, op: str, backward: bool, misaligned: bool = False) -> None:
     alpha = -1.75 if op == "scale" else None
     x = random((N,), dtype, seed=1, low=-3, high=3)
     dy = random((N,), dtype, seed=2)
-    out = _place(np.full((N,), 7, dtype), misaligned)
+    out = place(np.full((N,), 7, dtype), misaligned)
     ref = np.zeros(N)
     if not backward:
         run_emulated(gp.UnaryPlan, gp.UnaryDescriptor(op, N, dtype),
-                     gp.UnaryArgs(_place(x, misaligned), out, alpha))
+                     gp.UnaryArgs(place(x, misaligned), out, alpha))
         run_reference(gp.UnaryPlan, gp.UnaryDescriptor(op, N, np.float64),
                       gp.UnaryArgs(f64(x), ref, alpha))
     else:
         run_emulated(gp.UnaryBackwardPlan, gp.UnaryDescriptor(op, N, dtype),
-                     gp.UnaryBackwardArgs(_place(x, misaligned), _place(dy, misaligned), out,
+                     gp.UnaryBackwardArgs(place(x, misaligned), place(dy, misaligned), out,
                                           alpha))
         run_reference(gp.UnaryBackwardPlan, gp.UnaryDescriptor(op, N, np.float64),
                       gp.UnaryBackwardArgs(f64(x), f64(dy), ref, alpha))

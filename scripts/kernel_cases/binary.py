@@ -3,7 +3,7 @@ gradients, bias add) against the family's NumPy implementation run in float64 (r
 gradients at scale sqrt(n_out / size), as in tests/gpuplan/ops/test_binary.py).
 
 Sizes are small and odd (37): an aligned launch takes the 16-byte pack path and then the
-scalar tail; one-element-off views (`_misaligned`) take the scalar path alone.
+scalar tail; one-element-off views (`common.place(a, True)`) take the scalar path alone.
 
 Every binary_grad instance is reached through BinaryBackwardPlan: <T, T, op, *> for a
 gradient that needs no reduction, <half, float, mul|div, *> for the per-element terms
@@ -23,19 +23,13 @@ from kernel_cases.common import (
     dtype_id,
     emu,
     f64,
+    place,
     random,
     run_emulated,
     run_reference,
 )
 
 N = 37
-
-
-def _misaligned(a: np.ndarray):
-    """An emulated copy of 1-D `a` one element past a 256-byte boundary (no 16-byte packs)."""
-    buf = emu(np.zeros(a.shape[0] + 1, a.dtype))[1:]
-    buf[...] = a
-    return buf
 
 
 def _operands(a_shape, b_shape, dtype):
@@ -49,9 +43,9 @@ def binary(dtype, op: str, a_shape: tuple, b_shape: tuple, misaligned: bool = Fa
     a, b = _operands(a_shape, b_shape, dtype)
     desc = gp.BinaryDescriptor(op, a_shape, b_shape, dtype)
     out = desc.out_shape()
-    place = _misaligned if misaligned else emu
-    c = place(np.full(out, 7, dtype))
-    plan = run_emulated(gp.BinaryPlan, desc, gp.BinaryArgs(place(a), place(b), c))
+    c = place(np.full(out, 7, dtype), misaligned)
+    plan = run_emulated(gp.BinaryPlan, desc, gp.BinaryArgs(place(a, misaligned),
+                                                           place(b, misaligned), c))
     same = tuple(a_shape) == tuple(b_shape)
     assert plan.sku().variant == ("contiguous" if same else "broadcast"), plan.sku()
     ref = np.zeros(out)

@@ -6,7 +6,7 @@ rounds to odd in f32 first), and the inputs include ties only a single rounding 
 int64 beyond 2**53 included.
 
 Sizes are small and odd (37): an aligned launch takes the 16-byte pack path and then the
-scalar tail; one-element-off views (`_misaligned`) take the scalar path alone.
+scalar tail; one-element-off views (`common.place(a, True)`) take the scalar path alone.
 """
 
 from __future__ import annotations
@@ -19,18 +19,9 @@ import numpy as np
 import gpuplan as gp
 from gpuplan.dtypes import bfloat16, float16
 from gpuplan.ops.cast import CAST_DTYPES
-from kernel_cases.common import Case, check, dtype_id, emu, f64, host, random, run_emulated
+from kernel_cases.common import Case, check, dtype_id, f64, host, place, random, run_emulated
 
 N = 37
-
-
-def _place(a: np.ndarray, misaligned: bool):
-    """An emulated copy of 1-D `a`, one element past a 256-byte boundary when misaligned."""
-    if not misaligned:
-        return emu(a)
-    buf = emu(np.zeros(a.shape[0] + 1, a.dtype))[1:]
-    buf[...] = a
-    return buf
 
 
 #: (significand bits, min normal exponent, max exponent) of the float cast targets.
@@ -73,9 +64,9 @@ def cast(src, dst, misaligned: bool = False) -> None:
         vals[4:6] = [1 + 2.0**-8 + 2.0**-40, -(1 + 2.0**-11 + 2.0**-40)]  # bf16 / f16 ties+
         x = vals.astype(src)
         exact = [Fraction(float(v)) for v in x]
-    y = _place(np.full((N,), 7, dst), misaligned)
+    y = place(np.full((N,), 7, dst), misaligned)
     run_emulated(gp.CastPlan, gp.CastDescriptor(N, src, dst),
-                 gp.CastArgs(_place(x, misaligned), y))
+                 gp.CastArgs(place(x, misaligned), y))
     got = np.ascontiguousarray(host(y))
     if dst.kind == "i":  # truncation toward zero: exact
         np.testing.assert_array_equal(got, np.array([math.trunc(v) for v in exact], dst),

@@ -39,6 +39,16 @@ def emu(a: np.ndarray | None) -> Any:
     return None if a is None else gp.to_device(a, DEVICE)
 
 
+def place(a: np.ndarray, misaligned: bool = False) -> Any:
+    """`emu(a)`, or with `misaligned` a copy of 1-D `a` one element past a 256-byte boundary
+    on the device under test (no 16-byte packs: the kernels' scalar path)."""
+    if not misaligned:
+        return emu(a)
+    buf = emu(np.zeros(a.shape[0] + 1, a.dtype))[1:]
+    buf[...] = a
+    return buf
+
+
 def host(a: Any) -> np.ndarray:
     return gp.to_host(a)
 
