@@ -209,11 +209,14 @@ class PipelineParallel(Module):
     def num_stages(self) -> int:
         return self._num_stages
 
-    def stage(self, index: int) -> Module:
-        if index not in self._local:
-            raise InvalidProblem(describe("PipelineParallel.stage", "index",
-                                          f"a stage of this rank {sorted(self._local)}", index))
-        return self._local[index]
+    def stage(self, index: int) -> Module | None:
+        """Stage `index`, or None when there is none here: an index outside
+        [0, num_stages) (negative ones do not count from the end) or, on a multi-rank
+        pipeline, a stage another rank owns (the seed's ``Option<&PipelineStage>``)."""
+        if isinstance(index, bool) or not isinstance(index, (int, np.integer)):
+            raise TypeError(f"PipelineParallel.stage: index must be an int, given "
+                            f"{type(index).__name__}")
+        return self._local.get(int(index))
 
     @property
     def last_rank(self) -> int:

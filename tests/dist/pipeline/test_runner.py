@@ -46,9 +46,8 @@ def reference(num_stages: int):
 
 def check_grads(pipe, ref_grads):
     for s in range(pipe.num_stages()):
-        try:
-            stage = pipe.stage(s)
-        except gp.InvalidProblem:
+        stage = pipe.stage(s)
+        if stage is None:
             continue  # another rank's stage
         for p, g in zip(stage.parameters(), ref_grads[s], strict=True):
             np.testing.assert_allclose(p.grad.numpy(), g, rtol=1e-10, atol=1e-12)
@@ -125,6 +124,36 @@ def test_one_stage_per_rank_matches_single_process(world, schedule, micro):
         np.testing.assert_allclose(out.numpy(), model(ag.tensor(x)).numpy(), rtol=1e-12)
     else:
         assert out is None
+
+
+def test_stage_returns_none_for_an_index_without_a_stage():
+    stages = [make_stage(s, 3) for s in range(3)]
+    pipe = dist.PipelineParallel(stages, num_micro_batches=2)
+    assert pipe.num_stages() == 3
+    for s in range(3):
+        assert pipe.stage(s) is stages[s]
+        assert pipe.stage(np.int64(s)) is stages[s]
+    for index in (-1, -3, 3, 4, 100):
+        assert pipe.stage(index) is None
+    assert [id(p) for p in pipe.parameters()] == [
+        id(p) for stage in stages for p in stage.parameters()]
+    with pytest.raises(TypeError, match=r"stage: index must be an int, given str"):
+        pipe.stage("0")
+
+
+@pytest.mark.mpi
+def test_stage_is_none_for_another_ranks_stage(world):
+    n = world.size
+    if n > len(WIDTHS) - 1:
+        pytest.skip(f"needs at most {len(WIDTHS) - 1} ranks")
+    pipe = dist.PipelineParallel([lambda s=s: make_stage(s, n) for s in range(n)], comm=world)
+    assert pipe.num_stages() == n
+    mine = pipe.stage(world.rank)
+    assert isinstance(mine, dist.PipelineStage) and mine.index == world.rank
+    for s in range(-1, n + 1):
+        if s != world.rank:
+            assert pipe.stage(s) is None
+    assert [id(p) for p in pipe.parameters()] == [id(p) for p in mine.parameters()]
 
 
 @pytest.mark.mpi
