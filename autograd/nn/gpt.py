@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -30,6 +32,7 @@ class GPTConfig:
     tie_weights: bool = True
     dtype: Any = np.float32
     seed: int = 0
+    activation: str = "gelu"  # "gelu" (exact, erf) or "gelu_tanh" (GPT-2's tanh form)
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
@@ -38,6 +41,12 @@ class GPTConfig:
         if self.n_embd % self.n_head:
             raise ValueError(f"GPTConfig: n_embd ({self.n_embd}) must be divisible by n_head "
                              f"({self.n_head})")
+        if self.activation not in _APPROXIMATE:
+            raise ValueError(f"GPTConfig: activation must be one of {sorted(_APPROXIMATE)}, "
+                             f"given {self.activation!r}")
+
+
+_APPROXIMATE = {"gelu": "none", "gelu_tanh": "tanh"}  # activation -> F.gelu's approximate
 
 
 class CausalSelfAttention(Module):
@@ -72,14 +81,15 @@ class CausalSelfAttention(Module):
 
 
 class MLP(Module):
-    """``proj(gelu(x @ W_fc + b_fc))`` with hidden width ``4 C``. With a dense ``fc`` (an
+    """``proj(gelu(x @ W_fc + b_fc))`` with hidden width ``4 C`` (exact GELU, or its tanh form
+    with ``config.activation == "gelu_tanh"``). With a dense ``fc`` (an
     ``nn.Linear``) and a GELU, the activation runs in fc's GEMM epilogue
     (`F.linear_gelu`); substituted layers (tensor-parallel ones) run fc, then act."""
 
     def __init__(self, cfg: GPTConfig) -> None:
         super().__init__()
         self.fc = Linear(cfg.n_embd, 4 * cfg.n_embd, bias=cfg.bias, dtype=cfg.dtype, seed=0)
-        self.act = GELU()
+        self.act = GELU(approximate=_APPROXIMATE[cfg.activation])
         self.proj = Linear(4 * cfg.n_embd, cfg.n_embd, bias=cfg.bias, dtype=cfg.dtype, seed=0)
         self.drop = Dropout(cfg.dropout)
 
@@ -156,6 +166,26 @@ class GPT(Module):
         self.head = (None if cfg.tie_weights else
                      Linear(cfg.n_embd, cfg.vocab_size, bias=False, dtype=cfg.dtype, seed=0))
         self._init_weights()
+
+    @classmethod
+    def from_pretrained_gpt2(cls, path: str | os.PathLike, block_size: int | None = None,
+                             **overrides: Any) -> GPT:
+        """The model of a Hugging Face GPT-2 folder (``config.json`` + ``model.safetensors``,
+        as ``save_pretrained`` writes it): the config's shape and activation ("gelu_new" is
+        ``activation="gelu_tanh"``), its weights. ``block_size`` (at most ``n_positions``)
+        keeps the first rows of ``wpe``; ``overrides`` (``dropout``, ``dtype``, ``seed``)
+        replace config fields. Options nn.GPT lacks raise ``gpt2_io.GPT2FormatError``."""
+        from autograd.nn.gpt2_io import load_gpt2
+
+        return load_gpt2(path, block_size, **overrides)
+
+    def save_pretrained_gpt2(self, path: str | os.PathLike) -> Path:
+        """Write this model as a Hugging Face GPT-2 folder (``config.json`` with model_type
+        gpt2 + ``model.safetensors``) that ``transformers.GPT2LMHeadModel.from_pretrained``
+        loads; returns the folder. ``bias=False`` models raise (GPT-2 has biases)."""
+        from autograd.nn.gpt2_io import save_gpt2
+
+        return save_gpt2(self, path)
 
     def _init_weights(self) -> None:
         rng = np.random.default_rng(self.config.seed)
