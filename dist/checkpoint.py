@@ -23,6 +23,7 @@ committed checkpoint that verifies. The SHA-256 detects corruption, not tamperin
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -30,7 +31,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from autograd.nn import Module
+from autograd.nn import GPTConfig, Module
 from dist.checkpoint_files import (
     FORMAT,
     LATEST,
@@ -53,6 +54,7 @@ from dist.checkpoint_files import (
     write_file,
 )
 from dist.communicator import Communicator
+from gpuplan.dtypes import as_dtype
 
 _OPT = "optimizer/"
 
@@ -111,6 +113,21 @@ def coordinates_of(module: Module, comm: Any, extra: dict[str, Any] | None = Non
         coords["mesh"] = {k: 0 if c is None else c.rank for k, c in groups.items()}
     coords.update(extra or {})
     return coords
+
+
+def layout_record(module: Module) -> dict[str, Any]:
+    """What a shard records so that another layout can reshard it (dist.reshard): each
+    parameter's `ShardSpec` JSON (where it sits in the dense model; whole for a dense
+    module) and, for a GPT (``config`` a GPTConfig), that config."""
+    specs = {n: (p.shard_spec.to_json() if hasattr(p, "shard_spec") else {"name": n})
+             for n, p in module.named_parameters()}
+    out: dict[str, Any] = {"specs": specs}
+    config = getattr(module, "config", None)
+    if isinstance(config, GPTConfig):
+        out["config"] = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
+        if "dtype" in out["config"]:
+            out["config"]["dtype"] = as_dtype(out["config"]["dtype"]).name
+    return out
 
 
 def save_checkpoint(directory: str | os.PathLike, module: Module,
@@ -186,8 +203,10 @@ def _write_shard(path: Path, module: Module, comm: Any, step: int, metadata: Any
                               "size": comm.size,
                               "coordinates": coordinates_of(module, comm, coordinates),
                               "metadata": metadata or {}}
+    header.update(layout_record(module))
     if optimizer is not None:
         opt_state = optimizer.state_dict()
+        names = {id(p): n for n, p in module.named_parameters()}
         scalars: dict[str, dict[str, Any]] = {}
         for index, entry in opt_state["state"].items():
             for key, value in entry.items():
@@ -195,14 +214,17 @@ def _write_shard(path: Path, module: Module, comm: Any, step: int, metadata: Any
                     state[f"{_OPT}{index}/{key}"] = value
                 else:
                     scalars.setdefault(str(index), {})[key] = value
-        header["optimizer"] = {"param_groups": opt_state["param_groups"], "scalars": scalars}
+        # Parameter names by optimizer index: what resharding the moments needs.
+        order = [names.get(id(p)) for g in optimizer.param_groups for p in g["params"]]
+        header["optimizer"] = {"param_groups": opt_state["param_groups"], "scalars": scalars,
+                               "names": order}
     if rng:
         header["rng"] = _rng_state()
     payload = pack_shard(header, state)
     write_file(path, payload)
     return {"file": path.name, "rank": comm.rank, "bytes": len(payload),
             "sha256": digest(payload), "coordinates": header["coordinates"],
-            "entries": header["entries"]}
+            "entries": header["entries"], "config": header.get("config")}
 
 
 def _commit(root: Path, staging: Path, step: int, metadata: Any,
@@ -244,7 +266,8 @@ def _prune(root: Path, keep: int, current: Path) -> None:
 def load_checkpoint(directory: str | os.PathLike, module: Module,
                     comm: Communicator | None = None, strict: bool = True,
                     optimizer: Any = None, rng: bool = True, *,
-                    coordinates: dict[str, Any] | None = None) -> dict[str, Any]:
+                    coordinates: dict[str, Any] | None = None,
+                    reshard: bool = False) -> dict[str, Any]:
     """Load this rank's shard of a committed checkpoint into `module` (every rank calls it).
 
     `directory`: a step folder, or a checkpoint root (its `latest`). The world size must
@@ -255,6 +278,11 @@ def load_checkpoint(directory: str | os.PathLike, module: Module,
     shard has none); with `rng`, the RNG state saved with the shard. Returns this rank's
     saved metadata. Any problem on any rank raises the same one-line CheckpointError on
     every rank, its `fallback` the newest older committed checkpoint that verifies.
+
+    With `reshard`, a checkpoint written by another layout (world size, or tp x pp x dp)
+    is assembled and cut for this one instead (dist.reshard: model and optimizer state, the
+    saved model config checked against ``module.config``; the RNG state is not restored)
+    and the manifest's metadata returned; the same layout loads as above.
     """
     comm = _Solo() if comm is None else comm
     found: tuple[Any, ...]
@@ -264,8 +292,17 @@ def load_checkpoint(directory: str | os.PathLike, module: Module,
         raise CheckpointError(error, fallback and Path(fallback))
     step_dir = Path(step_name)
     try:
-        meta = _load_own_shard(step_dir, manifest, module, comm, strict, optimizer, rng,
-                               coordinates)
+        if isinstance(getattr(module, "config", None), GPTConfig):  # one line, not shapes
+            from dist.reshard import check_config
+
+            check_config(manifest["shards"][0].get("config"), module.config, str(step_dir))
+        if reshard and not _same_layout(manifest, module, comm, coordinates):
+            from dist.reshard import load_resharded
+
+            meta = load_resharded(step_dir, module, optimizer)
+        else:
+            meta = _load_own_shard(step_dir, manifest, module, comm, strict, optimizer,
+                                   rng, coordinates)
         error = None
     except Exception as exc:  # noqa: BLE001 - gathered: every rank raises the first error
         meta, error = None, _one_line(exc)
@@ -275,6 +312,16 @@ def load_checkpoint(directory: str | os.PathLike, module: Module,
         fallback = comm.bcast_object(fallback and str(fallback), root=0)
         raise CheckpointError(errors[0], fallback and Path(fallback))
     return meta
+
+
+def _same_layout(manifest: dict[str, Any], module: Module, comm: Any,
+                 coordinates: Any) -> bool:
+    """Whether the checkpoint was written by this world size and model layout (the same on
+    every rank: it compares the manifest with this run's layout, not with this rank)."""
+    if manifest["world_size"] != comm.size:
+        return False
+    saved = (manifest["shards"][0].get("coordinates") or {}).get("layout")
+    return saved == coordinates_of(module, comm, coordinates).get("layout")
 
 
 def _find(directory: Path, size: int) -> tuple[Any, ...]:

@@ -1,0 +1,242 @@
+"""Checkpoints across layouts: assemble the dense model (and optimizer state) from the shards
+of any tp x pp x dp layout, and cut it again for this rank's layout.
+
+Every shard records where each of its parameters sits in the dense model (a `ShardSpec`:
+dense name, axis, indices; see dist.models.sharding) and, with an optimizer, which parameter
+each optimizer index is (dist.checkpoint.layout_record). AdamW's moments (and f32 master
+weights) have their parameter's shape, so they are assembled and cut with the parameter's
+spec. Reading is done by each process on its own, from the files: no collective moves
+weights; the shards of data-parallel replicas other than the first are not read.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+import gpuplan as gp
+from autograd.inplace import record_write
+from autograd.nn import Module
+from autograd.nn.gpt2_io import param_shapes
+from dist.checkpoint_files import CheckpointError, read_manifest, read_shard, resolve
+from dist.models.sharding import ShardSpec
+from gpuplan.dtypes import as_dtype
+
+_OPT = "optimizer/"
+# GPTConfig fields that change the parameters or the function the model computes.
+MODEL_FIELDS = ("vocab_size", "block_size", "n_layer", "n_head", "n_embd", "bias",
+                "tie_weights", "activation")
+
+
+@dataclass
+class DenseCheckpoint:
+    """A checkpoint assembled into dense arrays (host, saved dtypes)."""
+
+    step_dir: Path
+    metadata: dict[str, Any]                        # the manifest's (rank 0's) metadata
+    config: dict[str, Any] | None                   # the model's GPTConfig fields, if saved
+    params: dict[str, np.ndarray]                   # dense name -> array
+    optimizer: dict[str, dict[str, Any]] | None = None  # dense name -> state (arrays, step)
+    param_groups: list[dict[str, Any]] = field(default_factory=list)  # settings, no params
+    group_of: dict[str, int] = field(default_factory=dict)  # dense name -> group index
+
+
+def _assemble(pieces: list[tuple[np.ndarray, ShardSpec]], shapes: dict[str, tuple[int, ...]],
+              where: str, what: str, complete: bool = True) -> dict[str, np.ndarray]:
+    """Dense arrays from (shard, spec) pairs; CheckpointError naming a gap or a mismatch
+    (with `complete`, every name of `shapes` must be there)."""
+    out: dict[str, np.ndarray] = {}
+    filled: dict[str, np.ndarray] = {}
+    for array, spec in pieces:
+        shape = shapes.get(spec.name)
+        if shape is None:
+            raise CheckpointError(f"{where}: {what} {spec.name!r} is not a parameter of the "
+                                  f"saved model")
+        if spec.name not in out:
+            out[spec.name] = np.zeros(shape, array.dtype)
+            filled[spec.name] = np.zeros(shape, bool)
+        index = [slice(None)] * len(shape)
+        if spec.index is not None:
+            index[spec.axis] = list(spec.index)
+        try:
+            out[spec.name][tuple(index)] = array
+        except ValueError:
+            raise CheckpointError(f"{where}: a shard of {what} {spec.name} has shape "
+                                  f"{tuple(array.shape)}, which does not fit the dense "
+                                  f"{shape}") from None
+        filled[spec.name][tuple(index)] = True
+    missing = [n for n in out if not filled[n].all()]
+    missing += [n for n in shapes if n not in out] if complete else []
+    if missing:
+        raise CheckpointError(f"{where}: the shards do not cover {what} {missing[:3]}")
+    return {n: out[n] for n in shapes if n in out}
+
+
+def _saved_config(header: dict[str, Any], meta: dict[str, Any]) -> dict[str, Any] | None:
+    config = header.get("config") or meta.get("config")
+    return dict(config) if isinstance(config, dict) else None
+
+
+def read_dense_checkpoint(path: str | os.PathLike, optimizer: bool = False) -> DenseCheckpoint:
+    """The dense model of the committed checkpoint `path` (a step folder, or a root: its
+    latest), from every shard of the first data-parallel replica, each verified against
+    the manifest (size, SHA-256). With `optimizer`, the optimizer state too (an error if
+    the checkpoint has none). CheckpointError (one line) for anything missing."""
+    step_dir = resolve(path)
+    manifest = read_manifest(step_dir)
+    pieces: list[tuple[np.ndarray, ShardSpec]] = []
+    opt_pieces: dict[str, list[tuple[np.ndarray, ShardSpec]]] = {}
+    scalars: dict[str, dict[str, Any]] = {}
+    groups: list[dict[str, Any]] = []
+    group_of: dict[str, int] = {}
+    config = None
+    for rank, record in enumerate(manifest["shards"]):
+        if ((record.get("coordinates") or {}).get("mesh") or {}).get("dp", 0) != 0:
+            continue  # a data-parallel replica of shards read already
+        state, header = read_shard(step_dir, manifest, rank)
+        specs = header.get("specs") or header["metadata"].get("specs")
+        if specs is None:
+            raise CheckpointError(f"{step_dir}: shard {rank} records no parameter specs (a "
+                                  f"checkpoint of an older format cannot be resharded)")
+        config = config or _saved_config(header, header["metadata"])
+        by_local = {n: ShardSpec.from_json(s) for n, s in specs.items()}
+        pieces += [(state[n], spec) for n, spec in by_local.items()]
+        if optimizer:
+            _collect_optimizer(step_dir, rank, state, header, by_local, opt_pieces, scalars,
+                               groups, group_of)
+    if config is None:
+        raise CheckpointError(f"{step_dir}: records no model config, so its dense shapes "
+                              f"are unknown")
+    shapes = param_shapes(_gpt_config(config))
+    params = _assemble(pieces, shapes, str(step_dir), "parameter")
+    dense = DenseCheckpoint(step_dir, manifest["metadata"], config, params)
+    if optimizer:
+        dense.optimizer = {n: dict(scalars.get(n, {})) for n in shapes}
+        for key, key_pieces in opt_pieces.items():
+            for name, array in _assemble(key_pieces, shapes, str(step_dir),
+                                         f"optimizer state {key!r} of", False).items():
+                dense.optimizer[name][key] = array
+        dense.param_groups, dense.group_of = groups, group_of
+    return dense
+
+
+def _collect_optimizer(step_dir: Path, rank: int, state: dict[str, np.ndarray],
+                       header: dict[str, Any], specs: dict[str, ShardSpec],
+                       opt_pieces: dict[str, list], scalars: dict[str, dict[str, Any]],
+                       groups: list[dict[str, Any]], group_of: dict[str, int]) -> None:
+    """Add one shard's optimizer entries (arrays by key, scalars, groups) to the pools."""
+    saved = header.get("optimizer")
+    if saved is None:
+        raise CheckpointError(f"{step_dir}: shard {rank} holds no optimizer state")
+    names = saved.get("names")
+    if names is None:
+        raise CheckpointError(f"{step_dir}: shard {rank} does not record which parameter "
+                              f"each optimizer entry belongs to (saved by an older version)")
+    if not groups:
+        groups.extend({k: v for k, v in g.items() if k != "params"}
+                      for g in saved["param_groups"])
+    for g_index, group in enumerate(saved["param_groups"]):
+        for index in group["params"]:
+            group_of[specs[names[index]].name] = g_index
+    for key, value in state.items():
+        if key.startswith(_OPT):
+            index, name = key[len(_OPT):].split("/", 1)
+            opt_pieces.setdefault(name, []).append((value, specs[names[int(index)]]))
+    for index, entry in saved["scalars"].items():
+        scalars.setdefault(specs[names[int(index)]].name, {}).update(entry)
+
+
+def _gpt_config(config: dict[str, Any]) -> Any:
+    from autograd.nn import GPTConfig
+
+    fields = {k: v for k, v in config.items() if k in GPTConfig.__dataclass_fields__}
+    fields["dtype"] = as_dtype(fields.get("dtype", "float32"))
+    return GPTConfig(**fields)
+
+
+def check_config(saved: dict[str, Any] | None, config: Any, where: str) -> None:
+    """CheckpointError naming the first model field on which `saved` (a config's fields)
+    and `config` (this run's GPTConfig) differ."""
+    if saved is None:
+        return
+    for name in MODEL_FIELDS:
+        mine = getattr(config, name)
+        theirs = saved.get(name, "gelu" if name == "activation" else None)
+        if theirs != mine:
+            raise CheckpointError(f"{where}: the saved model has {name} {theirs!r}, this "
+                                  f"model has {name} {mine!r}")
+
+
+def local_value(param: Any, name: str, dense: np.ndarray, where: str) -> np.ndarray:
+    """This rank's part of the dense array `dense` for its parameter `name`."""
+    spec = getattr(param, "shard_spec", None) or ShardSpec(name)
+    value = spec.take(dense)
+    if tuple(value.shape) != tuple(param.shape):
+        raise CheckpointError(f"{where}: {spec.name} gives this rank's {name} the shape "
+                              f"{tuple(value.shape)}, the model expects {tuple(param.shape)}")
+    return value
+
+
+def load_dense_into(module: Module, params: dict[str, np.ndarray], where: str) -> None:
+    """Copy this rank's part of the dense state `params` into `module`'s parameters
+    (cast to each parameter's dtype, on its device); every parameter must be found."""
+    for name, p in module.named_parameters():
+        dense = getattr(p, "shard_spec", None) or ShardSpec(name)
+        if dense.name not in params:
+            raise CheckpointError(f"{where}: has no {dense.name}")
+        value = np.ascontiguousarray(local_value(p, name, params[dense.name], where))
+        p.data[...] = gp.to_device(value.astype(p.dtype, copy=False), gp.device_of(p.data))
+        record_write(p, "dist.reshard.load_dense_into")
+
+
+def load_optimizer_resharded(optimizer: Any, module: Module, dense: DenseCheckpoint) -> None:
+    """Give `optimizer` (over `module`'s parameters) this rank's part of the dense state."""
+    where = str(dense.step_dir)
+    if dense.optimizer is None:
+        raise CheckpointError(f"{where}: holds no optimizer state")
+    if len(dense.param_groups) != len(optimizer.param_groups):
+        raise CheckpointError(f"{where}: the optimizer had {len(dense.param_groups)} param "
+                              f"groups, this one has {len(optimizer.param_groups)}")
+    names = {id(p): n for n, p in module.named_parameters()}
+    state: dict[int, dict[str, Any]] = {}
+    groups, index = [], 0
+    for g_index, group in enumerate(optimizer.param_groups):
+        ids = []
+        for p in group["params"]:
+            name = names[id(p)]
+            spec = getattr(p, "shard_spec", None) or ShardSpec(name)
+            if dense.group_of.get(spec.name, g_index) != g_index:
+                raise CheckpointError(f"{where}: {spec.name} was in param group "
+                                      f"{dense.group_of[spec.name]}, here in {g_index}")
+            saved = dense.optimizer.get(spec.name) or {}
+            if saved:
+                state[index] = {k: (local_value(p, name, v, where).copy()
+                                    if hasattr(v, "shape") else v) for k, v in saved.items()}
+            ids.append(index)
+            index += 1
+        groups.append({**dense.param_groups[g_index], "params": ids})
+    groups = [{**g, "betas": tuple(g["betas"])} if "betas" in g else g for g in groups]
+    optimizer.load_state_dict({"state": state, "param_groups": groups})
+
+
+def load_resharded(path: str | os.PathLike, module: Module, optimizer: Any = None
+                   ) -> dict[str, Any]:
+    """Load a checkpoint of any layout into this rank's `module` (a dist.ParallelGPT of any
+    layout, or an nn.GPT) and `optimizer`; returns the manifest's metadata. The saved model
+    config must agree with ``module.config`` (`check_config`). The RNG state is not
+    restored (its streams belong to the saved layout's ranks). Run by each rank on its own:
+    callers agree on errors (dist.load_checkpoint(..., reshard=True) does)."""
+    dense = read_dense_checkpoint(path, optimizer=optimizer is not None)
+    check_config(dense.config, module.config, str(dense.step_dir))
+    load_dense_into(module, dense.params, str(dense.step_dir))
+    if optimizer is not None:
+        load_optimizer_resharded(optimizer, module, dense)
+    return dense.metadata
+
+
+__all__ = ["MODEL_FIELDS", "DenseCheckpoint", "check_config", "load_dense_into",
+           "load_optimizer_resharded", "load_resharded", "read_dense_checkpoint"]
