@@ -12,12 +12,36 @@ from typing import Any as _Any
 from autograd import random
 from autograd import tensor as _tensor_module
 from autograd.anomaly import AnomalyError, detect_anomaly, is_anomaly_enabled, set_detect_anomaly
+from autograd.factories import arange, eye, full_like, ones_like, rand, randint, zeros_like
 from autograd.function import Context, Function
-from autograd.functions.reduce import max, mean, sum
+from autograd.functions.indexing import gather, index_select, scatter_add
+from autograd.functions.reduce import (
+    amax,
+    amin,
+    argmax,
+    argmin,
+    max,
+    mean,
+    min,
+    prod,
+    std,
+    sum,
+    topk,
+    var,
+)
 from autograd.functions.shape import broadcast_to, cat, chunk, split, stack
-from autograd.grad_mode import enable_grad, is_grad_enabled, no_grad, set_grad_enabled
+from autograd.grad_mode import (
+    enable_grad,
+    inference_mode,
+    is_grad_enabled,
+    is_inference_mode_enabled,
+    no_grad,
+    set_grad_enabled,
+)
 from autograd.gradcheck import GradcheckError, gradcheck
+from autograd.interop import from_dlpack
 from autograd.random import manual_seed
+from autograd.serialization import load, save
 from autograd.tape import Tape, current_tape
 from autograd.tensor import Tensor, full, ones, randn, tensor, zeros
 
@@ -25,8 +49,12 @@ __all__ = [
     "Tensor", "tensor", "zeros", "ones", "full", "randn", "Tape", "current_tape", "Function",
     "Context", "no_grad", "enable_grad", "set_grad_enabled", "is_grad_enabled", "gradcheck",
     "GradcheckError", "cat", "split", "chunk", "stack", "broadcast_to", "sum", "mean", "max",
+    "min", "prod", "amax", "amin", "argmax", "argmin", "topk", "var", "std", "gather",
+    "scatter_add", "index_select",
     "manual_seed", "random", "nn", "optim", "detect_anomaly", "set_detect_anomaly",
-    "is_anomaly_enabled", "AnomalyError",
+    "is_anomaly_enabled", "AnomalyError", "arange", "zeros_like", "ones_like", "full_like",
+    "rand", "randint", "eye", "from_dlpack", "inference_mode", "is_inference_mode_enabled",
+    "save", "load",
 ]
 
 

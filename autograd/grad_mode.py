@@ -1,4 +1,4 @@
-"""Grad mode: whether Function.apply records on a tape (no_grad / enable_grad / set_grad_enabled).
+"""Grad mode: whether Function.apply records (no_grad, enable_grad, inference_mode, ...).
 
 The flag is process-global (not thread-local): the runtime drives one training loop per
 process, and a module attribute is the cheapest thing apply() can read on every op.
@@ -11,6 +11,8 @@ from collections.abc import Callable
 from typing import Any
 
 _enabled = True
+#: True inside inference_mode(): Tensors created then are marked inference tensors.
+_inference = False
 
 
 def is_grad_enabled() -> bool:
@@ -71,3 +73,41 @@ class enable_grad(_GradModeContext):  # noqa: N801 - PyTorch's name
     """Re-enable recording inside a no_grad block."""
 
     _mode = True
+
+
+class inference_mode:  # noqa: N801 - PyTorch's name
+    """No recording (as no_grad), and every Tensor created inside is an *inference tensor*
+    (``t.is_inference()``): outside inference mode it may be read by ops that do not record,
+    but an in-place update of it, ``requires_grad_()`` on it, or `Tensor.__setitem__` /
+    ``add_`` etc. raise RuntimeError, as in PyTorch. A context manager and a decorator;
+    ``inference_mode(False)`` changes nothing (PyTorch's behaviour)."""
+
+    def __init__(self, mode: bool = True) -> None:
+        self._mode = bool(mode)
+
+    def __enter__(self) -> inference_mode:
+        global _enabled, _inference
+        self._prev = (_enabled, _inference)
+        if self._mode:
+            _enabled, _inference = False, True
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        global _enabled, _inference
+        _enabled, _inference = self._prev
+
+    def __call__(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        """Use as a decorator: run `fn` in inference mode."""
+        mode = self._mode
+
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            with inference_mode(mode):
+                return fn(*args, **kwargs)
+
+        return wrapper
+
+
+def is_inference_mode_enabled() -> bool:
+    """True inside inference_mode()."""
+    return _inference

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 import gpuplan as gp
-from autograd import inplace as _inplace
+from autograd import grad_mode as _grad_mode
 from gpuplan.dtypes import as_dtype
 
 
@@ -29,6 +29,7 @@ class Tensor:
     # ndarray <op> Tensor returns NotImplemented, so Tensor's reflected operator runs.
     __array_ufunc__ = None
     _version = 0
+    _inference = False  # made under autograd.inference_mode()
 
     def __init__(self, data: Any, requires_grad: bool = False) -> None:
         if isinstance(data, Tensor):
@@ -40,6 +41,8 @@ class Tensor:
         self.requires_grad = bool(requires_grad)
         self._node = None
         self._out_index = 0
+        if _grad_mode._inference:
+            self._inference = True
 
     # -- properties --------------------------------------------------------------------------
 
@@ -100,18 +103,20 @@ class Tensor:
         return Tensor(self.data)
 
     def requires_grad_(self, requires_grad: bool = True) -> Tensor:
+        if requires_grad and self._inference and not _grad_mode._inference:
+            raise RuntimeError("requires_grad_(): an inference tensor (made under "
+                               "autograd.inference_mode()) cannot require grad; clone() it")
         self.requires_grad = bool(requires_grad)
         return self
 
-    def zero_(self) -> Tensor:
-        """Fill with zeros in place (recorded: backward through an op that saved this memory
-        before now raises, see autograd.inplace)."""
-        self.data[...] = 0
-        _inplace.record_write(self, "Tensor.zero_()")
-        return self
+    def is_inference(self) -> bool:
+        return self._inference
 
-    def to(self, device: str | None = None, dtype: Any = None) -> Tensor:
-        """Move and/or cast (differentiable: the gradient comes back moved and cast)."""
+    def to(self, device: Any = None, dtype: Any = None) -> Tensor:
+        """Move and/or cast (differentiable: the gradient comes back moved and cast);
+        ``t.to(np.float16)`` casts, as torch's ``t.to(dtype)``."""
+        if device is not None and not isinstance(device, str):
+            device, dtype = None, device
         out = self
         if device is not None and device != self.device:
             out = _shape.ToDevice.apply(out, device=device)
@@ -130,6 +135,53 @@ class Tensor:
 
     def double(self) -> Tensor:
         return self.to(dtype=np.float64)
+
+    def half(self) -> Tensor:
+        return self.to(dtype=np.float16)
+
+    def bfloat16(self) -> Tensor:
+        return self.to(dtype="bfloat16")
+
+    def clone(self) -> Tensor:
+        return _write.clone(self)
+
+    def contiguous(self) -> Tensor:
+        """Self (every array an op makes is C-contiguous), or a contiguous copy."""
+        return self if self.data.flags.c_contiguous else _write.clone(self)
+
+    def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray:
+        return _interop.array(self, dtype, copy)
+
+    def __dlpack__(self, **kwargs: Any) -> Any:
+        return _interop.dlpack(self, **kwargs)
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return _interop.dlpack_device(self)
+
+    @property
+    def __cuda_array_interface__(self) -> dict:  # AttributeError unless on a CUDA device
+        return _interop.cuda_array_interface(self)
+
+    # -- in-place (autograd.functions.write: recorded, version-counted) ------------------------
+
+    def __setitem__(self, index: Any, value: Any) -> None:
+        _write.setitem(self, index, value)
+
+    def add_(self, other: Any, alpha: float = 1) -> Tensor:
+        return _write.binary_(self, "add", other if alpha == 1 else other * alpha,
+                              "Tensor.add_()")
+
+    def mul_(self, other: Any) -> Tensor:
+        return _write.binary_(self, "mul", other, "Tensor.mul_()")
+
+    def copy_(self, src: Any) -> Tensor:
+        return _write.copy_(self, src)
+
+    def fill_(self, value: Any) -> Tensor:
+        return _write.fill_(self, value)
+
+    def zero_(self) -> Tensor:
+        return _write.zero_(self)
 
     def backward(self, grad: Any = None, retain: bool = False) -> None:
         """Back-propagate through the tape that recorded this tensor (see Tape.backward)."""
@@ -186,14 +238,69 @@ class Tensor:
 
     # -- reductions --------------------------------------------------------------------------
 
-    def sum(self, axis: int | Sequence[int] | None = None, keepdims: bool = False) -> Tensor:
-        return _reduce.reduce("sum", self, axis, keepdims)
+    # torch's dim/keepdim, NumPy's axis/keepdims as aliases (autograd.functions.reduce).
 
-    def mean(self, axis: int | Sequence[int] | None = None, keepdims: bool = False) -> Tensor:
-        return _reduce.reduce("mean", self, axis, keepdims)
+    def sum(self, dim: int | Sequence[int] | None = None, keepdim: bool | None = None, *,
+            axis: Any = None, keepdims: bool | None = None) -> Tensor:
+        return _reduce.sum(self, dim, keepdim, axis=axis, keepdims=keepdims)
 
-    def max(self, axis: int | Sequence[int] | None = None, keepdims: bool = False) -> Tensor:
-        return _reduce.reduce("max", self, axis, keepdims)
+    def mean(self, dim: int | Sequence[int] | None = None, keepdim: bool | None = None, *,
+             axis: Any = None, keepdims: bool | None = None) -> Tensor:
+        return _reduce.mean(self, dim, keepdim, axis=axis, keepdims=keepdims)
+
+    def prod(self, dim: int | None = None, keepdim: bool | None = None, *,
+             axis: int | None = None, keepdims: bool | None = None) -> Tensor:
+        return _reduce.prod(self, dim, keepdim, axis=axis, keepdims=keepdims)
+
+    def max(self, dim: int | None = None, keepdim: bool | None = None, *,
+            axis: Any = None, keepdims: bool | None = None) -> Any:
+        """No dim: the max (0-d); an int dim: (values, indices); axis=: the amax tensor."""
+        return _reduce.max(self, dim, keepdim, axis=axis, keepdims=keepdims)
+
+    def min(self, dim: int | None = None, keepdim: bool | None = None, *,
+            axis: Any = None, keepdims: bool | None = None) -> Any:
+        """No dim: the min (0-d); an int dim: (values, indices); axis=: the amin tensor."""
+        return _reduce.min(self, dim, keepdim, axis=axis, keepdims=keepdims)
+
+    def amax(self, dim: int | Sequence[int] | None = None, keepdim: bool = False) -> Tensor:
+        return _reduce.amax(self, dim, keepdim)
+
+    def amin(self, dim: int | Sequence[int] | None = None, keepdim: bool = False) -> Tensor:
+        return _reduce.amin(self, dim, keepdim)
+
+    def argmax(self, dim: int | None = None, keepdim: bool | None = None, *,
+               axis: int | None = None, keepdims: bool | None = None) -> Tensor:
+        return _reduce.argmax(self, dim, keepdim, axis=axis, keepdims=keepdims)
+
+    def argmin(self, dim: int | None = None, keepdim: bool | None = None, *,
+               axis: int | None = None, keepdims: bool | None = None) -> Tensor:
+        return _reduce.argmin(self, dim, keepdim, axis=axis, keepdims=keepdims)
+
+    def topk(self, k: int, dim: int = -1, largest: bool = True, sorted: bool = True  # noqa: A002
+             ) -> Any:
+        return _reduce.topk(self, k, dim, largest, sorted)
+
+    def var(self, dim: Any = None, unbiased: bool | None = None, keepdim: bool | None = None,
+            *, correction: float | None = None, axis: Any = None,
+            keepdims: bool | None = None) -> Tensor:
+        return _reduce.var(self, dim, unbiased, keepdim, correction=correction, axis=axis,
+                           keepdims=keepdims)
+
+    def std(self, dim: Any = None, unbiased: bool | None = None, keepdim: bool | None = None,
+            *, correction: float | None = None, axis: Any = None,
+            keepdims: bool | None = None) -> Tensor:
+        return _reduce.std(self, dim, unbiased, keepdim, correction=correction, axis=axis,
+                           keepdims=keepdims)
+
+    def gather(self, dim: int, index: Any) -> Tensor:
+        return _indexing.gather(self, dim, index)
+
+    def scatter_add(self, dim: int, index: Any, src: Any) -> Tensor:
+        """Out of place, as torch's Tensor.scatter_add (deterministic)."""
+        return _indexing.scatter_add(self, dim, index, src)
+
+    def index_select(self, dim: int, index: Any) -> Tensor:
+        return _indexing.index_select(self, dim, index)
 
     # -- shape -------------------------------------------------------------------------------
 
@@ -202,8 +309,21 @@ class Tensor:
 
     view = reshape
 
-    def flatten(self) -> Tensor:
-        return _shape.reshape(self, -1)
+    def flatten(self, start_dim: int = 0, end_dim: int = -1) -> Tensor:
+        return _shape.flatten(self, start_dim, end_dim)
+
+    def squeeze(self, dim: int | Sequence[int] | None = None) -> Tensor:
+        return _shape.squeeze(self, dim)
+
+    def unsqueeze(self, dim: int) -> Tensor:
+        return _shape.unsqueeze(self, dim)
+
+    def expand(self, *sizes: Any) -> Tensor:
+        """torch expand: -1 keeps a dim, size-1 dims grow, new dims go in front."""
+        return _shape.expand(self, *sizes)
+
+    def repeat(self, *sizes: Any) -> Tensor:
+        return _shape.repeat(self, *sizes)
 
     def transpose(self, *axes: int) -> Tensor:
         """No axes: reverse all; two axes: swap them (PyTorch); else a full permutation."""
@@ -215,7 +335,6 @@ class Tensor:
     def broadcast_to(self, shape: Sequence[int]) -> Tensor:
         return _shape.broadcast_to(self, shape)
 
-    expand = broadcast_to
 
     def __getitem__(self, index: Any) -> Tensor:
         return _shape.getitem(self, index)
@@ -266,9 +385,12 @@ def _shape_arg(shape: tuple) -> tuple[int, ...]:
 
 
 # Op modules import Tensor from here, so they are bound after the class exists.
+from autograd import interop as _interop  # noqa: E402
 from autograd import random as _random  # noqa: E402
 from autograd.functions import activation as _act  # noqa: E402
 from autograd.functions import arithmetic as _arith  # noqa: E402
+from autograd.functions import indexing as _indexing  # noqa: E402
 from autograd.functions import matmul as _matmul  # noqa: E402
 from autograd.functions import reduce as _reduce  # noqa: E402
 from autograd.functions import shape as _shape  # noqa: E402
+from autograd.functions import write as _write  # noqa: E402

@@ -203,7 +203,11 @@ def transpose(x: Tensor, *axes: int) -> Tensor:
 def getitem(x: Tensor, index: Any) -> Tensor:
     """x[index]: basic (ints, slices, None, ...) or advanced (integer / bool arrays, lists,
     Tensors; moved to x's device)."""
-    device = x.device
+    return GetItem.apply(x, index=device_index(index, x.device))
+
+
+def device_index(index: Any, device: str) -> Any:
+    """An index with its arrays (lists, Tensors, host arrays) as arrays on `device`."""
 
     def convert(i: Any) -> Any:
         if isinstance(i, Tensor):
@@ -212,8 +216,7 @@ def getitem(x: Tensor, index: Any) -> Tensor:
             return gp.to_device(gp.asarray(i), device)
         return i
 
-    index = tuple(convert(i) for i in index) if isinstance(index, tuple) else convert(index)
-    return GetItem.apply(x, index=index)
+    return tuple(convert(i) for i in index) if isinstance(index, tuple) else convert(index)
 
 
 def cat(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
@@ -260,3 +263,100 @@ def chunk(x: Tensor, chunks: int, dim: int = 0) -> tuple[Tensor, ...]:
 
 def broadcast_to(x: Tensor, shape: Sequence[int]) -> Tensor:
     return BroadcastTo.apply(x, shape=tuple(int(s) for s in shape))
+
+
+class Repeat(Function):
+    """y = x tiled `reps` times per dim (torch ``repeat``): x is viewed as
+    (1, s0, 1, s1, ...), broadcast to (r0, s0, r1, s1, ...) and made contiguous; backward
+    sums the tiles, dx = sum over the r axes of dy viewed that way (the reduce plan)."""
+
+    @staticmethod
+    def forward(ctx, x, reps):
+        lead = len(reps) - x.ndim
+        shape = (1,) * lead + tuple(x.shape)
+        ctx.in_shape, ctx.reps, ctx.shape = x.shape, reps, shape
+        pairs = tuple(v for s in shape for v in (1, s))
+        tiled = tuple(v for r, s in zip(reps, shape, strict=True) for v in (r, s))
+        xp = gp.array_namespace(x)
+        y = backend.ascontiguous(xp.broadcast_to(x.reshape(pairs), tiled))
+        return y.reshape(tuple(r * s for r, s in zip(reps, shape, strict=True)))
+
+    @staticmethod
+    def backward(ctx, dy):
+        axes = tuple(2 * i for i, r in enumerate(ctx.reps) if r != 1)
+        if not axes:
+            return backend.ascontiguous(dy).reshape(ctx.in_shape)
+        tiled = tuple(v for r, s in zip(ctx.reps, ctx.shape, strict=True) for v in (r, s))
+        return F.reduce("sum", dy.reshape(tiled), axes=axes, keepdims=False) \
+            .reshape(ctx.in_shape)
+
+
+def repeat(x: Tensor, *sizes: Any) -> Tensor:
+    """torch ``Tensor.repeat``: tile x sizes[i] times along dim i (len(sizes) >= x.ndim;
+    extra sizes add leading dims)."""
+    reps = _sizes_arg(sizes)
+    if len(reps) < x.ndim:
+        raise ValueError(f"repeat: needs at least {x.ndim} repeat counts (one per dim of "
+                         f"the tensor), given {len(reps)}: {reps}")
+    if any(r < 0 for r in reps):
+        raise ValueError(f"repeat: repeat counts must be >= 0, given {reps}")
+    return Repeat.apply(x, reps=reps)
+
+
+def expand(x: Tensor, *sizes: Any) -> Tensor:
+    """torch ``Tensor.expand``: -1 keeps a dim's size; a size-1 dim may grow; new dims go
+    in front (and may not be -1). Returns a contiguous copy (a broadcast), not a view."""
+    sizes = _sizes_arg(sizes)
+    lead = len(sizes) - x.ndim
+    if lead < 0:
+        raise ValueError(f"expand: the number of sizes ({len(sizes)}) must be >= the number "
+                         f"of dims ({x.ndim}); given {sizes} for shape {x.shape}")
+    shape = []
+    for i, s in enumerate(sizes):
+        have = x.shape[i - lead] if i >= lead else None
+        if s == -1:
+            if have is None:
+                raise ValueError(f"expand: -1 is not allowed for a new leading dim "
+                                 f"(dim {i}); given {sizes}")
+            s = have
+        elif s < 0 or have not in (None, 1, s):
+            raise ValueError(f"expand: size {s} at dim {i} does not match the tensor's "
+                             f"size {have} there (only size-1 dims expand); given {sizes} "
+                             f"for shape {x.shape}")
+        shape.append(s)
+    return BroadcastTo.apply(x, shape=tuple(shape))
+
+
+def squeeze(x: Tensor, dim: int | Sequence[int] | None = None) -> Tensor:
+    """Drop size-1 dims: all of them, or those among `dim` (others are left, as torch)."""
+    if dim is None:
+        dims = {i for i, s in enumerate(x.shape) if s == 1}
+    else:
+        dims = dim if isinstance(dim, (tuple, list)) else (dim,)
+        dims = {d for d in (_axis(int(a), max(x.ndim, 1), "squeeze") for a in dims)
+                if d < x.ndim and x.shape[d] == 1}
+    shape = tuple(s for i, s in enumerate(x.shape) if i not in dims)
+    return Reshape.apply(x, shape=shape)
+
+
+def unsqueeze(x: Tensor, dim: int) -> Tensor:
+    """Insert a size-1 dim at `dim` (in [-ndim - 1, ndim], as torch)."""
+    d = _axis(int(dim), x.ndim + 1, "unsqueeze")
+    return Reshape.apply(x, shape=x.shape[:d] + (1,) + x.shape[d:])
+
+
+def flatten(x: Tensor, start_dim: int = 0, end_dim: int = -1) -> Tensor:
+    """Merge dims start_dim..end_dim into one (a 0-d tensor becomes shape (1,))."""
+    if x.ndim == 0:
+        return Reshape.apply(x, shape=(1,))
+    a, b = _axis(start_dim, x.ndim, "flatten"), _axis(end_dim, x.ndim, "flatten")
+    if a > b:
+        raise ValueError(f"flatten: start_dim {start_dim} comes after end_dim {end_dim} "
+                         f"for a {x.ndim}-d tensor")
+    return Reshape.apply(x, shape=x.shape[:a] + (_prod(x.shape[a:b + 1]),) + x.shape[b + 1:])
+
+
+def _sizes_arg(sizes: tuple) -> tuple[int, ...]:
+    if len(sizes) == 1 and isinstance(sizes[0], (tuple, list)):
+        sizes = tuple(sizes[0])
+    return tuple(int(s) for s in sizes)
