@@ -23,7 +23,7 @@ using gp::st;
 
 template <typename T, int OP>
 __global__ void unary_forward(const T* __restrict__ x, T* __restrict__ y, long long n,
-                              Acc<T> alpha, int vec_ok) {
+                              Acc<T> alpha, Acc<T> beta, int vec_ok) {
     constexpr int N = 16 / sizeof(T);
     long long head = 0;
     if (vec_ok) {
@@ -34,19 +34,22 @@ __global__ void unary_forward(const T* __restrict__ x, T* __restrict__ y, long l
             const Pack<T, N> in = xp[p];
             Pack<T, N> out;
 #pragma unroll
-            for (int j = 0; j < N; ++j) out.v[j] = st<T>(act_forward<OP>(ld(in.v[j]), alpha));
+            for (int j = 0; j < N; ++j) {
+                out.v[j] = st<T>(act_forward<OP>(ld(in.v[j]), alpha, beta));
+            }
             yp[p] = out;
         }
         head = np * N;
     }
     for (long long i = head + gp::thread_index(); i < n; i += gp::grid_stride()) {
-        y[i] = st<T>(act_forward<OP>(ld(x[i]), alpha));
+        y[i] = st<T>(act_forward<OP>(ld(x[i]), alpha, beta));
     }
 }
 
 template <typename T, int OP>
 __global__ void unary_backward(const T* __restrict__ x, const T* __restrict__ dy,
-                               T* __restrict__ dx, long long n, Acc<T> alpha, int vec_ok) {
+                               T* __restrict__ dx, long long n, Acc<T> alpha, Acc<T> beta,
+                               int vec_ok) {
     constexpr int N = 16 / sizeof(T);
     long long head = 0;
     if (vec_ok) {
@@ -59,13 +62,13 @@ __global__ void unary_backward(const T* __restrict__ x, const T* __restrict__ dy
             Pack<T, N> out;
 #pragma unroll
             for (int j = 0; j < N; ++j) {
-                out.v[j] = st<T>(act_backward<OP>(ld(xv.v[j]), ld(gv.v[j]), alpha));
+                out.v[j] = st<T>(act_backward<OP>(ld(xv.v[j]), ld(gv.v[j]), alpha, beta));
             }
             op[p] = out;
         }
         head = np * N;
     }
     for (long long i = head + gp::thread_index(); i < n; i += gp::grid_stride()) {
-        dx[i] = st<T>(act_backward<OP>(ld(x[i]), ld(dy[i]), alpha));
+        dx[i] = st<T>(act_backward<OP>(ld(x[i]), ld(dy[i]), alpha, beta));
     }
 }

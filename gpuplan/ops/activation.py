@@ -2,9 +2,15 @@
 
 Every activation is one row of `ACTIVATIONS`: its name (the CUDA enumerator is the name
 upper-cased, passed to activation.cu as -DGPUPLAN_ENUM_Activation), its NumPy forward and
-backward math, and whether it takes the run-time scalar ``alpha`` ('scale': y = alpha * x).
-Adding an activation is one row here plus its two branches in gpuplan_activation.cuh (the
-CUDA math, shared with the GEMM epilogue: gpuplan.ops.gemm_sku.EPILOGUES).
+backward math, and which run-time scalars it takes: ``alpha`` ('scale': y = alpha * x), or
+the optional bounds ``alpha`` (min) and ``beta`` (max) of 'clamp' (None: unbounded). Scalars
+are run arguments, never descriptor fields: a new bound reuses the plan. Adding an activation
+is one row here plus its two branches in gpuplan_activation.cuh (the CUDA math, shared with
+the GEMM epilogue: gpuplan.ops.gemm_sku.EPILOGUES).
+
+NaN and edge values follow PyTorch: log(0) = -inf, log/sqrt/rsqrt of a negative number is
+NaN, clamp keeps NaN and gives `max` everywhere when min > max (min(max(x, lo), hi)); its
+gradient passes where lo <= x <= hi. abs'(x) is sign(x), 0 at 0 (and at NaN).
 
 Math runs in f32 for f16/bf16 and in the dtype itself for f32/f64. On the host every
 activation is split over the thread budget (gpuplan.host_pool; elementwise, so the result does
@@ -118,10 +124,37 @@ def _silu_grad(x, dy, alpha):
     return dy * s * (t(1) + x * (t(1) - s))
 
 
+def _sigmoid(x, alpha):
+    t = x.dtype.type
+    return t(1) / (t(1) + np.exp(-x))
+
+
+def _rsqrt_grad(x, dy, alpha):
+    r = np.reciprocal(np.sqrt(x))
+    return x.dtype.type(-0.5) * dy * r * r * r
+
+
+def _bounds(x, scalars):
+    t = x.dtype.type
+    lo, hi = scalars
+    return t(-np.inf if lo is None else lo), t(np.inf if hi is None else hi)
+
+
+def _clamp(x, scalars):
+    lo, hi = _bounds(x, scalars)
+    return np.minimum(np.maximum(x, lo), hi)  # both propagate NaN; lo > hi gives hi
+
+
+def _clamp_grad(x, dy, scalars):
+    lo, hi = _bounds(x, scalars)
+    return np.where((x >= lo) & (x <= hi), dy, x.dtype.type(0))
+
+
 @dataclass(frozen=True)
 class Activation:
     """One activation: name, host forward (x, alpha) and backward (x, dy, alpha) math on
-    arrays in the accumulator dtype, and whether the op takes the run-time ``alpha``.
+    arrays in the accumulator dtype, and whether the op takes the run-time ``alpha`` (or
+    the bounds alpha, beta).
     Optionally its float32 math on one cache-sized block, written into the last array
     given, with two float32 scratch arrays: forward32(x, y, s1, s2) and
     backward32(x, dy, dx, s1, s2); the host plans use them for every dtype but f64."""
@@ -130,6 +163,9 @@ class Activation:
     forward: Callable[[np.ndarray, Any], np.ndarray]
     backward: Callable[[np.ndarray, np.ndarray, Any], np.ndarray]
     alpha: bool = False
+    #: takes the optional bounds alpha (min) and beta (max); the host math then gets the
+    #: pair (alpha, beta) as its scalar argument.
+    bounds: bool = False
     forward32: Callable[..., None] | None = None
     backward32: Callable[..., None] | None = None
 
@@ -146,6 +182,15 @@ ACTIVATIONS: tuple[Activation, ...] = (
     Activation("neg", lambda x, a: -x, lambda x, dy, a: -dy),
     Activation("scale", lambda x, a: x.dtype.type(a) * x,
                lambda x, dy, a: x.dtype.type(a) * dy, alpha=True),
+    Activation("log", lambda x, a: np.log(x), lambda x, dy, a: dy / x),
+    Activation("sqrt", lambda x, a: np.sqrt(x),
+               lambda x, dy, a: dy / (x.dtype.type(2) * np.sqrt(x))),
+    Activation("rsqrt", lambda x, a: np.reciprocal(np.sqrt(x)), _rsqrt_grad),
+    Activation("sigmoid", _sigmoid,
+               lambda x, dy, a: dy * _sigmoid(x, a) * (x.dtype.type(1) - _sigmoid(x, a))),
+    Activation("abs", lambda x, a: np.abs(x),
+               lambda x, dy, a: dy * ((x > 0).astype(x.dtype) - (x < 0).astype(x.dtype))),
+    Activation("clamp", _clamp, _clamp_grad, bounds=True),
 )
 _BY_NAME = {a.name: a for a in ACTIVATIONS}
 UNARY_OPS: tuple[str, ...] = tuple(_BY_NAME)
@@ -170,7 +215,7 @@ def _aligned16(*arrays: Any) -> np.int32:
 
 _FIELDS = (Choice("op", choices=UNARY_OPS), Extent("numel"),
            DType("dtype", FLOAT_DTYPES, default=np.float32))
-_ALPHA = (Scalar("alpha", None),)
+_ALPHA = (Scalar("alpha", None), Scalar("beta", None))
 FORWARD = OpSpec("unary", fields=_FIELDS,
                  operands=(In("x", ("numel",)), Out("y", ("numel",))), scalars=_ALPHA)
 BACKWARD = OpSpec("unary_backward", fields=_FIELDS,
@@ -182,9 +227,10 @@ UnaryDescriptor = FORWARD.descriptor(
 #: forward and backward share the descriptor (same fields).
 UnaryBackwardDescriptor = UnaryDescriptor
 BACKWARD.descriptor_cls = UnaryDescriptor
-UnaryArgs = FORWARD.args("UnaryArgs", "x, y [numel]; alpha: the factor of 'scale' (only).")
+UnaryArgs = FORWARD.args("UnaryArgs", "x, y [numel]; alpha: the factor of 'scale'; alpha, "
+                                      "beta: the bounds of 'clamp' (None: unbounded).")
 UnaryBackwardArgs = BACKWARD.args(
-    "UnaryBackwardArgs", "x (the forward input), dy, dx [numel]; alpha as in UnaryArgs.")
+    "UnaryBackwardArgs", "x (the forward input), dy, dx [numel]; alpha, beta as in UnaryArgs.")
 
 
 class _ActivationPlan(Plan):
@@ -205,19 +251,41 @@ class _ActivationPlan(Plan):
         self._grid = _grid(cdiv(d.numel, 16 // as_dtype(d.dtype).itemsize))
 
     def _check_args(self, args: Any) -> None:
-        alpha = args.alpha
+        alpha, beta, op = args.alpha, args.beta, self.desc.op
+        if self._act.bounds:
+            for name, v in (("alpha", alpha), ("beta", beta)):
+                if v is not None and (not _is_real(v) or math.isnan(v)):
+                    raise InvalidProblem(describe(self.op, name, f"None or a number, not NaN "
+                                                                 f"(a bound of '{op}')",
+                                                  repr(v)))
+            return
         if self._act.alpha:
-            if isinstance(alpha, bool) or not isinstance(alpha, (int, float, np.number)) \
-                    or not math.isfinite(alpha):
+            if not _is_real(alpha) or not math.isfinite(alpha):
                 raise InvalidProblem(describe(self.op, "alpha", f"a finite number "
-                                                                f"('{self.desc.op}' scales by it)",
+                                                                f"('{op}' scales by it)",
                                               repr(alpha)))
         elif alpha is not None:
-            raise InvalidProblem(describe(self.op, "alpha", f"None ('{self.desc.op}' takes no "
+            raise InvalidProblem(describe(self.op, "alpha", f"None ('{op}' takes no "
                                                             f"alpha)", alpha))
+        if beta is not None:
+            raise InvalidProblem(describe(self.op, "beta", f"None ('{op}' takes no beta)",
+                                          beta))
 
-    def _alpha(self, args: Any) -> np.generic:
-        return self._acc.type(1.0 if args.alpha is None else args.alpha)
+    def _scalars(self, args: Any) -> Any:
+        """The host math's scalar argument: alpha, or (alpha, beta) for a bounds row."""
+        return (args.alpha, args.beta) if self._act.bounds else args.alpha
+
+    def _kernel_scalars(self, args: Any) -> tuple[np.generic, np.generic]:
+        """(alpha, beta) in the accumulator type: a missing bound is -inf / +inf."""
+        t = self._acc.type
+        if self._act.bounds:
+            return (t(-np.inf if args.alpha is None else args.alpha),
+                    t(np.inf if args.beta is None else args.beta))
+        return t(1.0 if args.alpha is None else args.alpha), t(0.0)
+
+
+def _is_real(v: Any) -> bool:
+    return not isinstance(v, (bool, np.bool_)) and isinstance(v, (int, float, np.number))
 
 
 class UnaryPlan(_ActivationPlan):
@@ -228,7 +296,7 @@ class UnaryPlan(_ActivationPlan):
     _direction = "forward"
 
     def _run_numpy(self, stream: Stream, ws: Workspace, args: Any) -> None:
-        x, y, alpha, acc = args.x, args.y, args.alpha, self._acc
+        x, y, alpha, acc = args.x, args.y, self._scalars(args), self._acc
         if self._act.forward32 is not None and acc == np.float32:
             _run_blocks32(self._act.forward32, (x,), y)
             return
@@ -237,13 +305,13 @@ class UnaryPlan(_ActivationPlan):
         def block(lo: int, hi: int) -> None:
             y[lo:hi] = forward(x[lo:hi].astype(acc, copy=False), alpha)
 
-        with np.errstate(over="ignore"):
+        with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
             for_blocks(x.size, block)
 
     def _run_map(self, stream: Stream, ws: Workspace, args: Any) -> None:
         fn = _MODULE.function(self._kernel, stream.device_id)
         launch(stream, fn, self._grid, 256,
-               (args.x, args.y, np.int64(self.desc.numel), self._alpha(args),
+               (args.x, args.y, np.int64(self.desc.numel), *self._kernel_scalars(args),
                 _aligned16(args.x, args.y)))
 
 
@@ -255,7 +323,7 @@ class UnaryBackwardPlan(_ActivationPlan):
     _direction = "backward"
 
     def _run_numpy(self, stream: Stream, ws: Workspace, args: Any) -> None:
-        x, dy, dx, alpha, acc = args.x, args.dy, args.dx, args.alpha, self._acc
+        x, dy, dx, alpha, acc = args.x, args.dy, args.dx, self._scalars(args), self._acc
         if self._act.backward32 is not None and acc == np.float32:
             _run_blocks32(self._act.backward32, (x, dy), dx)
             return
@@ -265,14 +333,14 @@ class UnaryBackwardPlan(_ActivationPlan):
             dx[lo:hi] = backward(x[lo:hi].astype(acc, copy=False),
                                  dy[lo:hi].astype(acc, copy=False), alpha)
 
-        with np.errstate(over="ignore"):
+        with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
             for_blocks(x.size, block)
 
     def _run_map(self, stream: Stream, ws: Workspace, args: Any) -> None:
         fn = _MODULE.function(self._kernel, stream.device_id)
         launch(stream, fn, self._grid, 256,
-               (args.x, args.dy, args.dx, np.int64(self.desc.numel), self._alpha(args),
-                _aligned16(args.x, args.dy, args.dx)))
+               (args.x, args.dy, args.dx, np.int64(self.desc.numel),
+                *self._kernel_scalars(args), _aligned16(args.x, args.dy, args.dx)))
 
 
 def _map32(fn: Callable[..., None], *inputs: np.ndarray) -> np.ndarray:
@@ -307,20 +375,22 @@ def _flat(x: Any) -> Any:
     return backend.ascontiguous(x).reshape(-1)
 
 
-def unary(name: str, x: Any, *, alpha: float | None = None) -> Any:
+def unary(name: str, x: Any, *, alpha: float | None = None,
+          beta: float | None = None) -> Any:
     """y = f(x) elementwise, same shape and dtype as x."""
     flat = _flat(x)
     y = call(UnaryPlan, UnaryDescriptor(name, flat.size, x.dtype), like=x, x=flat,
-             alpha=alpha)
+             alpha=alpha, beta=beta)
     return y.reshape(x.shape)
 
 
-def unary_backward(name: str, x: Any, dy: Any, *, alpha: float | None = None) -> Any:
+def unary_backward(name: str, x: Any, dy: Any, *, alpha: float | None = None,
+                   beta: float | None = None) -> Any:
     """dx = dy * f'(x), x the forward input (dy has x's shape)."""
     if dy.shape != x.shape:  # flat views of the two would match in size only
         raise InvalidProblem(describe("unary_backward", "dy", f"shape {tuple(x.shape)} like "
                                                               f"'x'", f"shape {tuple(dy.shape)}"))
     flat = _flat(x)
     dx = call(UnaryBackwardPlan, UnaryDescriptor(name, flat.size, x.dtype), like=x, x=flat,
-              dy=_flat(dy), alpha=alpha)
+              dy=_flat(dy), alpha=alpha, beta=beta)
     return dx.reshape(x.shape)

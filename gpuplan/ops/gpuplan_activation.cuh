@@ -1,6 +1,7 @@
 // Activation math shared by the activation kernels (activation.cu) and the GEMM epilogue
 // (gemm.cu): act_forward<OP>(x) = f(x) and act_backward<OP>(x, dy) = dy * f'(x) in the
-// accumulator type A (float or double).
+// accumulator type A (float or double). alpha and beta are the row's run-time scalars: the
+// factor of SCALE, the bounds of CLAMP (-inf / +inf when absent); the GEMM passes none.
 //
 // The enumerators of `Activation` come from the Python table (gpuplan/ops/activation.py,
 // ACTIVATIONS) through -DGPUPLAN_ENUM_Activation, which every module including this header
@@ -15,7 +16,8 @@ namespace gp {
 
 template <int OP> constexpr bool unknown_activation = OP < 0;
 
-template <int OP, typename A> __device__ __forceinline__ A act_forward(A x, A alpha) {
+template <int OP, typename A>
+__device__ __forceinline__ A act_forward(A x, A alpha, A beta = A(0)) {
     if constexpr (OP == RELU) {
         return x > A(0) || x != x ? x : A(0);  // NaN propagates, as in PyTorch
     } else if constexpr (OP == GELU) {
@@ -33,6 +35,20 @@ template <int OP, typename A> __device__ __forceinline__ A act_forward(A x, A al
         return -x;
     } else if constexpr (OP == SCALE) {
         return alpha * x;
+    } else if constexpr (OP == LOG) {
+        return m_log(x);
+    } else if constexpr (OP == SQRT) {
+        return m_sqrt(x);
+    } else if constexpr (OP == RSQRT) {
+        return m_rsqrt(x);
+    } else if constexpr (OP == SIGMOID) {
+        return A(1) / (A(1) + m_exp(-x));
+    } else if constexpr (OP == ABS) {
+        return m_abs(x);
+    } else if constexpr (OP == CLAMP) {
+        // min(max(x, lo), hi) as PyTorch: NaN fails both tests and stays, lo > hi gives hi
+        const A t = x < alpha ? alpha : x;
+        return t > beta ? beta : t;
     } else {
         static_assert(unknown_activation<OP>, "activation without CUDA forward math");
         return x;
@@ -40,7 +56,8 @@ template <int OP, typename A> __device__ __forceinline__ A act_forward(A x, A al
 }
 
 // dx = dy * f'(x), x being the forward input.
-template <int OP, typename A> __device__ __forceinline__ A act_backward(A x, A dy, A alpha) {
+template <int OP, typename A>
+__device__ __forceinline__ A act_backward(A x, A dy, A alpha, A beta = A(0)) {
     if constexpr (OP == RELU) {
         return x > A(0) ? dy : A(0);
     } else if constexpr (OP == GELU) {
@@ -64,6 +81,20 @@ template <int OP, typename A> __device__ __forceinline__ A act_backward(A x, A d
         return -dy;
     } else if constexpr (OP == SCALE) {
         return alpha * dy;
+    } else if constexpr (OP == LOG) {
+        return dy / x;
+    } else if constexpr (OP == SQRT) {
+        return dy / (A(2) * m_sqrt(x));
+    } else if constexpr (OP == RSQRT) {
+        const A r = m_rsqrt(x);
+        return A(-0.5) * dy * r * r * r;
+    } else if constexpr (OP == SIGMOID) {
+        const A s = A(1) / (A(1) + m_exp(-x));
+        return dy * s * (A(1) - s);
+    } else if constexpr (OP == ABS) {
+        return x > A(0) ? dy : (x < A(0) ? -dy : A(0));
+    } else if constexpr (OP == CLAMP) {
+        return x >= alpha && x <= beta ? dy : A(0);
     } else {
         static_assert(unknown_activation<OP>, "activation without CUDA backward math");
         return dy;

@@ -28,23 +28,28 @@ from kernel_cases.common import (
 N = 37
 
 
+#: run-time scalars per op (others take none), and the ops defined for positive x only.
+SCALARS = {"scale": {"alpha": -1.75}, "clamp": {"alpha": -1.25, "beta": 0.75}}
+POSITIVE = ("log", "sqrt", "rsqrt")
+
+
 def unary(dtype, op: str, backward: bool, misaligned: bool = False) -> None:
-    alpha = -1.75 if op == "scale" else None
-    x = random((N,), dtype, seed=1, low=-3, high=3)
+    sc = SCALARS.get(op, {})
+    x = random((N,), dtype, seed=1, low=0.25 if op in POSITIVE else -3, high=3)
     dy = random((N,), dtype, seed=2)
     out = place(np.full((N,), 7, dtype), misaligned)
     ref = np.zeros(N)
     if not backward:
         run_emulated(gp.UnaryPlan, gp.UnaryDescriptor(op, N, dtype),
-                     gp.UnaryArgs(place(x, misaligned), out, alpha))
+                     gp.UnaryArgs(place(x, misaligned), out, **sc))
         run_reference(gp.UnaryPlan, gp.UnaryDescriptor(op, N, np.float64),
-                      gp.UnaryArgs(f64(x), ref, alpha))
+                      gp.UnaryArgs(f64(x), ref, **sc))
     else:
         run_emulated(gp.UnaryBackwardPlan, gp.UnaryDescriptor(op, N, dtype),
                      gp.UnaryBackwardArgs(place(x, misaligned), place(dy, misaligned), out,
-                                          alpha))
+                                          **sc))
         run_reference(gp.UnaryBackwardPlan, gp.UnaryDescriptor(op, N, np.float64),
-                      gp.UnaryBackwardArgs(f64(x), f64(dy), ref, alpha))
+                      gp.UnaryBackwardArgs(f64(x), f64(dy), ref, **sc))
     check(out, ref, dtype, f"unary {'backward ' if backward else ''}{op}", scale=4)
 
 

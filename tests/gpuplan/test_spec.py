@@ -166,11 +166,12 @@ def test_every_activation_through_check_plan(device, dtype, backward):
         if backward:
             check_plan(gp.UnaryBackwardPlan, desc,
                        {"x": x, "dy": random((37,), dtype, seed=1), "alpha": alpha},
-                       lambda x, dy, dx, alpha, n=act.name: dy * ref_derivative(n, x, alpha),
+                       lambda x, dy, dx, alpha, beta, n=act.name:
+                       dy * ref_derivative(n, x, alpha, beta),
                        device=device, scale=4)
         else:
             check_plan(gp.UnaryPlan, desc, {"x": x, "alpha": alpha},
-                       lambda x, y, alpha, n=act.name: ref_unary(n, x, alpha),
+                       lambda x, y, alpha, beta, n=act.name: ref_unary(n, x, alpha, beta),
                        device=device, scale=4)
 
 

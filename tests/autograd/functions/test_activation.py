@@ -56,3 +56,79 @@ def test_empty(device):
     x = ag.tensor(np.zeros((0, 4)), requires_grad=True, device=device)
     F.gelu(x).backward(np.zeros((0, 4)))
     assert x.grad.shape == (0, 4)
+
+
+# -- log, sqrt, rsqrt, sigmoid, abs, clamp (autograd.functions.activation) ------------------
+
+from autograd.functions import activation as A  # noqa: E402
+
+UNARY = {
+    "log": (A.log, np.log), "sqrt": (A.sqrt, np.sqrt),
+    "rsqrt": (A.rsqrt, lambda x: 1 / np.sqrt(x)),
+    "sigmoid": (A.sigmoid, lambda x: 1 / (1 + np.exp(-x))), "abs": (A.abs, np.abs),
+    "clamp": (lambda t: A.clamp(t, -0.5, 1.0), lambda x: np.clip(x, -0.5, 1.0)),
+    "clamp_min": (lambda t: A.clamp(t, min=-0.5), lambda x: np.maximum(x, -0.5)),
+    "clamp_max": (lambda t: A.clamp(t, max=1.0), lambda x: np.minimum(x, 1.0)),
+}
+
+
+def _domain(name, *shape, seed=0):
+    x = _x(*shape, seed=seed)
+    if name in ("log", "sqrt", "rsqrt"):
+        return np.abs(x) + 0.1
+    return np.where(np.abs(np.abs(x) - 0.75) < 0.26, 0.2, x)  # off clamp's bounds
+
+
+@pytest.mark.parametrize("name", list(UNARY))
+def test_new_unary_gradcheck_and_values(device, name):
+    fn, ref = UNARY[name]
+    gradcheck_on(device, fn, _domain(name, 3, 5))
+    x = _domain(name, 4, 7, seed=1)
+    np.testing.assert_allclose(fn(ag.tensor(x, device=device)).numpy(), ref(x), rtol=1e-12,
+                               atol=1e-12)
+
+
+@pytest.mark.parametrize("name", ["log", "sigmoid", "abs", "clamp"])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_new_unary_dtypes(device, name, dtype):
+    check_dtypes(UNARY[name][0], [_domain(name, 3, 37, seed=2)], device, [dtype], scale=4)
+
+
+def test_unary_against_torch():
+    torch = pytest.importorskip("torch")
+    x = _domain("clamp", 5, 6)
+    xs = np.concatenate([x.ravel(), [0.0, np.nan, -np.inf]])
+    for name, ours, theirs in [
+            ("abs", A.abs, torch.abs), ("sigmoid", A.sigmoid, torch.sigmoid),
+            ("log", A.log, torch.log), ("sqrt", A.sqrt, torch.sqrt),
+            ("rsqrt", A.rsqrt, torch.rsqrt),
+            ("clamp", lambda t: A.clamp(t, -0.5, 1.0), lambda t: torch.clamp(t, -0.5, 1.0)),
+            ("clamp_swapped", lambda t: A.clamp(t, 1.0, -0.5),
+             lambda t: torch.clamp(t, 1.0, -0.5))]:
+        t = ag.tensor(xs.copy(), requires_grad=True)
+        ours(t).sum().backward()
+        tt = torch.tensor(xs.copy(), requires_grad=True)
+        theirs(tt).sum().backward()
+        np.testing.assert_allclose(ours(ag.tensor(xs)).numpy(), theirs(tt).detach().numpy(),
+                                   rtol=1e-12, err_msg=name)
+        finite = np.isfinite(xs) & (xs != 0)
+        np.testing.assert_allclose(t.grad.numpy()[finite], tt.grad.numpy()[finite],
+                                   rtol=1e-12, err_msg=name)
+
+
+def test_clamp_semantics_and_errors():
+    x = ag.tensor(np.array([-2.0, -0.5, 0.0, 1.0, 3.0, np.nan]), requires_grad=True)
+    y = A.clamp(x, -0.5, 1.0)
+    np.testing.assert_array_equal(y.numpy(), [-0.5, -0.5, 0.0, 1.0, 1.0, np.nan])
+    y.sum().backward()
+    np.testing.assert_array_equal(x.grad.numpy(), [0, 1, 1, 1, 0, 0])  # bounds included
+    np.testing.assert_array_equal(A.clamp(x, 1.0, -0.5).numpy()[:5], [-0.5] * 5)
+    assert A.clip is A.clamp
+    with pytest.raises(ValueError, match="clamp\\(\\): at least one of 'min' or 'max'"):
+        A.clamp(x)
+    with pytest.raises(ValueError, match="'min' must not be NaN"):
+        A.clamp(x, float("nan"))
+    with pytest.raises(TypeError, match="'max' must be a number or None, given str"):
+        A.clamp(x, max="1")
+    with pytest.raises(ValueError, match="unknown activation 'softplus'"):
+        A.unary("softplus", x)

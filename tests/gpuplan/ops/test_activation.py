@@ -29,8 +29,18 @@ _ERF = np.vectorize(math.erf)
 _C = math.sqrt(2 / math.pi)
 
 
-def ref_unary(op: str, x: np.ndarray, alpha=None) -> np.ndarray:
+def _bounds(alpha, beta):
+    return (-np.inf if alpha is None else alpha), (np.inf if beta is None else beta)
+
+
+def ref_unary(op: str, x: np.ndarray, alpha=None, beta=None) -> np.ndarray:
     x = f64(x)
+    lo, hi = _bounds(alpha, beta)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return _ref_unary(op, x, alpha, lo, hi)
+
+
+def _ref_unary(op, x, alpha, lo, hi):
     return {
         "relu": lambda: np.maximum(x, 0.0),
         "gelu": lambda: 0.5 * x * (1 + _ERF(x / math.sqrt(2))),
@@ -40,11 +50,23 @@ def ref_unary(op: str, x: np.ndarray, alpha=None) -> np.ndarray:
         "exp": lambda: np.exp(x),
         "neg": lambda: -x,
         "scale": lambda: alpha * x,
+        "log": lambda: np.log(x),
+        "sqrt": lambda: np.sqrt(x),
+        "rsqrt": lambda: 1 / np.sqrt(x),
+        "sigmoid": lambda: 1 / (1 + np.exp(-x)),
+        "abs": lambda: np.abs(x),
+        "clamp": lambda: np.where(np.isnan(x), x, np.minimum(np.maximum(x, lo), hi)),
     }[op]()
 
 
-def ref_derivative(op: str, x: np.ndarray, alpha=None) -> np.ndarray:
+def ref_derivative(op: str, x: np.ndarray, alpha=None, beta=None) -> np.ndarray:
     x = f64(x)
+    lo, hi = _bounds(alpha, beta)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return _ref_derivative(op, x, alpha, lo, hi)
+
+
+def _ref_derivative(op, x, alpha, lo, hi):
     if op == "relu":
         return (x > 0).astype(np.float64)
     if op == "gelu":
@@ -55,12 +77,28 @@ def ref_derivative(op: str, x: np.ndarray, alpha=None) -> np.ndarray:
     if op == "silu":
         s = 1 / (1 + np.exp(-x))
         return s * (1 + x * (1 - s))
+    if op == "sigmoid":
+        s = 1 / (1 + np.exp(-x))
+        return s * (1 - s)
     return {"tanh": lambda: 1 - np.tanh(x) ** 2, "exp": lambda: np.exp(x),
-            "neg": lambda: -np.ones_like(x), "scale": lambda: alpha * np.ones_like(x)}[op]()
+            "neg": lambda: -np.ones_like(x), "scale": lambda: alpha * np.ones_like(x),
+            "log": lambda: 1 / x, "sqrt": lambda: 0.5 / np.sqrt(x),
+            "rsqrt": lambda: -0.5 * x ** -1.5, "abs": lambda: np.sign(x),
+            "clamp": lambda: ((x >= lo) & (x <= hi)).astype(np.float64)}[op]()
 
 
 def _alpha(op):
     return -1.75 if op == "scale" else None
+
+
+#: run-time scalars per op (clamp: both bounds; the one-sided forms are tested below).
+def _scalars(op):
+    return {"scale": {"alpha": -1.75}, "clamp": {"alpha": -1.25, "beta": 0.75}}.get(op, {})
+
+
+#: inputs drawn from [low, 3]: the ops defined for positive inputs only stay off 0.
+def _low(op):
+    return 0.25 if op in ("log", "sqrt", "rsqrt") else -3
 
 
 class _ReferenceUnary(ag.Function):
@@ -68,20 +106,21 @@ class _ReferenceUnary(ag.Function):
     dy * ref_derivative, so that ag.gradcheck can check one against the other."""
 
     @staticmethod
-    def forward(ctx, x, op, alpha):
-        ctx.saved = (x, op, alpha)
-        return ref_unary(op, x, alpha)
+    def forward(ctx, x, op, scalars):
+        ctx.saved = (x, op, scalars)
+        return ref_unary(op, x, **scalars)
 
     @staticmethod
     def backward(ctx, dy):
-        x, op, alpha = ctx.saved
-        return dy * ref_derivative(op, x, alpha)
+        x, op, scalars = ctx.saved
+        return dy * ref_derivative(op, x, **scalars)
 
 
 @pytest.mark.parametrize("op", UNARY_OPS)
 def test_reference_derivative_passes_gradcheck(op):
-    x = ag.tensor(np.linspace(-3, 3, 101) + 0.013, requires_grad=True)  # relu's kink: 0
-    assert ag.gradcheck(lambda x: _ReferenceUnary.apply(x, op=op, alpha=_alpha(op)), [x],
+    # relu's and abs's kink (0) and clamp's bounds stay off the stencil
+    x = ag.tensor(np.linspace(_low(op), 3, 101) + 0.013, requires_grad=True)
+    assert ag.gradcheck(lambda x: _ReferenceUnary.apply(x, op=op, scalars=_scalars(op)), [x],
                         rtol=1e-6, atol=1e-7)
 
 
@@ -96,18 +135,18 @@ def test_host_erf_is_accurate():
 @pytest.mark.parametrize("op", UNARY_OPS)
 @pytest.mark.parametrize("n", SIZES)
 def test_unary_forward_and_backward(device, dtype, op, n):
-    x = random((n,), dtype, low=-3, high=3)
+    x = random((n,), dtype, low=_low(op), high=3)
     dy = random((n,), dtype, seed=1)
-    a = _alpha(op)
+    sc = _scalars(op)
     y = on(device, np.full((n,), 7, dtype))
     plan = run_plan(gp.UnaryPlan, gp.UnaryDescriptor(op, n, dtype),
-                    gp.UnaryArgs(on(device, x), y, a), device)
-    assert_close(y, ref_unary(op, x, a), dtype, scale=4, err_msg=op)
+                    gp.UnaryArgs(on(device, x), y, **sc), device)
+    assert_close(y, ref_unary(op, x, **sc), dtype, scale=4, err_msg=op)
     assert plan.precision_guarantee().bit_stable
     dx = on(device, np.full((n,), 7, dtype))
     run_plan(gp.UnaryBackwardPlan, gp.UnaryBackwardDescriptor(op, n, dtype),
-             gp.UnaryBackwardArgs(on(device, x), on(device, dy), dx, a), device)
-    assert_close(dx, f64(dy) * ref_derivative(op, x, a), dtype, scale=4, err_msg=op)
+             gp.UnaryBackwardArgs(on(device, x), on(device, dy), dx, **sc), device)
+    assert_close(dx, f64(dy) * ref_derivative(op, x, **sc), dtype, scale=4, err_msg=op)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -239,3 +278,49 @@ def test_relu_propagates_nan_like_pytorch(device):
     np.testing.assert_array_equal(y, [np.nan, 0.0, 2.0, 0.0, np.inf])
     dx = gp.to_host(gp.functional.unary_backward("relu", x, on(device, np.ones(5, np.float32))))
     np.testing.assert_array_equal(dx, [0.0, 0.0, 1.0, 0.0, 1.0])
+
+
+def test_edge_values_follow_pytorch(device):
+    """log(0) = -inf, log/sqrt/rsqrt of a negative = NaN, rsqrt(0) = inf, NaN stays NaN;
+    sqrt'(0) = inf as torch's grad / (2 sqrt x); abs'(0) = 0."""
+    x = on(device, np.array([0.0, -1.0, np.nan, np.inf, 4.0], np.float32))
+    ones = on(device, np.ones(5, np.float32))
+    F = gp.functional
+    want = {"log": [-np.inf, np.nan, np.nan, np.inf, np.log(4.0)],
+            "sqrt": [0.0, np.nan, np.nan, np.inf, 2.0],
+            "rsqrt": [np.inf, np.nan, np.nan, 0.0, 0.5],
+            "abs": [0.0, 1.0, np.nan, np.inf, 4.0],
+            "sigmoid": [0.5, 1 / (1 + np.e), np.nan, 1.0, 1 / (1 + np.exp(-4.0))]}
+    for op, values in want.items():
+        np.testing.assert_allclose(gp.to_host(F.unary(op, x)), values, rtol=1e-6, err_msg=op)
+    np.testing.assert_allclose(gp.to_host(F.unary_backward("sqrt", x, ones))[[0, 4]],
+                               [np.inf, 0.25])
+    np.testing.assert_array_equal(gp.to_host(F.unary_backward("abs", x, ones))[[0, 1, 4]],
+                                  [0.0, -1.0, 1.0])
+
+
+def test_clamp_bounds_are_optional_run_arguments(device):
+    """min only, max only, both, neither; min > max gives max (torch); NaN propagates and
+    gets no gradient; the gradient passes where min <= x <= max (bounds included)."""
+    from gpuplan.execute import _PLANS
+    x = on(device, np.array([-2.0, -1.0, 0.0, 1.0, 2.0, np.nan], np.float64))
+    F = gp.functional
+    cases = [((-1.0, None), [-1, -1, 0, 1, 2, np.nan], [0, 1, 1, 1, 1, 0]),
+             ((None, 1.0), [-2, -1, 0, 1, 1, np.nan], [1, 1, 1, 1, 0, 0]),
+             ((-1.0, 1.0), [-1, -1, 0, 1, 1, np.nan], [0, 1, 1, 1, 0, 0]),
+             ((None, None), [-2, -1, 0, 1, 2, np.nan], [1, 1, 1, 1, 1, 0]),
+             ((1.0, -1.0), [-1, -1, -1, -1, -1, np.nan], [0, 0, 0, 0, 0, 0])]
+    before = len(_PLANS)
+    for (lo, hi), y, g in cases:
+        np.testing.assert_array_equal(gp.to_host(F.unary("clamp", x, alpha=lo, beta=hi)), y)
+        dx = F.unary_backward("clamp", x, gp.full((6,), 3.0, np.float64, device), alpha=lo,
+                              beta=hi)
+        np.testing.assert_array_equal(gp.to_host(dx), 3.0 * np.array(g, np.float64))
+    assert len(_PLANS) - before <= 2  # one forward, one backward plan for every bound
+    for bad in (float("nan"), "1", True):
+        with pytest.raises(gp.InvalidProblem, match="unary: argument 'beta': expected None "
+                                                    "or a number"):
+            F.unary("clamp", x, beta=bad)
+    with pytest.raises(gp.InvalidProblem, match="unary: argument 'beta': expected None "
+                                                "\\('log' takes no beta\\)"):
+        F.unary("log", x, beta=1.0)
