@@ -1,15 +1,22 @@
 """Scaled dot-product attention: the fused attention plans (FlashAttention-2 style: no
 [Lq, Lk] buffer, backward recomputes P from the saved log-sum-exp), or, where they do not
 apply (a value width unlike the query width, or a head_dim over the device kernels' limit),
-the composed matmul -> softmax -> matmul."""
+the composed matmul -> softmax -> matmul; with an attention mask or dropout, the same
+composed from autograd Functions (mask add and dropout between softmax and the second
+matmul)."""
 
 from __future__ import annotations
 
 import math
 from typing import Any
 
+import gpuplan as gp
 import gpuplan.functional as F
 from autograd.function import Function
+from autograd.functions.dropout import dropout
+from autograd.functions.matmul import matmul
+from autograd.functions.shape import transpose
+from autograd.functions.softmax import softmax
 from autograd.tensor import Tensor
 from gpuplan.ops.attention import MAX_HEAD_DIM
 
@@ -76,12 +83,53 @@ class ComposedAttention(Function):
         return dq, dk, dv
 
 
-def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, is_causal: bool = False,
+def additive_mask(mask: Any, like: Tensor, lq: int, lk: int) -> Any:
+    """A float mask to add to the scores: a bool mask (True = attend, torch's rule) becomes
+    0 / -inf by filling (no arithmetic); a float mask is cast to the scores' dtype."""
+    m = mask if isinstance(mask, Tensor) else Tensor(gp.asarray(mask, device=like.device))
+    if m.device != like.device:
+        raise ValueError(f"scaled_dot_product_attention: attn_mask is on {m.device}, q on "
+                         f"{like.device}")
+    if m.ndim < 2 or m.shape[-2] not in (1, lq) or m.shape[-1] not in (1, lk):
+        raise ValueError(f"scaled_dot_product_attention: attn_mask must broadcast to "
+                         f"[..., {lq}, {lk}], given shape {tuple(m.shape)}")
+    if m.dtype == bool:
+        filled = gp.full(m.shape, -math.inf, like.dtype, like.device)
+        filled[m.data] = 0.0
+        return Tensor(filled)
+    if not gp.dtypes.is_float(m.dtype):
+        raise ValueError(f"scaled_dot_product_attention: attn_mask must be bool or float, "
+                         f"given dtype {m.dtype}")
+    return m if m.dtype == like.dtype else m.to(dtype=like.dtype)
+
+
+def attention_weights(q: Tensor, k: Tensor, attn_mask: Any = None, dropout_p: float = 0.0,
+                      scale: float | None = None, is_causal: bool = False) -> Tensor:
+    """The attention probabilities [..., Lq, Lk]: softmax(scale Q K^T + mask), then dropout
+    (if dropout_p > 0), from autograd Functions (matmul, scale, broadcasting add, softmax
+    and dropout plans): the fused plans take neither a mask nor dropout, and callers such
+    as MultiheadAttention(need_weights=True) need the probabilities themselves."""
+    s = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    scores = matmul(q, transpose(k, -2, -1))
+    if attn_mask is None:
+        p = softmax(scores, scale=s, causal=is_causal)
+    else:
+        p = softmax(scores * s + additive_mask(attn_mask, q, q.shape[-2], k.shape[-2]))
+    if dropout_p > 0.0:
+        p = dropout(p, dropout_p, training=True)
+    return p
+
+
+def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, attn_mask: Any = None,
+                                 dropout_p: float = 0.0, is_causal: bool = False,
                                  scale: Any = None) -> Tensor:
     """q [..., Lq, Dh], k [..., Lk, Dh], v [..., Lk, Dv] -> [..., Lq, Dv]; scale defaults
     to 1/sqrt(Dh). Causal masks (i, j) when j > i + (Lk - Lq) (equals PyTorch's for Lq == Lk).
-    Fused plans when Dv == Dh <= 128 (every device, so results agree across devices), the
-    composed ops otherwise.
+    ``attn_mask`` broadcasts to [..., Lq, Lk]: bool (True = take part in attention) or
+    float (added to the scaled scores); a row with every key masked gives NaN. ``dropout_p``
+    drops attention probabilities (always, as torch's functional form: pass 0.0 in eval).
+    Without mask and dropout: fused plans when Dv == Dh <= 128 (every device, so results
+    agree across devices), the composed ops otherwise; with either, the composed ops.
     """
     if q.ndim < 3 or k.ndim != q.ndim or v.ndim != q.ndim:
         raise ValueError(f"scaled_dot_product_attention: q, k, v must share a rank >= 3, "
@@ -91,7 +139,16 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, is_causal: boo
         raise ValueError(f"scaled_dot_product_attention: incompatible shapes q {q.shape}, "
                          f"k {k.shape}, v {v.shape} (expected [..., Lq, Dh], [..., Lk, Dh], "
                          f"[..., Lk, Dv])")
+    if not 0.0 <= dropout_p <= 1.0:
+        raise ValueError(f"scaled_dot_product_attention: dropout_p must lie in [0, 1], "
+                         f"given {dropout_p}")
+    if attn_mask is not None and is_causal:
+        raise ValueError("scaled_dot_product_attention: give attn_mask or is_causal=True, "
+                         "not both (as torch)")
     s = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    if attn_mask is not None or dropout_p > 0.0:
+        return matmul(attention_weights(q, k, attn_mask, float(dropout_p), s, bool(is_causal)),
+                      v)
     fused = v.shape[-1] == q.shape[-1] <= MAX_HEAD_DIM
     fn = ScaledDotProductAttention if fused else ComposedAttention
     return fn.apply(q, k, v, scale=s, causal=bool(is_causal))

@@ -29,7 +29,14 @@ class Linear(Module):
 
     PyTorch's default init: ``W, b ~ U(-1/sqrt(in), 1/sqrt(in))`` drawn (W first) from
     ``np.random.default_rng(seed)`` on the host.
+
+    Layout: PyTorch stores ``weight`` as [out_features, in_features]; ours is its transpose.
+    A torch checkpoint loads with ``module.load_state_dict(sd, layout="torch")`` (which
+    transposes every Linear's weight) and ``state_dict(layout="torch")`` exports one; a
+    plain load of a square torch weight would otherwise be taken as [in, out] silently.
     """
+
+    _torch_transposed = ("weight",)
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True,
                  dtype: Any = np.float32, seed: int | None = None, device: str = "cpu") -> None:
@@ -39,6 +46,7 @@ class Linear(Module):
         bound = 1.0 / math.sqrt(in_features) if in_features > 0 else 0.0
         self.weight = host_parameter(
             rng.uniform(-bound, bound, (self.in_features, self.out_features)), dtype, device)
+        self.weight._in_out_layout = True  # nn.init reads torch's fans off the transpose
         if bias:
             self.bias = host_parameter(rng.uniform(-bound, bound, (self.out_features,)), dtype,
                                        device)
@@ -56,6 +64,8 @@ class Linear(Module):
 class Embedding(Module):
     """``out[..., :] = weight[input[...], :]``; ``weight [num_embeddings, embedding_dim]``
     initialised N(0, 1) (PyTorch), the ``padding_idx`` row zero and never updated."""
+
+    _torch_transposed = ()  # same [num_embeddings, embedding_dim] as torch
 
     def __init__(self, num_embeddings: int, embedding_dim: int, padding_idx: int | None = None,
                  dtype: Any = np.float32, seed: int | None = None, device: str = "cpu") -> None:
@@ -82,6 +92,8 @@ class Embedding(Module):
 class LayerNorm(Module):
     """``y = (x - mean) / sqrt(var + eps) * weight + bias`` over the trailing
     ``normalized_shape`` axes; weight ones, bias zeros."""
+
+    _torch_transposed = ()
 
     def __init__(self, normalized_shape: int | tuple[int, ...], eps: float = 1e-5,
                  elementwise_affine: bool = True, bias: bool = True, dtype: Any = np.float32,
@@ -110,6 +122,8 @@ class LayerNorm(Module):
 class RMSNorm(Module):
     """``y = x / sqrt(mean(x^2) + eps) * weight`` over the trailing ``normalized_shape``
     axes; weight ones; ``eps=None`` means the functional default."""
+
+    _torch_transposed = ()
 
     def __init__(self, normalized_shape: int | tuple[int, ...], eps: float | None = None,
                  elementwise_affine: bool = True, dtype: Any = np.float32,
@@ -171,8 +185,32 @@ class ReLU(Module):
         return F.relu(x)
 
 
+class SiLU(Module):
+    """``x * sigmoid(x)``."""
+
+    def forward(self, x: Any) -> Any:
+        return F.silu(x)
+
+
+class Sigmoid(Module):
+    """``1 / (1 + exp(-x))``."""
+
+    def forward(self, x: Any) -> Any:
+        return F.sigmoid(x)
+
+
+class Tanh(Module):
+    """``tanh(x)``."""
+
+    def forward(self, x: Any) -> Any:
+        return F.tanh(x)
+
+
 class Identity(Module):
-    """Returns its input unchanged."""
+    """Returns its input unchanged (constructor arguments are ignored, as in torch)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__()
 
     def forward(self, x: Any) -> Any:
         return x

@@ -35,9 +35,15 @@ class Module:
     assignment order, which fixes the order of ``named_parameters`` and ``state_dict``;
     assigning a new Parameter (Module) to a registered name keeps that name's place."""
 
+    #: Parameters this class stores transposed relative to PyTorch (``Linear.weight`` is
+    #: [in, out]); ``()``: same layout as torch; None: unknown, so load_state_dict(...,
+    #: layout="torch") refuses a module of this class holding parameters of 2 or more dims.
+    _torch_transposed: tuple[str, ...] | None = None
+
     def __init__(self) -> None:
         object.__setattr__(self, "_parameters", OrderedDict())
         object.__setattr__(self, "_buffers", OrderedDict())
+        object.__setattr__(self, "_non_persistent", set())
         object.__setattr__(self, "_modules", OrderedDict())
         object.__setattr__(self, "training", True)
 
@@ -73,10 +79,24 @@ class Module:
         else:
             setattr(self, name, param)
 
-    def register_buffer(self, name: str, array: Any) -> None:
-        """A non-trainable array saved in ``state_dict`` and moved by ``to``."""
-        setattr(self, name, array)
-        self._buffers[name] = array
+    def register_buffer(self, name: str, tensor: Any, persistent: bool = True) -> None:
+        """A non-trainable Tensor or array (or None) moved and cast by ``to``; in
+        ``state_dict`` unless ``persistent=False``. Reassigning the attribute later keeps
+        it a buffer."""
+        if not isinstance(name, str) or not name or "." in name:
+            raise KeyError(f"register_buffer: name must be a non-empty string without '.', "
+                           f"given {name!r}")
+        if hasattr(self, name) and name not in self._buffers:
+            raise KeyError(f"register_buffer: attribute {name!r} already exists")
+        if tensor is not None and not hasattr(tensor, "shape"):
+            raise TypeError(f"register_buffer: {name!r} must be a Tensor, an array or None, "
+                            f"given {type(tensor).__name__}")
+        setattr(self, name, tensor)
+        self._buffers[name] = tensor
+        if persistent:
+            self._non_persistent.discard(name)
+        else:
+            self._non_persistent.add(name)
 
     def add_module(self, name: str, module: Module) -> None:
         setattr(self, name, module)
@@ -123,10 +143,18 @@ class Module:
         for _, p in self.named_parameters(recurse=recurse):
             yield p
 
-    def named_buffers(self, prefix: str = "") -> Iterator[tuple[str, Any]]:
+    def named_buffers(self, prefix: str = "", persistent_only: bool = False
+                      ) -> Iterator[tuple[str, Any]]:
+        """(dotted name, buffer) for every buffer that is not None."""
         for mod_name, module in self.named_modules(prefix):
             for name, b in module._buffers.items():
+                if b is None or persistent_only and name in module._non_persistent:
+                    continue
                 yield (f"{mod_name}.{name}" if mod_name else name), b
+
+    def buffers(self) -> Iterator[Any]:
+        for _, b in self.named_buffers():
+            yield b
 
     def num_parameters(self) -> int:
         return int(sum(p.data.size for p in self.parameters()))
@@ -186,27 +214,63 @@ class Module:
                 p.grad.data = convert(p.grad.data)
         for module in self.modules():
             for name, b in list(module._buffers.items()):
-                module.register_buffer(name, convert(b))
+                if isinstance(b, Tensor):
+                    b.data = convert(b.data)  # the same Tensor object, as parameters
+                elif b is not None:
+                    module._buffers[name] = convert(b)
+                    object.__setattr__(module, name, module._buffers[name])
         return self
 
     # -- checkpoints --------------------------------------------------------------------------
 
-    def state_dict(self) -> OrderedDict[str, np.ndarray]:
-        """Host (NumPy) copies of every parameter and buffer, keyed by dotted name, in
-        registration order; dtypes (bf16 included) are kept exactly."""
+    def state_dict(self, layout: str = "native") -> OrderedDict[str, np.ndarray]:
+        """Host (NumPy) copies of every parameter and persistent buffer, keyed by dotted name,
+        in registration order; dtypes (bf16 included) are kept exactly. ``layout="torch"``
+        gives the parameters PyTorch stores transposed (``Linear.weight``) as [out, in]."""
+        transposed = self._torch_transposed_names(layout, "state_dict")
         out: OrderedDict[str, np.ndarray] = OrderedDict()
         for name, p in self.named_parameters():
-            out[name] = gp.to_host(p.data).copy()
-        for name, b in self.named_buffers():
-            out[name] = gp.to_host(b).copy()
+            host = gp.to_host(p.data)
+            out[name] = (host.T if name in transposed else host).copy()
+        for name, b in self.named_buffers(persistent_only=True):
+            out[name] = gp.to_host(b.data if isinstance(b, Tensor) else b).copy()
         return out
 
-    def load_state_dict(self, state_dict: dict[str, Any], strict: bool = True) -> IncompatibleKeys:
-        """Copy ``state_dict`` values into the parameters/buffers in place (bit-exact when the
-        dtypes agree; cast otherwise), keeping each one's device. ``strict``: missing or
-        unexpected keys raise KeyError; shape mismatches always raise ValueError."""
+    def _torch_transposed_names(self, layout: str, op: str) -> set[str]:
+        """Dotted names of the parameters stored transposed relative to torch ("torch"
+        layout), or none ("native"); refuses modules whose layout is unknown."""
+        if layout not in ("native", "torch"):
+            raise ValueError(f"{type(self).__name__}.{op}: layout must be 'native' or "
+                             f"'torch', given {layout!r}")
+        names: set[str] = set()
+        if layout == "native":
+            return names
+        for mod_name, module in self.named_modules():
+            declared = type(module)._torch_transposed
+            own = {n: p for n, p in module._parameters.items() if p is not None}
+            if declared is None and any(p.ndim >= 2 for p in own.values()):
+                raise ValueError(
+                    f"{type(self).__name__}.{op}(layout='torch'): cannot tell how "
+                    f"{type(module).__name__} ({mod_name or 'the root'}) stores its "
+                    f"{sorted(n for n, p in own.items() if p.ndim >= 2)} relative to PyTorch "
+                    f"(its class declares no _torch_transposed); use layout='native'")
+            for n in declared or ():
+                if n in own:
+                    names.add(f"{mod_name}.{n}" if mod_name else n)
+        return names
+
+    def load_state_dict(self, state_dict: dict[str, Any], strict: bool = True,
+                        layout: str = "native") -> IncompatibleKeys:
+        """Copy ``state_dict`` values (arrays or Tensors) into the parameters/buffers in place
+        (bit-exact when the dtypes agree; cast otherwise), keeping each one's device.
+        ``strict``: missing or unexpected keys raise KeyError; shape mismatches always raise
+        ValueError. ``layout="torch"``: weights PyTorch stores [out, in] (every Linear's
+        ``weight``, MultiheadAttention's ``in_proj_weight``) are given that way and
+        transposed into our [in, out]; a non-square one given [in, out] is refused (a square
+        one cannot be told apart: the layout argument is what decides)."""
+        transposed = self._torch_transposed_names(layout, "load_state_dict")
         params = dict(self.named_parameters())
-        buffers = dict(self.named_buffers())
+        buffers = dict(self.named_buffers(persistent_only=True))
         missing = [k for k in list(params) + list(buffers) if k not in state_dict]
         unexpected = [k for k in state_dict if k not in params and k not in buffers]
         if strict and (missing or unexpected):
@@ -216,6 +280,17 @@ class Module:
             target = params[name].data if name in params else buffers.get(name)
             if target is None:
                 continue
+            if isinstance(target, Tensor):
+                target = target.data
+            if isinstance(value, Tensor):
+                value = value.data
+            if name in transposed:
+                if value.ndim != 2 or tuple(value.shape) != tuple(target.shape)[::-1]:
+                    raise ValueError(
+                        f"{type(self).__name__}.load_state_dict(layout='torch'): {name!r}: "
+                        f"expected PyTorch's [out, in] shape {tuple(target.shape)[::-1]}, "
+                        f"given {tuple(value.shape)}")
+                value = gp.to_host(value).T
             if tuple(value.shape) != tuple(target.shape):
                 raise ValueError(f"{type(self).__name__}.load_state_dict: {name!r}: expected "
                                  f"shape {tuple(target.shape)}, given {tuple(value.shape)}")
@@ -223,8 +298,9 @@ class Module:
             if host.dtype != target.dtype:
                 host = host.astype(target.dtype)
             target[...] = gp.to_device(host, gp.device_of(target))
-            if name in params:
-                record_write(params[name], "Module.load_state_dict")
+            written = params.get(name, buffers.get(name))
+            if isinstance(written, Tensor):
+                record_write(written, "Module.load_state_dict")
         return IncompatibleKeys(missing, unexpected)
 
     def extra_repr(self) -> str:

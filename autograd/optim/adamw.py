@@ -25,16 +25,17 @@ class AdamW(Optimizer):
                  weight_decay: float = 1e-2, master_weights: bool = True,
                  foreach: bool = True) -> None:
         if lr < 0.0 or eps < 0.0 or weight_decay < 0.0:
-            raise ValueError(f"AdamW: lr, eps and weight_decay must be >= 0, given lr={lr}, "
+            raise ValueError(f"{type(self).__name__}: lr, eps and weight_decay must be >= 0, "
+                             f"given lr={lr}, "
                              f"eps={eps}, weight_decay={weight_decay}")
         if not (0.0 <= betas[0] < 1.0 and 0.0 <= betas[1] < 1.0):
-            raise ValueError(f"AdamW: betas must lie in [0, 1), given {betas}")
+            raise ValueError(f"{type(self).__name__}: betas must lie in [0, 1), given {betas}")
         super().__init__(params, {"lr": lr, "betas": tuple(betas), "eps": eps,
                                   "weight_decay": weight_decay}, master_weights)
         self.foreach = foreach
 
     def step(self) -> None:
-        buckets: dict[tuple, list[tuple[dict, Any, dict]]] = {}
+        buckets: dict[tuple, list[tuple[dict, Any, dict, Any]]] = {}
         for group, p in self._params_with_grad():
             state = self._param_state(p)
             if "exp_avg" not in state:
@@ -42,51 +43,60 @@ class AdamW(Optimizer):
                 state["exp_avg_sq"] = self._zeros_like_master(p, state)
             state["step"] += 1
             target, lowp = self._target(p, state)
-            key = (id(group), state["step"], target.dtype, p.grad.data.dtype,
+            grad = self._grad(group, p, target)
+            key = (id(group), state["step"], target.dtype, grad.dtype,
                    None if lowp is None else lowp.dtype, gp.device_of(target))
-            buckets.setdefault(key, []).append((group, p, state))
+            buckets.setdefault(key, []).append((group, p, state, grad))
         for entries in buckets.values():
             if self.foreach and len(entries) > 1 and all(_contiguous(e) for e in entries):
                 self._multi_tensor_step(entries)
             else:
-                for group, p, state in entries:
-                    self._single_step(group, p, state)
-            self._mark_stepped(p for _, p, _ in entries)
+                for group, p, state, grad in entries:
+                    self._single_step(group, p, state, grad)
+            self._mark_stepped(e[1] for e in entries)
+
+    def _grad(self, group: dict, p: Any, target: Any) -> Any:
+        """The gradient the step uses (Adam adds its L2 term here)."""
+        return p.grad.data
+
+    def _decoupled_decay(self, group: dict) -> float:
+        """The plan's decoupled weight decay (``p *= 1 - lr * wd``): AdamW's own."""
+        return float(group["weight_decay"])
 
     def _hyper(self, group: dict, step: int) -> dict[str, Any]:
         beta1, beta2 = group["betas"]
         return dict(lr=float(group["lr"]), beta1=float(beta1), beta2=float(beta2),
-                    eps=float(group["eps"]), weight_decay=float(group["weight_decay"]),
+                    eps=float(group["eps"]), weight_decay=self._decoupled_decay(group),
                     step=int(step))
 
-    def _single_step(self, group: dict, p: Any, state: dict) -> None:
+    def _single_step(self, group: dict, p: Any, state: dict, grad: Any) -> None:
         target, lowp = self._target(p, state)
-        gp.functional.adamw_step(target, p.grad.data, state["exp_avg"], state["exp_avg_sq"],
+        gp.functional.adamw_step(target, grad, state["exp_avg"], state["exp_avg_sq"],
                                  param_lowp=lowp, **self._hyper(group, state["step"]))
 
-    def _multi_tensor_step(self, entries: list[tuple[dict, Any, dict]]) -> None:
-        group, _, first = entries[0]
-        targets, lowps = zip(*(self._target(p, s) for _, p, s in entries), strict=True)
+    def _multi_tensor_step(self, entries: list[tuple[dict, Any, dict, Any]]) -> None:
+        group, _, first, _ = entries[0]
+        targets, lowps = zip(*(self._target(p, s) for _, p, s, _ in entries), strict=True)
 
         def flat(a: Any) -> Any:
             return a.reshape(-1)
 
-        grads = [gp.backend.ascontiguous(p.grad.data).reshape(-1) for _, p, _ in entries]
+        grads = [gp.backend.ascontiguous(g).reshape(-1) for _, _, _, g in entries]
         has_lowp = lowps[0] is not None
         desc = gp.AdamWMultiTensorDescriptor(
             sizes=tuple(int(t.size) for t in targets), dtype=targets[0].dtype,
             grad_dtype=grads[0].dtype, lowp_dtype=lowps[0].dtype if has_lowp else None)
         args = gp.AdamWMultiTensorArgs(
             params=[flat(t) for t in targets], grads=grads,
-            exp_avgs=[flat(s["exp_avg"]) for _, _, s in entries],
-            exp_avg_sqs=[flat(s["exp_avg_sq"]) for _, _, s in entries],
+            exp_avgs=[flat(s["exp_avg"]) for _, _, s, _ in entries],
+            exp_avg_sqs=[flat(s["exp_avg_sq"]) for _, _, s, _ in entries],
             params_lowp=[flat(lp) for lp in lowps] if has_lowp else None,
             **self._hyper(group, first["step"]))
         gp.execute(gp.AdamWMultiTensorPlan, desc, args, like=targets[0])
 
 
-def _contiguous(entry: tuple[dict, Any, dict]) -> bool:
+def _contiguous(entry: tuple[dict, Any, dict, Any]) -> bool:
     """Flat views of in-place operands must alias them (else updates would be lost)."""
-    _, p, state = entry
+    _, p, state, _ = entry
     arrays = [p.data, state["exp_avg"], state["exp_avg_sq"], state.get("master", p.data)]
     return all(a.flags.c_contiguous for a in arrays)
