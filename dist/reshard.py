@@ -111,7 +111,7 @@ def read_dense_checkpoint(path: str | os.PathLike, optimizer: bool = False) -> D
     if config is None:
         raise CheckpointError(f"{step_dir}: records no model config, so its dense shapes "
                               f"are unknown")
-    shapes = param_shapes(_gpt_config(config))
+    shapes = param_shapes(gpt_config_from_json(config))
     params = _assemble(pieces, shapes, str(step_dir), "parameter")
     dense = DenseCheckpoint(step_dir, manifest["metadata"], config, params)
     if optimizer:
@@ -150,7 +150,8 @@ def _collect_optimizer(step_dir: Path, rank: int, state: dict[str, np.ndarray],
         scalars.setdefault(specs[names[int(index)]].name, {}).update(entry)
 
 
-def _gpt_config(config: dict[str, Any]) -> Any:
+def gpt_config_from_json(config: dict[str, Any]) -> Any:
+    """The GPTConfig of saved config fields (dtype by name; unknown fields dropped)."""
     from autograd.nn import GPTConfig
 
     fields = {k: v for k, v in config.items() if k in GPTConfig.__dataclass_fields__}
@@ -158,17 +159,21 @@ def _gpt_config(config: dict[str, Any]) -> Any:
     return GPTConfig(**fields)
 
 
+class ConfigMismatchError(ValueError):
+    """Saved weights of another model shape or activation: one line naming the field."""
+
+
 def check_config(saved: dict[str, Any] | None, config: Any, where: str) -> None:
-    """CheckpointError naming the first model field on which `saved` (a config's fields)
-    and `config` (this run's GPTConfig) differ."""
+    """ConfigMismatchError naming the first model field on which `saved` (a config's
+    fields) and `config` (this run's GPTConfig) differ."""
     if saved is None:
         return
     for name in MODEL_FIELDS:
         mine = getattr(config, name)
         theirs = saved.get(name, "gelu" if name == "activation" else None)
         if theirs != mine:
-            raise CheckpointError(f"{where}: the saved model has {name} {theirs!r}, this "
-                                  f"model has {name} {mine!r}")
+            raise ConfigMismatchError(f"{where}: the saved model has {name} {theirs}, "
+                                      f"this model has {name} {mine}")
 
 
 def local_value(param: Any, name: str, dense: np.ndarray, where: str) -> np.ndarray:
@@ -238,5 +243,58 @@ def load_resharded(path: str | os.PathLike, module: Module, optimizer: Any = Non
     return dense.metadata
 
 
-__all__ = ["MODEL_FIELDS", "DenseCheckpoint", "check_config", "load_dense_into",
-           "load_optimizer_resharded", "load_resharded", "read_dense_checkpoint"]
+def config_json(config: Any) -> dict[str, Any]:
+    """A GPTConfig's fields as JSON (dtype by name)."""
+    out = {k: getattr(config, k) for k in config.__dataclass_fields__}
+    out["dtype"] = as_dtype(out["dtype"]).name
+    return out
+
+
+def read_dense_source(path: str | os.PathLike) -> tuple[dict[str, np.ndarray],
+                                                       dict[str, Any] | None, str]:
+    """(nn.GPT state dict, its config's fields or None, what it is) of a consolidated
+    ``.safetensors`` file (scripts/export.py's, config in its metadata), a Hugging Face
+    GPT-2 folder, or a checkpoint of any layout (root or step folder)."""
+    import json
+
+    from autograd import serialization
+    from autograd.nn import gpt2_io
+
+    path = Path(path)
+    if path.is_file():
+        params, meta = serialization.read_safetensors(path)
+        config = json.loads(meta["gpt_config"]) if "gpt_config" in meta else None
+        return params, config, f"{path} (safetensors)"
+    if (path / gpt2_io.CONFIG_FILE).is_file():
+        hf, tensors = gpt2_io.read_gpt2_folder(path)
+        config = gpt2_io.config_from_gpt2(hf, str(path / gpt2_io.CONFIG_FILE))
+        params = gpt2_io.state_from_gpt2(tensors, config, str(path))
+        return params, config_json(config), f"{path} (GPT-2)"
+    if not path.is_dir():
+        raise CheckpointError(f"{path}: no such file or folder")
+    dense = read_dense_checkpoint(path)
+    return dense.params, dense.config, f"{dense.step_dir} (checkpoint)"
+
+
+def init_from(path: str | os.PathLike, module: Module) -> str:
+    """Load the weights of `path` (see `read_dense_source`) into this rank's `module` (a
+    dist.ParallelGPT of any layout, or an nn.GPT); a source with more positions than
+    ``module.config.block_size`` gives its first rows. Returns what was loaded."""
+    params, saved, what = read_dense_source(path)
+    config = module.config
+    if saved is not None:
+        positions = int(saved.get("block_size", config.block_size))
+        if positions < config.block_size:
+            raise CheckpointError(f"{what}: has {positions} positions, fewer than this "
+                                  f"model's block_size {config.block_size}")
+        check_config({**saved, "block_size": config.block_size}, config, what)
+    if "wpe.weight" in params and params["wpe.weight"].shape[0] > config.block_size:
+        params = {**params, "wpe.weight": params["wpe.weight"][:config.block_size]}
+    load_dense_into(module, params, what)
+    return what
+
+
+__all__ = ["MODEL_FIELDS", "ConfigMismatchError", "DenseCheckpoint", "check_config",
+           "config_json", "gpt_config_from_json", "init_from", "load_dense_into",
+           "load_optimizer_resharded", "load_resharded", "read_dense_checkpoint",
+           "read_dense_source"]
