@@ -103,6 +103,22 @@ def additive_mask(mask: Any, like: Tensor, lq: int, lk: int) -> Any:
     return m if m.dtype == like.dtype else m.to(dtype=like.dtype)
 
 
+def _dead_rows(add: Tensor) -> tuple[Tensor, Tensor | None]:
+    """(mask with the rows that mask every key set to 0, keep factors [..., Lq, 1] that are 0
+    on those rows): softmax stays finite and the caller zeroes the rows' probabilities, as
+    torch's sdpa (_safe_softmax) does, instead of NaN. Index bookkeeping on the mask, on its
+    device, with no host sync; a float mask that requires grad is left as it is."""
+    if add.requires_grad:
+        return add, None
+    data = add.data
+    dead = gp.array_namespace(data).isneginf(data).all(axis=-1, keepdims=True)
+    fixed = data.copy()
+    fixed[gp.array_namespace(data).broadcast_to(dead, data.shape)] = 0.0
+    keep = gp.full(dead.shape, 1.0, data.dtype, add.device)
+    keep[dead] = 0.0
+    return Tensor(fixed), Tensor(keep)
+
+
 def attention_weights(q: Tensor, k: Tensor, attn_mask: Any = None, dropout_p: float = 0.0,
                       scale: float | None = None, is_causal: bool = False) -> Tensor:
     """The attention probabilities [..., Lq, Lk]: softmax(scale Q K^T + mask), then dropout
@@ -114,7 +130,10 @@ def attention_weights(q: Tensor, k: Tensor, attn_mask: Any = None, dropout_p: fl
     if attn_mask is None:
         p = softmax(scores, scale=s, causal=is_causal)
     else:
-        p = softmax(scores * s + additive_mask(attn_mask, q, q.shape[-2], k.shape[-2]))
+        add, keep = _dead_rows(additive_mask(attn_mask, q, q.shape[-2], k.shape[-2]))
+        p = softmax(scores * s + add)
+        if keep is not None:
+            p = p * keep
     if dropout_p > 0.0:
         p = dropout(p, dropout_p, training=True)
     return p
@@ -126,7 +145,9 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, attn_mask: Any
     """q [..., Lq, Dh], k [..., Lk, Dh], v [..., Lk, Dv] -> [..., Lq, Dv]; scale defaults
     to 1/sqrt(Dh). Causal masks (i, j) when j > i + (Lk - Lq) (equals PyTorch's for Lq == Lk).
     ``attn_mask`` broadcasts to [..., Lq, Lk]: bool (True = take part in attention) or
-    float (added to the scaled scores); a row with every key masked gives NaN. ``dropout_p``
+    float (added to the scaled scores); a query row whose every key is masked (-inf) gets
+    zero probabilities, hence a zero output, as torch's sdpa (NaN if the float mask
+    requires grad). ``dropout_p``
     drops attention probabilities (always, as torch's functional form: pass 0.0 in eval).
     Without mask and dropout: fused plans when Dv == Dh <= 128 (every device, so results
     agree across devices), the composed ops otherwise; with either, the composed ops.

@@ -89,3 +89,20 @@ def test_against_torch():
         got = F.scaled_dot_product_attention(ag.tensor(Q), ag.tensor(K), ag.tensor(V),
                                              attn_mask=mask).numpy()
         np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-12)
+
+
+def test_fully_masked_rows_give_zeros(device):
+    mask = BOOL.copy()
+    mask[2] = False  # query 2 may attend to no key
+    q, k, v = (ag.tensor(a, device=device, requires_grad=True) for a in (Q, K, V))
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    got = out.numpy()
+    assert np.all(got[..., 2, :] == 0)
+    keep = np.delete(np.arange(4), 2)
+    np.testing.assert_allclose(got[..., keep, :], _ref(Q, K, V, np.where(BOOL, 0.0, -np.inf))[
+        ..., keep, :], rtol=1e-12, atol=1e-12)
+    out.sum().backward()
+    assert np.all(np.isfinite(q.grad.numpy())) and np.all(q.grad.numpy()[..., 2, :] == 0)
+    add = np.where(mask, 0.0, -np.inf)
+    got = F.scaled_dot_product_attention(q, k, v, attn_mask=add).numpy()
+    assert np.all(got[..., 2, :] == 0) and np.all(np.isfinite(got))
