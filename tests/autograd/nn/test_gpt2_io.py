@@ -98,6 +98,15 @@ def test_activation_option_selects_the_gelu_form():
         nn.GPTConfig(**SMALL, activation="relu")
 
 
+def test_tanh_activation_on_the_device_matches_the_host(device):
+    """The fused linear + tanh-GELU GEMM epilogue on the device agrees with the host."""
+    host = nn.GPT(nn.GPTConfig(**SMALL, activation="gelu_tanh", seed=1))
+    model = nn.GPT(nn.GPTConfig(**SMALL, activation="gelu_tanh", seed=1)).to(device=device)
+    idx = _idx(host.config)
+    got = _logits(model, gp.to_device(idx, gp.backend.resolve_device(device)))
+    np.testing.assert_allclose(got, _logits(host, idx), rtol=1e-4, atol=1e-5)
+
+
 @pytest.mark.parametrize("options", [dict(activation="gelu_tanh"),
                                      dict(activation="gelu", tie_weights=False)])
 def test_saved_folder_has_gpt2_layout_and_matches_a_numpy_gpt2(tmp_path, options):
