@@ -10,6 +10,7 @@ import dist
 from autograd import nn, optim
 from dist.models import ParallelGPT
 from dist.reshard import ConfigMismatchError, load_resharded, read_dense_checkpoint
+from gpuplan.dtypes import bfloat16
 
 CFG = nn.GPTConfig(vocab_size=16, block_size=8, n_layer=2, n_head=2, n_embd=8, seed=3,
                    activation="gelu_tanh")
@@ -38,21 +39,23 @@ def _step(model, opt, step, dp_rank=0, dp=1):
     return loss
 
 
-def test_one_process_round_trip_continues_bit_exactly(tmp_path):
-    model = ParallelGPT(CFG)
+@pytest.mark.parametrize("dtype", [None, bfloat16])
+def test_one_process_round_trip_continues_bit_exactly(tmp_path, dtype):
+    model = ParallelGPT(CFG, dtype=dtype)
     opt = _adamw(model)
     for s in range(2):
         _step(model, opt, s)
     dist.save_checkpoint(tmp_path, model, optimizer=opt, step=2, metadata={"k": 1})
     dense = read_dense_checkpoint(tmp_path, optimizer=True)
     assert dense.config["activation"] == "gelu_tanh" and dense.metadata == {"k": 1}
-    assert set(dense.optimizer["wte.weight"]) == {"exp_avg", "exp_avg_sq", "step"}
-    other = ParallelGPT(CFG.__class__(**{**CFG.__dict__, "seed": 99}))
+    keys = {"exp_avg", "exp_avg_sq", "step"} | ({"master"} if dtype else set())
+    assert set(dense.optimizer["wte.weight"]) == keys  # bf16: the f32 master weights too
+    other = ParallelGPT(CFG.__class__(**{**CFG.__dict__, "seed": 99}), dtype=dtype)
     other_opt = _adamw(other)
     assert load_resharded(tmp_path, other, other_opt) == {"k": 1}
     assert _step(model, opt, 2) == _step(other, other_opt, 2)
     for (n, p), (_, q) in zip(model.named_parameters(), other.named_parameters(), strict=True):
-        assert np.array_equal(p.data, q.data), n
+        assert p.dtype == q.dtype and np.array_equal(p.data, q.data), n
 
 
 def test_config_mismatch_and_missing_optimizer_are_one_line(tmp_path):
