@@ -47,8 +47,9 @@ def test_gradcheck_with_float_mask_gets_mask_gradient(device):
     def fn(q, k, v, m):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=m)
 
-    gradcheck_on(device, fn, Q[:1, :2], K[:1, :2], V[:1, :2], FLOAT[:2])
-    gradcheck_on(device, lambda q, k, v: fn(q, k, v, BOOL), Q[:1], K[:1], V[:1])
+    q, k, v = Q[:1, :2, :2, :4], K[:1, :2, :3, :4], V[:1, :2, :3, :3]  # small: emulated
+    gradcheck_on(device, fn, q, k, v, FLOAT[:2, :, :3])
+    gradcheck_on(device, lambda q, k, v: fn(q, k, v, BOOL[:2, :3]), q, k, v)
 
 
 def test_dropout_uses_the_dropout_plan_on_probabilities(device):
