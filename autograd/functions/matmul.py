@@ -1,47 +1,109 @@
-"""Matrix-product Functions: matmul (2-D or batched), linear (Y = X @ W + b, W [in, out]) and
-linear_gelu (Y = gelu(X @ W + b), the activation fused into the GEMM's epilogue)."""
+"""Matrix-product Functions: matmul (torch.matmul: vectors, broadcast batches), linear
+(Y = X @ W + b, W [in, out]) and linear_gelu (Y = gelu(X @ W + b), the activation fused into
+the GEMM's epilogue)."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
+import numpy as np
+
+import gpuplan as gp
 import gpuplan.functional as F
 from autograd.function import Function
 from autograd.tensor import Tensor
+from gpuplan import backend
+
+
+def _sum_to(g: Any, shape: tuple[int, ...]) -> Any:
+    """A gradient g ([*batch, r, c], or [r, c] already summed) of an operand of `shape`
+    ([*b, r, c]): summed over the batch axes the operand was broadcast along, reshaped."""
+    if g.ndim > 2:
+        lead = g.ndim - len(shape)
+        axes = tuple(range(lead)) + tuple(lead + i for i, e in enumerate(shape[:-2])
+                                          if e == 1 and g.shape[lead + i] != 1)
+        if axes:
+            g = F.reduce("sum", g, axes=axes, keepdims=False)
+    return g if tuple(g.shape) == tuple(shape) else g.reshape(shape)
+
+
+def _operand(x: Any, batch: tuple[int, ...]) -> Any:
+    """What the GEMM gets for one operand [*b, r, c] under the broadcast batch `batch`: the
+    2-D matrix when b has one entry (the plan's batch stride 0), x itself when b == batch,
+    else x materialized over `batch` (the plan takes one batch stride per operand, which
+    cannot express a partial broadcast such as (2, 1) against (2, 3))."""
+    b = tuple(x.shape[:-2])
+    if math.prod(b) == 1:
+        return x.reshape(x.shape[-2:])
+    if b == batch:
+        return x
+    xp = gp.array_namespace(x)
+    return backend.ascontiguous(xp.broadcast_to(x, batch + tuple(x.shape[-2:])))
 
 
 class Matmul(Function):
-    """C = A @ B for A [..., M, K], B [..., K, N] with equal batch dims, or either 2-D
-    (gp.functional.matmul folds, broadcasts and reports bad shapes).
+    """C = A @ B for A [*ba, M, K], B [*bb, K, N] (rank >= 2: vectors are promoted by
+    `matmul`), the batch axes broadcast like torch.matmul to batch = broadcast(ba, bb).
 
-    dA = dC @ B^T, dB = A^T @ dC; a 2-D operand used across a batch gets the batch sum.
+    dA = dC @ B^T, dB = A^T @ dC over the broadcast batch, then summed over the batch axes
+    each operand was broadcast along. A single-entry batch operand runs as a 2-D matrix (the
+    GEMM plan's batch stride 0); a partially broadcast one is materialized.
     """
 
     @staticmethod
     def forward(ctx, a, b):
-        ctx.save_for_backward(a, b)
-        return F.matmul(a, b)
+        try:
+            batch = tuple(np.broadcast_shapes(a.shape[:-2], b.shape[:-2]))
+        except ValueError:
+            raise ValueError(f"matmul: batch axes {a.shape[:-2]} and {b.shape[:-2]} do not "
+                             f"broadcast (shapes {a.shape} @ {b.shape})") from None
+        ea, eb = _operand(a, batch), _operand(b, batch)
+        ctx.batch, ctx.a_shape, ctx.b_shape = batch, a.shape, b.shape
+        ctx.save_for_backward(ea, eb)
+        out = F.matmul(ea, eb)
+        shape = batch + out.shape[-2:]
+        return out if out.shape == shape else out.reshape(shape)
 
     @staticmethod
     def backward(ctx, dc):
-        a, b = ctx.saved
+        ea, eb = ctx.saved
         need_a, need_b = ctx.needs_input_grad
+        if ea.ndim == 2 and eb.ndim == 2:
+            dc = dc.reshape(dc.shape[-2:])  # a batch of ones at most
         da = db = None
         if need_a:
-            da = F.matmul(dc, b, trans_b=True)
-            if a.ndim == 2 and da.ndim > 2:  # a shared by every batch entry
-                da = F.reduce("sum", da.reshape((-1,) + a.shape), axes=0)
+            da = F.matmul(dc, eb, trans_b=True)
+            if ea.ndim == 2 and da.ndim > 2:  # a shared by every batch entry
+                da = F.reduce("sum", da, axes=tuple(range(da.ndim - 2)))
+            da = _sum_to(da, ctx.a_shape)
         if need_b:
-            if b.ndim == 2:  # b shared by every batch entry: fold the batch into rows
-                db = F.matmul(a.reshape(-1, a.shape[-1]), dc.reshape(-1, dc.shape[-1]),
+            if eb.ndim == 2 and ea.ndim > 2:  # b shared by every batch entry: fold rows
+                db = F.matmul(ea.reshape(-1, ea.shape[-1]), dc.reshape(-1, dc.shape[-1]),
                               trans_a=True)
             else:
-                db = F.matmul(a, dc, trans_a=True)
+                db = F.matmul(ea, dc, trans_a=True)
+            db = _sum_to(db, ctx.b_shape)
         return da, db
 
 
 def matmul(a: Tensor, b: Tensor) -> Tensor:
-    return Matmul.apply(a, b)
+    """torch.matmul: 1-D operands are vectors (a [K] is [1, K], b [K] is [K, 1], the added
+    axis removed from the result); batch axes broadcast."""
+    if not isinstance(b, Tensor):
+        b = Tensor(gp.asarray(b, device=a.device))
+    if not isinstance(a, Tensor):
+        a = Tensor(gp.asarray(a, device=b.device))
+    if a.ndim == 0 or b.ndim == 0:
+        raise ValueError(f"matmul: both operands need at least one dimension, given shapes "
+                         f"{a.shape} and {b.shape}")
+    va, vb = a.ndim == 1, b.ndim == 1
+    out = Matmul.apply(a.reshape(1, -1) if va else a, b.reshape(-1, 1) if vb else b)
+    if va or vb:
+        shape = out.shape[:-2] + (() if va else out.shape[-2:-1]) + (() if vb else
+                                                                      out.shape[-1:])
+        out = out.reshape(shape)
+    return out
 
 
 class Linear(Function):

@@ -12,6 +12,8 @@ FAMILIES: tuple[str, ...] = (
     "binary",
     "cast",
     "reduction",
+    "reduce_dim",
+    "gather",
     "clip_grad",
     "normalization",
     "residual_norm",

@@ -4,7 +4,7 @@
 (`reduce_layout`, `launch_reduce`).
 
 Every reduction is one row of `REDUCTIONS`. The kernels know only how values combine
-(`Combine`: sum or max, the CUDA enumerators generated from this table through
+(`Combine`: sum, max, min or prod, the CUDA enumerators generated from this table through
 -DGPUPLAN_ENUM_Combine); mean is a sum divided by the count. The global-norm kernel reads
 tensors of the dtypes in `NORM_DTYPES` (enum NormType, one load branch each).
 """
@@ -44,12 +44,20 @@ def _host_max(x: np.ndarray, axes: tuple, keepdims: bool) -> np.ndarray:
     return np.max(x, axis=axes, keepdims=keepdims)
 
 
+def _host_min(x: np.ndarray, axes: tuple, keepdims: bool) -> np.ndarray:
+    return np.min(x, axis=axes, keepdims=keepdims)
+
+
+def _host_prod(x: np.ndarray, axes: tuple, keepdims: bool) -> np.ndarray:
+    return np.prod(x, axis=axes, keepdims=keepdims, dtype=x.dtype)
+
+
 @dataclass(frozen=True)
 class Reduction:
     """One reduction: its name, how the kernels combine values (a `COMBINES` entry), whether
     the combined value is divided by the count, and the NumPy combine (x, axes, keepdims)
     on arrays in the accumulator dtype. `has_identity`: an empty reduction has a value
-    (sum 0, mean NaN); max of nothing is an error."""
+    (sum 0, mean NaN, prod 1); max or min of nothing is an error."""
 
     name: str
     combine: str
@@ -62,6 +70,8 @@ REDUCTIONS: tuple[Reduction, ...] = (
     Reduction("sum", "sum", _host_sum),
     Reduction("mean", "sum", _host_sum, mean=True),
     Reduction("max", "max", _host_max, has_identity=False),  # NaN-propagating, like NumPy
+    Reduction("min", "min", _host_min, has_identity=False),  # NaN-propagating, like NumPy
+    Reduction("prod", "prod", _host_prod),  # an empty product is 1
 )
 REDUCE_OPS: tuple[str, ...] = tuple(r.name for r in REDUCTIONS)
 BY_NAME = {r.name: r for r in REDUCTIONS}

@@ -1,7 +1,8 @@
-// Reductions (sum / max over axes) and the one-launch global L2 norm.
+// Reductions (sum / max / min / prod over axes) and the one-launch global L2 norm.
 // Tin/Tout: float, double, __half, __nv_bfloat16 (partials in the accumulator type).
 // OP: a `Combine` enumerator. SUM: the result is divided by `divisor` (1 for sum, the count
-// for mean, -1 for a negated sum); MAX: NaN-propagating like NumPy.
+// for mean, -1 for a negated sum); MAX, MIN: NaN-propagating like NumPy; PROD: products in
+// the accumulator type.
 // `Combine` and `NormType` come from the Python tables (gpuplan/ops/reduce_launch.py:
 // REDUCTIONS, NORM_DTYPES) through -DGPUPLAN_ENUM_*: an `if constexpr` chain without a
 // branch for a table row fails its static_assert.
@@ -21,19 +22,24 @@ template <int OP> constexpr bool unknown_combine = OP < 0;
 template <int OP, typename A> __device__ __forceinline__ A red_init() {
     if constexpr (OP == SUM) {
         return A(0);
-    } else if constexpr (OP == MAX) {
+    } else if constexpr (OP == MAX || OP == MIN) {
+        // -inf for max, +inf for min.
         if constexpr (sizeof(A) == 4) {
-            return -__int_as_float(0x7f800000);
+            const float inf = __int_as_float(0x7f800000);
+            return OP == MAX ? -inf : inf;
         } else {
-            return -__longlong_as_double(0x7ff0000000000000LL);
+            const double inf = __longlong_as_double(0x7ff0000000000000LL);
+            return OP == MAX ? -inf : inf;
         }
+    } else if constexpr (OP == PROD) {
+        return A(1);
     } else {
         static_assert(unknown_combine<OP>, "combine without a CUDA identity");
         return A(0);
     }
 }
 
-// NaN-propagating max (NumPy semantics); plain addition for sums.
+// NaN-propagating max and min (NumPy semantics); plain addition and multiplication.
 template <int OP, typename A> __device__ __forceinline__ A red_combine(A acc, A v) {
     if constexpr (OP == SUM) {
         return acc + v;
@@ -41,6 +47,12 @@ template <int OP, typename A> __device__ __forceinline__ A red_combine(A acc, A 
         if (acc != acc) return acc;
         if (v != v) return v;
         return v > acc ? v : acc;
+    } else if constexpr (OP == MIN) {
+        if (acc != acc) return acc;
+        if (v != v) return v;
+        return v < acc ? v : acc;
+    } else if constexpr (OP == PROD) {
+        return acc * v;
     } else {
         static_assert(unknown_combine<OP>, "combine without CUDA math");
         return acc;

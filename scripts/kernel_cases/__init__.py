@@ -8,6 +8,7 @@ counts the instances that ran (gpuplan.emulator.device.EXECUTED), it does not tr
 """
 
 FAMILIES = ("embedding", "quantize", "gemm", "activation", "binary", "cast", "reduction",
-            "clip_grad", "normalization", "residual_norm", "softmax", "attention",
+            "reduce_dim", "gather", "clip_grad", "normalization", "residual_norm", "softmax",
+            "attention",
             "attention_backward", "attention_backward_tc", "cross_entropy", "dropout",
             "optimizer")

@@ -32,8 +32,39 @@ def test_matmul_shape_errors(device):
         a @ ag.tensor(_r(2, 3), device=device)
     with pytest.raises(ValueError, match="batch axes"):
         ag.tensor(_r(2, 2, 3)) @ ag.tensor(_r(3, 3, 1))
-    with pytest.raises(ValueError, match="argument 'b'.*rank >= 2"):
-        a @ ag.tensor(_r(3), device=device)
+    with pytest.raises(ValueError, match="at least one dimension"):
+        a @ ag.tensor(np.float64(2.0), device=device)
+    with pytest.raises(ValueError, match=r"batch axes \(2, 1\) and \(3, 2\) do not broadcast"):
+        ag.tensor(_r(2, 1, 2, 3)) @ ag.tensor(_r(3, 2, 3, 1))
+
+
+# torch.matmul's broadcasting: vectors, a batch of one, partial broadcasts (materialized).
+BROADCAST = [((1, 7, 3), (3, 3, 5)), ((3,), (3,)), ((3,), (2, 3, 4)), ((2, 5, 3), (3,)),
+             ((4, 3), (3,)), ((2, 1, 4, 3), (5, 3, 2)), ((2, 1, 3, 4), (1, 3, 4, 2)),
+             ((1, 1, 3, 4), (4, 2)), ((3, 4), (1, 4, 2)), ((1, 3, 4), (1, 4, 2))]
+
+
+@pytest.mark.parametrize("sa,sb", BROADCAST)
+def test_matmul_broadcasts_like_torch(device, sa, sb):
+    a, b = _r(*sa, seed=11), _r(*sb, seed=12)
+    gradcheck_on(device, lambda p, q: p @ q, a, b)
+    out = ag.tensor(a, device=device) @ ag.tensor(b, device=device)
+    ref = np.matmul(a, b)  # NumPy's matmul has torch's broadcasting and vector rules
+    assert out.shape == ref.shape
+    np.testing.assert_allclose(out.numpy(), ref, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("sa,sb", BROADCAST[:3])
+def test_matmul_broadcast_against_torch(sa, sb):
+    torch = pytest.importorskip("torch")
+    a, b = _r(*sa, seed=13), _r(*sb, seed=14)
+    pa, pb = ag.tensor(a, requires_grad=True), ag.tensor(b, requires_grad=True)
+    (pa @ pb).sum().backward()
+    ta = torch.tensor(a, requires_grad=True)
+    tb = torch.tensor(b, requires_grad=True)
+    (ta @ tb).sum().backward()
+    np.testing.assert_allclose(pa.grad.numpy(), ta.grad.numpy(), rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(pb.grad.numpy(), tb.grad.numpy(), rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.parametrize("bias", [True, False])

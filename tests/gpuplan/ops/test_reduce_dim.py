@@ -1,0 +1,162 @@
+"""Plans along one dim (max/min with indices, top-k, prod gradient) and variance over axes,
+against float64 references: torch's rules for ties and NaN, every dtype, bad inputs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import gpuplan as gp
+from gpuplan.ops.reduce_dim import dim_view
+from gpuplan.spec_check import check_plan
+from tests.plan_testing import DTYPES, f64, on, random, run_plan, stream_for
+
+# (outer, length, inner): warp-per-row (inner 1, long rows) and thread-per-column layouts.
+VIEWS = [(3, 100, 1), (4, 7, 5), (1, 1, 1), (2, 33, 3), (1, 300, 1)]
+
+
+def ref_select(x, op):
+    idx = (np.argmax if op == "max" else np.argmin)(x, axis=1)
+    return {"values": np.take_along_axis(x, idx[:, None, :], 1)[:, 0], "indices": idx}
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("op", ["max", "min"])
+@pytest.mark.parametrize("view", VIEWS)
+def test_arg_select(device, dtype, op, view):
+    x = random(view, dtype, seed=sum(view))
+    check_plan(gp.ArgSelectPlan, gp.ArgSelectDescriptor(op, *view, dtype), {"x": x},
+               lambda x, **_: ref_select(x, op), device=device, bad_inputs=view == (4, 7, 5))
+
+
+@pytest.mark.parametrize("view", [(1, 100, 1), (2, 9, 3)])
+def test_arg_select_ties_and_nan_like_torch(device, view):
+    """Ties: the lowest index; NaN wins (the first NaN) for max and for min."""
+    x = np.zeros(view, np.float32)
+    x[:, 3, :] = x[:, 5, :] = 2.0
+    x[:, 4, :] = -2.0
+    x[:, -1, :] = -2.0
+    for op, want in (("max", 3), ("min", 4)):
+        values, indices = _run_select(device, op, x)
+        assert (indices == want).all() and (values == x[:, want, :]).all()
+    x[-1, 6, 0] = np.nan
+    x[-1, 8, 0] = np.nan
+    for op in ("max", "min"):
+        values, indices = _run_select(device, op, x)
+        assert indices[-1, 0] == 6 and np.isnan(values[-1, 0])
+        assert not np.isnan(values[:-1]).any()
+
+
+def _run_select(device, op, x):
+    desc = gp.ArgSelectDescriptor(op, *x.shape, x.dtype)
+    v = on(device, np.zeros((x.shape[0], x.shape[2]), x.dtype))
+    i = on(device, np.zeros((x.shape[0], x.shape[2]), np.int64))
+    run_plan(gp.ArgSelectPlan, desc, gp.ArgSelectArgs(on(device, x), v, i), device)
+    return gp.to_host(v), gp.to_host(i)
+
+
+def ref_topk(x, k, largest):
+    rows = np.moveaxis(x, 1, -1)
+    out_i = np.zeros(rows.shape[:-1] + (k,), np.int64)
+    for pos in np.ndindex(rows.shape[:-1]):
+        r = rows[pos]
+        # NaN first, then by value (descending for largest), then by index.
+        keyed = sorted(range(r.size), key=lambda j: (not np.isnan(r[j]),
+                                                     -r[j] if largest else r[j], j))
+        out_i[pos] = keyed[:k]
+    idx = np.moveaxis(out_i, -1, 1)
+    return {"values": np.take_along_axis(x, idx, 1), "indices": idx}
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("largest", [True, False])
+@pytest.mark.parametrize("view,k", [((3, 40, 1), 5), ((2, 9, 3), 9), ((2, 300, 1), 3),
+                                    ((1, 4, 2), 0)])
+def test_topk(device, dtype, largest, view, k):
+    x = random(view, dtype, seed=k)
+    x.reshape(-1)[::7] = x.reshape(-1)[1]  # ties
+    if view[1] > 8:
+        x[0, 8, 0] = np.nan
+    check_plan(gp.TopkPlan, gp.TopkDescriptor(*view, k, largest, dtype), {"x": x},
+               lambda x, **_: ref_topk(x, k, largest), device=device, bad_inputs=k == 5)
+
+
+def test_topk_rejects_k_past_the_dim():
+    with pytest.raises(gp.InvalidProblem, match="topk: argument 'k'.*<= the dim's length 4"):
+        gp.TopkPlan.select(gp.Stream.host(), gp.TopkDescriptor(2, 4, 1, 5))
+
+
+def ref_var(x, axes, keepdims, correction, std):
+    n = np.prod([x.shape[a] for a in axes]) if axes is not None else x.size
+    with np.errstate(invalid="ignore", divide="ignore"):
+        v = np.sum((x - x.mean(axis=axes, keepdims=True)) ** 2, axis=axes,
+                   keepdims=keepdims) / max(0.0, n - correction)
+    return np.sqrt(v) if std else v
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape,axes,correction,std", [
+    ((5, 33), 1, 1.0, False), ((4, 7, 9), 1, 0.0, True), ((3, 4, 5, 6), (0, 2), 1.0, True),
+    ((6, 5, 4), None, 2.0, False), ((50, 3), 0, 1.0, True), ((1, 4), 0, 1.0, False)])
+def test_variance(device, dtype, shape, axes, correction, std):
+    x = random(shape, dtype, seed=3) + 4.0  # an offset: the two-pass formula keeps precision
+    x = x.astype(dtype)
+    keepdims = len(shape) % 2 == 1
+    desc = gp.VarianceDescriptor(shape, axes, keepdims, correction, std, dtype)
+    ax = axes if axes is None or isinstance(axes, tuple) else (axes,)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        check_plan(gp.VariancePlan, desc, {"x": x},
+                   lambda x, **_: ref_var(x, ax, keepdims, correction, std), device=device,
+                   scale=8, bad_inputs=shape == (5, 33))
+
+
+def test_variance_of_nothing_is_nan(device):
+    x = on(device, np.zeros((3, 0), np.float32))
+    y = gp.functional.variance(x, 1)
+    assert np.isnan(gp.to_host(y)).all() and y.shape == (3,)
+
+
+def ref_prod_backward(x, dy):
+    out = np.zeros_like(x)
+    for o, r, i in np.ndindex(x.shape):
+        others = np.delete(x[o, :, i], r)
+        out[o, r, i] = dy[o, i] * np.prod(others)
+    return out
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("view", [(3, 6, 1), (2, 5, 3)])
+def test_prod_backward_with_zeros(device, dtype, view):
+    x = random(view, dtype, seed=5, low=0.5, high=1.5)
+    x[0, 2, 0] = 0  # one zero in a row
+    x[1, 1, 0] = x[1, 3, 0] = 0  # two zeros: all 0
+    dy = random((view[0], view[2]), dtype, seed=6)
+    check_plan(gp.ProdBackwardPlan, gp.ProdBackwardDescriptor(*view, dtype), {"x": x, "dy": dy},
+               lambda x, dy, **_: ref_prod_backward(x, dy), device=device, scale=4,
+               bad_inputs=view == (2, 5, 3))
+
+
+def test_errors_name_op_and_argument():
+    s = gp.Stream.host()
+    with pytest.raises(gp.InvalidProblem, match="arg_select: argument 'length'"):
+        gp.ArgSelectPlan.select(s, gp.ArgSelectDescriptor("max", 2, 0, 3))
+    with pytest.raises(gp.Unsupported, match="arg_select: argument 'op'"):
+        gp.ArgSelectPlan.select(s, gp.ArgSelectDescriptor("median", 2, 3, 3))
+    with pytest.raises(gp.InvalidProblem, match="variance: argument 'correction'"):
+        gp.VariancePlan.select(s, gp.VarianceDescriptor((3,), None, False, -1.0))
+    with pytest.raises(gp.InvalidProblem, match="topk: argument 'dim'.*\\[-2, 2\\)"):
+        dim_view("topk", (3, 4), 2)
+
+
+def test_functional_shapes(device):
+    x = on(device, random((2, 3, 4), np.float32))
+    v, i = gp.functional.arg_select("max", x, 1, keepdim=True)
+    assert v.shape == i.shape == (2, 1, 4) and i.dtype == np.int64
+    v, i = gp.functional.arg_select("min", x)  # flattened
+    assert v.shape == () and int(i) == int(np.argmin(gp.to_host(x)))
+    v, i = gp.functional.topk(x, 2, dim=-1, largest=False)
+    assert v.shape == (2, 3, 2)
+    np.testing.assert_array_equal(gp.to_host(v), np.sort(gp.to_host(x), -1)[..., :2])
+    dx = gp.functional.prod_backward(x, on(device, np.ones((2, 4), np.float32)), 1)
+    assert dx.shape == (2, 3, 4)
+    assert stream_for(device) is not None and f64(dx).shape == (2, 3, 4)
