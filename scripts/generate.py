@@ -67,7 +67,8 @@ def load_dense(checkpoint: Path):
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="Sample from a train.py checkpoint.")
     ap.add_argument("--checkpoint", default="runs/default/checkpoint")
-    ap.add_argument("--prompt", default="def ")
+    ap.add_argument("--prompt", default="def ",
+                    help="text (token ids separated by spaces when the data had no tokenizer)")
     ap.add_argument("--tokens", type=int, default=300)
     ap.add_argument("--temperature", type=float, default=0.8, help="0: greedy")
     ap.add_argument("--top-k", type=int, default=40, help="0: no top-k cut")
@@ -84,18 +85,21 @@ def main(argv: list[str] | None = None) -> int:
         if not ns.prompt:
             raise ValueError("--prompt must not be empty")
         model, meta = load_dense(Path(ns.checkpoint))
-    except ValueError as exc:
+        # The training data's codec (bytes, a tokenizer.json, nanoGPT's meta.pkl, or bare
+        # ids); checkpoints from before token folders have none: bytes.
+        codec = data_mod.Codec.from_spec(meta.get("args", {}).get("codec"))
+        prompt = codec.encode(ns.prompt)[None]
+    except (ValueError, ImportError) as exc:
         print(f"generate.py: error: {exc}", file=sys.stderr)
         return 2
     device = gp.backend.default_device() if ns.device == "auto" else ns.device
     model.to(device=device)
-    prompt = data_mod.encode(ns.prompt)[None].astype(np.int64)
     prompt = prompt[:, -model.config.block_size:]
     out = model.generate(gp.to_device(prompt, device), ns.tokens, temperature=ns.temperature,
                          top_k=ns.top_k or None, seed=ns.seed)
     print(f"# checkpoint step {meta['step']}, layout dp,pp,tp={meta['layout']}, {device}",
           file=sys.stderr)
-    print(data_mod.decode(gp.to_host(out)[0]))
+    print(codec.decode(gp.to_host(out)[0]))
     return 0
 
 

@@ -41,8 +41,8 @@ case "$cuda" in
                  "(.venv/bin/python -m pip uninstall $other) or set GPUPLAN_CUDA to match" >&2
             exit 2
         fi
-        extras="test,cuda$cuda" ;;
-    none) extras="test" ;;
+        extras="test,data,cuda$cuda" ;;
+    none) extras="test,data" ;;
     *) echo "setup.sh: GPUPLAN_CUDA must be 12, 13 or none, given '$cuda'" >&2; exit 2 ;;
 esac
 echo "setup.sh: pip install -e \".[$extras]\""

@@ -1,4 +1,4 @@
-"""The main job: train a byte-level GPT over MPI ranks (tensor x pipeline x data parallel).
+"""The main job: train a GPT over MPI ranks (tensor x pipeline x data parallel).
 
     mpiexec -n 4 python -m mpi4py scripts/train.py          # defaults: tp=2, pp=2, stdlib corpus
     mpiexec -n 8 python -m mpi4py scripts/train.py --tp 2 --pp 2 --dp 2 --steps 500
@@ -9,18 +9,27 @@ no --tp/--pp/--dp the layout is derived from the rank count N: tp = 2 when N is 
 pp = 2 when N / tp is even, dp = the rest (N=4 -> tp 2 x pp 2; N=8 -> 2 x 2 x 2). Given
 some of them, the missing ones fill the rest (dp first, then pp, then tp).
 
-Data: bytes of a text file or folder (--data) or, by default, of the Python standard
-library's own sources (no download): token = byte value, vocabulary 256, last 10% held
-out for validation. The global batch of step s is drawn from a generator keyed by
-(seed, s) and split over the data-parallel ranks, so the loss curve does not depend on the
-layout and a resumed run sees exactly the batches an uninterrupted one would.
+Data (see scripts/data.py): --data names a token folder (train.bin + val.bin of flat ids,
+nanoGPT's or llm.c's layout, memory-mapped; scripts/prepare_data.py writes one from text,
+byte-level or with a tokenizer.json) or a text file or folder read as bytes (vocabulary
+256, last 10% held out); by default the Python standard library's own sources (no
+download). The global batch of step s is drawn from a generator keyed by (seed, s) and
+split over the data-parallel ranks (autograd.data.DataLoader), so the loss curve does not
+depend on the layout and a resumed run sees exactly the batches an uninterrupted one would.
 
 Rank 0 prints a line per evaluation (step, loss, validation loss, tokens/s, step time,
-MFU on a GPU, memory) and, on a terminal, a progress bar; at the end it writes
-OUT/metrics.json, OUT/loss.png and a text sample. At every evaluation it commits
-OUT/checkpoint/step_NNNNNN/ (one shard per rank: model, optimizer, RNG, step; a manifest
-with each shard's SHA-256; see dist.checkpoint) and moves OUT/checkpoint/latest to it,
-keeping the --keep newest, for --resume [PATH] and scripts/generate.py.
+MFU on a GPU, memory, ETA) and, on a terminal, a tqdm progress bar; it appends each
+evaluation's record to OUT/metrics.jsonl at once (fsynced: a killed run keeps its history),
+and at the end writes OUT/metrics.json, OUT/loss.png (matplotlib) and a text sample. At
+every evaluation it commits OUT/checkpoint/step_NNNNNN/ (one shard per rank: model,
+optimizer, RNG, step; a manifest with each shard's SHA-256; see dist.checkpoint) and moves
+OUT/checkpoint/latest to it, keeping the --keep newest, for --resume [PATH] and scripts/generate.py.
+
+Weights (see dist.reshard): --resume of a checkpoint written by another tp x pp x dp layout
+reshards the model and the AdamW state, continuing the same loss curve; --init-from PATH
+starts from a .safetensors file (scripts/export.py), a Hugging Face GPT-2 folder (with
+--activation gelu_tanh) or a checkpoint of any layout. A model option that differs from the
+saved one is one error line (exit 2).
 
 A non-finite loss or gradient norm (checked every step, on every rank alike) stops the run
 with exit 1 and no checkpoint after the last finite step (--on-nonfinite stop), or drops
@@ -45,12 +54,13 @@ import progress as progress_mod  # noqa: E402
 from train_options import OptionError, derive_layout, parse_args, validate  # noqa: E402, F401
 
 
-def global_batch(tokens: np.ndarray, ns: argparse.Namespace, key: list[int], dp_rank: int):
-    """This data-parallel rank's rows of the global batch drawn from generator `key`."""
-    x, y = data_mod.get_batch(tokens, ns.batch_size, ns.block_size,
-                              np.random.default_rng(key))
-    n = ns.batch_size // ns.dp
-    return x[dp_rank * n:(dp_rank + 1) * n], y[dp_rank * n:(dp_rank + 1) * n]
+def global_batch(dataset, ns: argparse.Namespace, key: list[int], dp_rank: int):
+    """This data-parallel rank's rows of the global batch drawn from generator `key`
+    (= [seed, step]; see autograd.data.DataLoader)."""
+    from autograd.data import DataLoader
+
+    loader = DataLoader(dataset, ns.batch_size, seed=key[0], rank=dp_rank, world_size=ns.dp)
+    return loader.batch(key[1])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -61,20 +71,30 @@ def main(argv: list[str] | None = None) -> int:
     except OptionError as exc:
         ns = exc
     world = dist.init(timeout=getattr(ns, "timeout", None))  # None when the options failed
+    from dist import launcher
+
+    mismatch = launcher.mismatch(world.size)  # N copies that each think they are alone
+    if mismatch:
+        if launcher.env_rank() == 0:  # every copy is MPI rank 0: the launcher's rank decides
+            print(f"train.py: error: {mismatch}", file=sys.stderr, flush=True)
+        return 2
     try:
         if isinstance(ns, OptionError):
             raise ns
         validate(ns, world.size)
-        corpus = data_mod.load_corpus(ns.data, max_bytes=ns.max_bytes)
-        if min(len(corpus.train), len(corpus.val)) <= ns.block_size + 1:
-            raise ValueError(f"--data: {corpus.source} is too small for --block-size "
-                             f"{ns.block_size} ({len(corpus.train)} train / "
-                             f"{len(corpus.val)} val bytes)")
+        corpus = data_mod.load_corpus(ns.data, ns.block_size, vocab_size=ns.vocab_size,
+                                      token_dtype=ns.token_dtype, max_bytes=ns.max_bytes)
+        ns.codec = corpus.codec.spec  # kept in the checkpoint's args for scripts/generate.py
     except (ValueError, OSError) as exc:
         if world.rank == 0:
             print(f"train.py: error: {exc}", file=sys.stderr, flush=True)
         return 2
-    return Trainer(ns, world, corpus).run()
+    try:
+        return Trainer(ns, world, corpus).run()
+    except data_mod.DataError as exc:  # an id outside the vocabulary in a drawn batch: every
+        if world.rank == 0:            # rank checks the whole global batch, so all stop here
+            print(f"train.py: error: --data: {exc}", file=sys.stderr, flush=True)
+        return 2
 
 
 class Trainer:
@@ -90,9 +110,10 @@ class Trainer:
         self.device = gp.backend.default_device() if ns.device == "auto" else \
             gp.backend.resolve_device(ns.device)
         dist.model_parallel_seed(ns.seed, tp_rank=self.mesh.tp_rank, pp_rank=self.mesh.pp_rank)
-        self.cfg = nn.GPTConfig(vocab_size=data_mod.VOCAB_SIZE, block_size=ns.block_size,
+        self.cfg = nn.GPTConfig(vocab_size=corpus.vocab_size, block_size=ns.block_size,
                                 n_layer=ns.n_layer, n_head=ns.n_head, n_embd=ns.n_embd,
-                                dropout=ns.dropout, dtype=np.float32, seed=ns.seed)
+                                dropout=ns.dropout, dtype=np.float32, seed=ns.seed,
+                                activation=ns.activation)
         self.model = ParallelGPT(self.cfg, self.mesh, num_micro_batches=ns.micro_batches,
                                  schedule=ns.schedule, device=self.device,
                                  dtype=gp.bfloat16 if ns.dtype == "bf16" else None)
@@ -116,15 +137,26 @@ class Trainer:
 
     def resume(self) -> None:
         """Load the checkpoint --resume names (OUT/checkpoint's latest by default); every
-        rank checks its shard (see dist.checkpoint) and raises the same error."""
+        rank checks its shard (see dist.checkpoint) and raises the same error. A checkpoint
+        of another layout is resharded (dist.reshard: model and optimizer state)."""
         import dist
 
         where = self.ckpt if self.ns.resume == "latest" else Path(self.ns.resume)
-        meta = dist.load_checkpoint(where, self.model, comm=self.world, optimizer=self.opt)
+        if self.ns.init_from:  # (validate() refuses both; kept for API callers)
+            raise ValueError("--init-from and --resume exclude each other")
+        meta = dist.load_checkpoint(where, self.model, comm=self.world, optimizer=self.opt,
+                                    reshard=True)
         self.sched.load_state_dict(meta["scheduler"])
         self.start, self.history = int(meta["step"]), list(meta["history"])
         self.skipped = list(meta.get("skipped", []))
         self.last_saved = dist.checkpoint.resolve(where)
+
+    def init_from(self) -> None:
+        """Start from the weights --init-from names (a .safetensors file, a GPT-2 folder or
+        a checkpoint of any layout), cut for this rank (dist.reshard.init_from)."""
+        from dist.reshard import init_from
+
+        self.initialized_from = init_from(self.ns.init_from, self.model)
 
     def save(self, step: int) -> bool:
         """Commit step `step`'s checkpoint, unless a parameter is not finite (False)."""
@@ -178,6 +210,8 @@ class Trainer:
         return float(np.mean(losses))
 
     def fail(self, message: str) -> int:
+        if getattr(self, "prog", None) is not None:
+            self.prog.close()
         if self.world.rank == 0:
             print(f"train.py: error: {message}", file=sys.stderr, flush=True)
         return 1
@@ -188,10 +222,10 @@ class Trainer:
 
         ns, rank = self.ns, self.world.rank
         np.seterr(over="ignore", invalid="ignore")  # non-finite values: see nonfinite()
-        if ns.resume:
+        if ns.resume or ns.init_from:
             error = None
             try:
-                self.resume()
+                self.resume() if ns.resume else self.init_from()
             except (ValueError, KeyError, OSError) as exc:
                 error = str(exc).strip("'\"").splitlines()[0]
                 fallback = getattr(exc, "fallback", None)
@@ -202,20 +236,29 @@ class Trainer:
             errors = [e for e in self.world.all_gather_object(error) if e]
             if errors:  # on any rank: every rank stops, rank 0 says why
                 if rank == 0:
-                    print(f"train.py: error: --resume: {errors[0]}", file=sys.stderr,
+                    option = "--resume" if ns.resume else "--init-from"
+                    print(f"train.py: error: {option}: {errors[0]}", file=sys.stderr,
                           flush=True)
                 return 2
-        bar = ns.progress == "bar" or (ns.progress == "auto" and rank == 0
-                                       and progress_mod.stdout_is_terminal())
-        prog = progress_mod.Progress(ns.steps, self.start, bar and rank == 0)
         if rank == 0:
             c = self.corpus
             print(f"gpt: {self.n_params / 1e6:.2f}M params, {ns.n_layer} layers x {ns.n_embd} "
                   f"wide, {ns.n_head} heads, context {ns.block_size} | data: {c.source} "
-                  f"({len(c.train):,} train / {len(c.val):,} val bytes) | mesh: dp={ns.dp} "
+                  f"({len(c.train.tokens):,} train / {len(c.val.tokens):,} val {c.unit}) | "
+                  f"mesh: dp={ns.dp} "
                   f"pp={ns.pp} tp={ns.tp}, {ns.micro_batches} micro-batches ({ns.schedule}) | "
                   f"device: {self.device_label}, {ns.dtype}"
-                  + (f" | resumed at step {self.start}" if ns.resume else ""), flush=True)
+                  + (f" | resumed at step {self.start}" if ns.resume else "")
+                  + (f" | weights from {ns.init_from}" if ns.init_from else ""), flush=True)
+            from dist.launcher import oversubscription_note
+
+            if oversubscription_note():
+                print(oversubscription_note(), flush=True)
+        # metrics.jsonl: a resumed run keeps the records up to its step, a new run starts anew.
+        log = (progress_mod.MetricsLog(self.out / "metrics.jsonl",
+                                       self.start if ns.resume else None) if rank == 0 else None)
+        prog = self.prog = progress_mod.Progress(ns.steps, self.start,
+                                                 progress_mod.show_bar(ns.progress, rank))
         stop = ns.steps if ns.stop_after is None else min(ns.steps, ns.stop_after)
         tokens = ns.batch_size * ns.block_size
         t_mark, steps_since = time.perf_counter(), 0
@@ -247,11 +290,13 @@ class Trainer:
                            np.array([progress_mod.memory_mib(self.device)]), "max")[0])}
                 self.history.append(rec)
                 if rank == 0:
-                    prog.line(progress_mod.format_record(rec, ns.steps))
+                    log.append(rec)
+                    prog.line(progress_mod.format_record(rec, ns.steps, prog.eta(step + 1)))
                 if not self.save(step + 1):
                     return self.fail(f"step {step + 1}: a parameter is not finite; no "
                                      f"checkpoint written, the last is {self.last_saved}")
                 t_mark, steps_since = time.perf_counter(), 0
+        prog.close()
         if stop < ns.steps:
             if rank == 0:
                 print(f"stopped after step {stop} (--stop-after); continue with --resume",
@@ -270,33 +315,38 @@ class Trainer:
                    "history": self.history, "skipped_steps": self.skipped}
         (self.out / "metrics.json").write_text(json.dumps(metrics, indent=1))
         steps = [h["step"] for h in self.history]
-        renderer = plotting.write_loss_plot(
+        plotting.write_loss_plot(
             self.out / "loss.png",
             {"train": (steps, [h["train_loss"] for h in self.history]),
              "validation": (steps, [h["val_loss"] for h in self.history])},
-            title=f"byte-level GPT, {self.n_params / 1e6:.2f}M params",
-            ylabel="cross-entropy (nats/byte)")
+            title=f"{'byte-level ' if self.corpus.unit == 'bytes' else ''}GPT, "
+                  f"{self.n_params / 1e6:.2f}M params",
+            ylabel=f"cross-entropy (nats/{self.corpus.unit[:-1]})")
         text = sample_text(self.cfg, dense_state, self.ns.sample_tokens, self.ns.seed,
-                           self.device)
+                           self.device, self.corpus.prompt(), codec=self.corpus.codec)
         print(f"sample (temperature 0.8, top-k 40):\n{text}\n", flush=True)
-        print(f"wrote {self.out / 'metrics.json'}, {self.out / 'loss.png'} ({renderer}) and "
-              f"{self.ckpt}/ (scripts/generate.py --checkpoint {self.ckpt})", flush=True)
+        print(f"wrote {self.out / 'metrics.json'}, {self.out / 'metrics.jsonl'}, "
+              f"{self.out / 'loss.png'} and {self.ckpt}/ (scripts/generate.py --checkpoint "
+              f"{self.ckpt})", flush=True)
 
 
 def sample_text(cfg, dense_state: dict, n_tokens: int, seed: int, device: str,
-                prompt: str = "def ", temperature: float = 0.8, top_k: int = 40) -> str:
-    """Text sampled from the dense model assembled from the shards (one process)."""
+                prompt: str | np.ndarray = "def ", temperature: float = 0.8, top_k: int = 40,
+                codec=None) -> str:
+    """Text sampled from the dense model assembled from the shards (one process); `prompt`
+    is text or ids, `codec` a data.Codec (default: bytes)."""
+    codec = codec or data_mod.Codec()
     from autograd import nn
 
     model = nn.GPT(cfg)
     model.load_state_dict(dense_state)
     model.to(device=device)
-    idx = data_mod.encode(prompt)[None].astype(np.int64)
+    idx = (codec.encode(prompt) if isinstance(prompt, str) else prompt)[None].astype(np.int64)
     import gpuplan as gp
 
     out = model.generate(gp.to_device(idx, device), n_tokens, temperature=temperature,
                          top_k=top_k, seed=seed)
-    return data_mod.decode(gp.to_host(out)[0])
+    return codec.decode(gp.to_host(out)[0])
 
 
 def _config_json(cfg) -> dict:

@@ -4,7 +4,10 @@ option that cannot work into one `train.py: error:` line (option, expected, give
 from __future__ import annotations
 
 import argparse
+import datetime
+import difflib
 import math
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -18,11 +21,40 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str):  # argparse's own errors: reported once, like ours
         raise OptionError(message)
 
+    def print_help(self, file=None) -> None:
+        # --help runs before MPI starts, on every rank: the launcher's rank 0 alone prints.
+        from dist.launcher import env_rank
+
+        if env_rank() == 0:
+            super().print_help(file)
+
+
+class _Defaults(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows each option's default, unless it is None or its help already tells it."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if action.default is None or "default" in text:
+            return text
+        return super()._get_help_string(action)
+
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    ap = _Parser(description="Train a byte-level GPT over MPI ranks.")
-    ap.add_argument("--data", default=None, help="text file or folder (default: Python stdlib)")
-    ap.add_argument("--max-bytes", type=int, default=2_000_000, help="corpus size cap")
+    ap = _Parser(description="Train a byte-level GPT over MPI ranks.",
+                 formatter_class=_Defaults)
+    ap.add_argument("--data", default=None,
+                    help="a token folder (train.bin + val.bin, nanoGPT/llm.c layout; see "
+                         "scripts/prepare_data.py) or a text file or folder read as bytes "
+                         "(default: the Python stdlib's sources)")
+    ap.add_argument("--token-dtype", choices=["uint16", "uint32"], default=None,
+                    help="a token folder's id type (default: its meta.json's or llm.c "
+                         "header's, else uint16)")
+    ap.add_argument("--vocab-size", type=int, default=None,
+                    help="the model's vocabulary; token ids must lie below it (default: 256 "
+                         "for text, a token folder's meta.json or llm.c header)")
+    ap.add_argument("--max-bytes", type=int, default=None,
+                    help="train on only the first N bytes of a text corpus (truncates; "
+                         "default: all of it)")
     ap.add_argument("--tp", type=int, default=None, help="tensor-parallel size")
     ap.add_argument("--pp", type=int, default=None, help="pipeline stages")
     ap.add_argument("--dp", type=int, default=None, help="data-parallel size")
@@ -50,7 +82,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--out", default="runs/default", help="metrics, plot and checkpoint folder")
     ap.add_argument("--resume", nargs="?", const="latest", default=None, metavar="PATH",
                     help="continue from OUT/checkpoint's latest checkpoint, or from PATH (a "
-                         "step folder such as OUT/checkpoint/step_000200)")
+                         "step folder such as OUT/checkpoint/step_000200); a checkpoint of "
+                         "another tp x pp x dp layout is resharded (model and optimizer)")
+    ap.add_argument("--init-from", default=None, metavar="PATH",
+                    help="start from these weights: a .safetensors file (scripts/export.py), "
+                         "a Hugging Face GPT-2 folder, or a checkpoint of any layout")
+    ap.add_argument("--activation", choices=["gelu", "gelu_tanh"], default="gelu",
+                    help="MLP activation: exact GELU, or GPT-2's tanh form")
     ap.add_argument("--keep", type=int, default=3,
                     help="committed checkpoints kept (the newest by step)")
     ap.add_argument("--on-nonfinite", choices=["stop", "skip"], default="stop",
@@ -69,7 +107,65 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--timeout", type=_seconds, default=None,
                     help="seconds a collective or pipeline send/recv may wait before the job "
                          "is aborted (default: $GPUPLAN_COLLECTIVE_TIMEOUT, else 600; 0: none)")
-    return ap.parse_args(argv)
+    return parse_with_config(ap, argv)
+
+
+def parse_with_config(ap: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """ap.parse_args(argv) with `--config FILE.toml` added: the file's keys are option names
+    (`n_layer` or `n-layer`), its values the options' values (true/false for flags); options
+    on the command line override the file. A wrong key or value is one OptionError line."""
+    ap.add_argument("--config", metavar="TOML", default=None,
+                    help="read options from a TOML file (keys: option names); options given "
+                         "on the command line override the file's")
+    for action in ap._actions:
+        if action.help is None:  # the defaults formatter shows defaults of documented ones
+            action.help = " "
+    argv = list(sys.argv[1:] if argv is None else argv)
+    pre = _Parser(add_help=False)
+    pre.add_argument("--config", default=None)
+    config = pre.parse_known_args(argv)[0].config
+    if config is None:
+        return ap.parse_args(argv)
+    tokens = config_tokens(ap, config)
+    try:
+        ap.parse_args(tokens)  # the file's values alone, so that errors can name the file
+    except OptionError as exc:
+        raise OptionError(f"--config {config}: {exc}") from None
+    return ap.parse_args(tokens + argv)
+
+
+def config_tokens(ap: argparse.ArgumentParser, path: str) -> list[str]:
+    """The command-line tokens that say what the TOML file `path` says."""
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib
+    try:
+        data = tomllib.loads(Path(path).read_text())
+    except OSError as exc:
+        raise OptionError(f"--config: cannot read {path} ({exc.strerror or exc})") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise OptionError(f"--config {path}: not valid TOML ({exc})") from None
+    actions = {a.dest: a for a in ap._actions
+               if a.option_strings and a.dest not in ("help", "config")}
+    tokens: list[str] = []
+    for key, value in data.items():
+        action = actions.get(key.replace("-", "_"))
+        if action is None:
+            close = difflib.get_close_matches(key.replace("-", "_"), actions, n=1)
+            hint = f" (did you mean {close[0]}?)" if close else ""
+            raise OptionError(f"--config {path}: unknown option {key!r}{hint}; train.py "
+                              f"--help lists the options")
+        flag = next(o for o in action.option_strings if o.startswith("--"))
+        if isinstance(value, bool) and (action.nargs == 0 or action.nargs == "?"):
+            if value:  # a flag, or an option whose value may be left out (--resume)
+                tokens.append(flag)
+            continue
+        if isinstance(value, (bool, dict, list, datetime.date, datetime.time)):
+            raise OptionError(f"--config {path}: {key} expects a value like its command-line "
+                              f"{flag} takes, given {value!r}")
+        tokens += [flag, str(value)]
+    return tokens
 
 
 def _seconds(text: str) -> float:
@@ -135,8 +231,8 @@ def validate(ns: argparse.Namespace, world_size: int) -> None:
         raise OptionError(f"mesh dp={ns.dp} x pp={ns.pp} x tp={ns.tp} = "
                           f"{ns.dp * ns.pp * ns.tp} does not match the {world_size} MPI ranks")
     for name in ("n_layer", "n_head", "n_embd", "block_size", "batch_size", "steps",
-                 "eval_interval", "eval_batches", "micro_batches", "max_bytes", "keep",
-                 "max_skips", "stop_after"):
+                 "eval_interval", "eval_batches", "micro_batches", "max_bytes", "vocab_size",
+                 "keep", "max_skips", "stop_after"):
         _at_least(ns, name, 1)
     for name in ("warmup", "sample_tokens"):
         _at_least(ns, name, 0)
@@ -177,3 +273,9 @@ def validate(ns: argparse.Namespace, world_size: int) -> None:
         if not where.is_dir():
             raise OptionError(f"--resume: expected a checkpoint folder, given {where} "
                               f"(no such folder)")
+    if getattr(ns, "init_from", None) is not None:
+        if ns.resume is not None:
+            raise OptionError("--init-from and --resume exclude each other (--resume keeps "
+                              "the checkpoint's optimizer and step)")
+        if not Path(ns.init_from).exists():
+            raise OptionError(f"--init-from: no such file or folder: {ns.init_from}")
