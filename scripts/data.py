@@ -284,6 +284,8 @@ def _token_corpus(folder: Path, train: Path, val: Path, block_size: int,
     elif meta.get("encoding") == "bytes":
         codec = Codec("bytes")
     source = f"{folder}, {info['format']} {info['dtype']} ids, vocabulary {vocab}"
+    if meta.get("tokenizer") and codec.kind == "ids":
+        source += " (samples as ids: the tokenizers package is not installed)"
     return Corpus(sets[0], sets[1], source, int(vocab), "tokens", codec)
 
 

@@ -183,6 +183,17 @@ def test_prepare_data_with_a_tokenizer_json(tmp_path):
     assert len(ids) < len(TEXT) and len(corpus.val.tokens) == int(len(ids) * 0.2)
     sep = data_mod._SEPARATOR.decode()
     assert corpus.codec.decode(ids) == TEXT + sep + TEXT[:500] + sep
+    # train.py takes vocabulary and dtype from meta.json; generate.py decodes with the
+    # tokenizer the checkpoint's data named.
+    res = run_many([(1, [*TINY, "--data", str(tmp_path / "out"), "--steps", "2",
+                         "--out", str(tmp_path / "run")])])[0]
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert f"vocabulary {meta['vocab_size']} (" in res.stdout
+    gen = subprocess.run([sys.executable, str(ROOT / "scripts" / "generate.py"),
+                          "--checkpoint", str(tmp_path / "run" / "checkpoint"), "--prompt",
+                          "the quick brown", "--tokens", "4"], capture_output=True, text=True,
+                         timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert gen.returncode == 0 and gen.stdout.startswith("the quick brown"), gen.stderr
 
 
 def test_prepare_data_errors_are_one_line(tmp_path, capsys):
