@@ -216,11 +216,9 @@ def test_tp2_pp2_run_matches_one_process_and_resumes_exactly(tmp_path):
         [(h["step"], h["train_loss"], h["val_loss"]) for h in h_ref]  # bitwise
     assert h_ref[-1]["train_loss"] != h_full[-1]["train_loss"]  # dropout acted
 
+    # Another layout is resharded (tests/scripts/test_reshard_resume.py checks the losses).
     other = run(4, *drop, str(tmp_path / "resumed"), "--resume", "--dp", "2", "--pp", "1")
-    errors = [line for line in other.stderr.splitlines() if "error" in line]
-    assert other.returncode != 0 and len(errors) == 1, other.stderr
-    assert "holds the shard of layout {'dp': 1, 'pp': 2, 'tp': 2}, this rank expects layout " \
-           "{'dp': 2, 'pp': 1, 'tp': 2}" in errors[0]
+    assert other.returncode == 0 and "resumed at step 6" in other.stdout, other.stderr
 
     gen = subprocess.run([sys.executable, str(ROOT / "scripts" / "generate.py"),
                           "--checkpoint", str(tmp_path / "full" / "checkpoint"),
