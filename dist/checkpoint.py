@@ -291,11 +291,11 @@ def load_checkpoint(directory: str | os.PathLike, module: Module,
     if error is not None:
         raise CheckpointError(error, fallback and Path(fallback))
     step_dir = Path(step_name)
-    try:
-        if isinstance(getattr(module, "config", None), GPTConfig):  # one line, not shapes
-            from dist.reshard import check_config
+    if isinstance(getattr(module, "config", None), GPTConfig):  # one line, not shapes
+        from dist.reshard import check_config  # same manifest and config: every rank alike
 
-            check_config(manifest["shards"][0].get("config"), module.config, str(step_dir))
+        check_config(manifest["shards"][0].get("config"), module.config, str(step_dir))
+    try:
         if reshard and not _same_layout(manifest, module, comm, coordinates):
             from dist.reshard import load_resharded
 
