@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 
+from autograd.inplace import record_writes
 from autograd.nn import Module, Parameter
 from autograd.tensor import Tensor
 from dist.communicator import Communicator
@@ -52,6 +53,9 @@ def allreduce_gradients(parameters: Iterable[Parameter], comm: Communicator | No
     has_grad = np.array([p.grad is not None for p in params], np.int32)
     has_grad = comm.all_reduce(has_grad, "max")
     params = [p for p, flag in zip(params, has_grad, strict=True) if flag]
+    # Gradients overwritten in place: a backward that saved one of them must fail, as for
+    # any in-place write (autograd.inplace); new .grad tensors are fresh arrays.
+    written = [p.grad for p in params if p.grad is not None]
     for bucket in _buckets(params, bucket_bytes):
         xp = backend.array_namespace(bucket[0].data)
         dtype = as_dtype(bucket[0].dtype)
@@ -68,6 +72,7 @@ def allreduce_gradients(parameters: Iterable[Parameter], comm: Communicator | No
             else:
                 p.grad.data[...] = values
             offset += n
+    record_writes(written, "dist.allreduce_gradients")
 
 
 def average_over(comm: Communicator | None, value: float) -> float:
@@ -79,11 +84,17 @@ def average_over(comm: Communicator | None, value: float) -> float:
 
 def broadcast_parameters(parameters: Iterable[Parameter], comm: Communicator | None,
                          root: int = 0) -> None:
-    """Overwrite every parameter with root's values (in place) so replicas start equal."""
+    """Overwrite every parameter with root's values (in place) so replicas start equal.
+
+    The write is recorded on every rank, root included (autograd.inplace), so that a
+    backward through an op that saved a parameter before the broadcast fails alike
+    everywhere instead of computing a gradient of replaced weights."""
     if comm is None or comm.size == 1:
         return
-    for p in parameters:
+    params = list(parameters)
+    for p in params:
         comm.broadcast(p.data, root=root)
+    record_writes(params, "dist.broadcast_parameters")
 
 
 class DataParallel(Module):

@@ -9,7 +9,6 @@ that returns the output on the last stage's ranks (None elsewhere) and ``loss_fn
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import numpy as np
@@ -30,16 +29,20 @@ def grad_norm(model: Any) -> float:
     on TP rank 0 only and a duplicate (the last stage's tied embedding copy) never; the
     data-parallel replicas hold the same averaged gradients. A non-finite gradient
     anywhere makes it inf or nan on every rank.
+
+    Overflow-safe: squaring a rank's norm (1e20 f32 gradients give ~1e22) and summing the
+    squares could overflow, so each group gathers its ranks' norms and takes the scaled
+    L2 norm of that vector (gp.functional.global_l2_norm), identically on every rank.
     """
     tp_rank = 0 if model.tp_comm is None else model.tp_comm.rank
     counted = [p.grad for p in model.parameters() if p.grad is not None
                and not p.shard_spec.duplicate and (p.shard_spec.tensor_parallel
                                                    or tp_rank == 0)]
-    total = np.array([optim.get_total_norm(counted) ** 2], np.float64)
+    norm = np.array([optim.get_total_norm(counted)], np.float64)
     for comm in (model.tp_comm, model.pp_comm):
-        if comm is not None:
-            total = comm.all_reduce(total)
-    return math.sqrt(float(total[0]))
+        if comm is not None and comm.size > 1:
+            norm = gp.functional.global_l2_norm([comm.all_gather(norm)]).reshape(1)
+    return float(norm[0])
 
 
 def clip_grad_norm_(model: Any, max_norm: float, eps: float = 1e-6) -> float:

@@ -19,7 +19,8 @@ def _as_list(parameters: Iterable[Any] | Any) -> list[Any]:
 
 def get_total_norm(tensors: Iterable[Any]) -> float:
     """``sqrt(sum over tensors of sum(t**2))`` as a Python float, 0.0 for none
-    (``gp.functional.global_l2_norm``: accumulated in f32, f64 for f64 tensors). Takes
+    (``gp.functional.global_l2_norm``: scaled float64 sums, so huge or tiny gradients
+    neither overflow nor underflow; f32, f64 for f64 tensors; NaN/inf propagate). Takes
     Tensors (e.g. the gradients) or arrays, like PyTorch's ``get_total_norm``."""
     arrays = [t.data if isinstance(t, Tensor) else t for t in tensors]
     if not arrays:

@@ -83,8 +83,6 @@ template <int OP, typename A> __device__ __forceinline__ A warp_combine(A v) {
 
 template <typename T, int N> struct alignas(sizeof(T) * N) Pack { T v[N]; };
 
-__device__ __forceinline__ float square_root(float v) { return sqrtf(v); }
-__device__ __forceinline__ double square_root(double v) { return sqrt(v); }
 
 }  // namespace
 
@@ -223,19 +221,42 @@ __global__ void __launch_bounds__(256) reduce_general(const Tin* __restrict__ x,
 // Global L2 norm of many tensors in one launch. `table` (int64): ptr[n], size[n], code[n]
 // (a NormType), chunk_prefix[n + 1], then one zeroed counter.
 // Every tensor is cut into chunks of kNormChunk elements (GPUPLAN_NORM_CHUNK, set from
-// Python); chunk g's sum of squares is computed by one block (thread t takes elements t,
-// t + 256, ..., then a fixed tree) and stored in partials[g]. The last block to finish (atomic ticket) sums the partials in a fixed order
-// and writes sqrt to out[0]: deterministic and independent of the grid size.
+// Python); chunk g's sums of squares are computed by one block (thread t takes elements t,
+// t + 256, ..., then a fixed tree) and stored in partials[3g .. 3g + 2]. The last block to
+// finish (atomic ticket) sums the partials in a fixed order and writes the norm to out[0]:
+// deterministic and independent of the grid size.
+// Overflow- and underflow-safe (issue 11: 1e20 float32 values gave inf): Blue's scaled sum
+// of squares as LAPACK's dnrm2 does it, in double whatever the element type. Squares of
+// |x| > 2^486 are summed scaled by 2^-538, of |x| < 2^-511 scaled by 2^537 (powers of two:
+// exact), the rest as they are; NaN lands in the middle sum and propagates, inf in the big
+// one. float/half elements are always in the middle range, so they cost one compare more.
 constexpr long long kNormChunk = GPUPLAN_NORM_CHUNK;
-static_assert(NORM_TYPE_COUNT == 4, "a NormType row without a load in sq_elem");
+static_assert(NORM_TYPE_COUNT == 4, "a NormType row without a load in norm_elem");
+constexpr double kNormTsml = 0x1p-511, kNormTbig = 0x1p486;
+constexpr double kNormSsml = 0x1p537, kNormSbig = 0x1p-538;
 
-template <typename A> __device__ __forceinline__ A sq_elem(const void* p, long long code, long long i) {
-    A v;
-    if (code == F32) v = static_cast<A>(static_cast<const float*>(p)[i]);
-    else if (code == F64) v = static_cast<A>(static_cast<const double*>(p)[i]);
-    else if (code == F16) v = static_cast<A>(__half2float(static_cast<const __half*>(p)[i]));
-    else v = static_cast<A>(__bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]));  // BF16
-    return v * v;
+__device__ __forceinline__ double norm_elem(const void* p, long long code, long long i) {
+    if (code == F32) return static_cast<double>(static_cast<const float*>(p)[i]);
+    if (code == F64) return static_cast<const double*>(p)[i];
+    if (code == F16) return static_cast<double>(__half2float(static_cast<const __half*>(p)[i]));
+    return static_cast<double>(__bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]));  // BF16
+}
+
+// (small, middle, big) sums -> the norm, LAPACK's combination; a NaN middle sum propagates.
+__device__ __forceinline__ double norm_combine(double sml, double med, double big) {
+    const bool has_med = med > 0.0 || med != med;
+    if (big > 0.0) {
+        if (has_med) big += (med * kNormSbig) * kNormSbig;
+        return sqrt(big) / kNormSbig;
+    }
+    if (sml > 0.0) {
+        if (!has_med) return sqrt(sml) / kNormSsml;
+        const double ymed = sqrt(med), ysml = sqrt(sml) / kNormSsml;
+        const double ymin = ysml > ymed ? ymed : ysml, ymax = ysml > ymed ? ysml : ymed;
+        const double r = ymin / ymax;
+        return ymax * sqrt(1.0 + r * r);
+    }
+    return sqrt(med);
 }
 
 template <typename A> __device__ A block_sum256(A v, A* smem) {
@@ -249,10 +270,12 @@ template <typename A> __device__ A block_sum256(A v, A* smem) {
     return t;  // the same value in every thread
 }
 
+// A: the output type (float, double); partials: 3 doubles per chunk (small, middle, big).
 template <typename A>
 __global__ void __launch_bounds__(256) global_l2_norm(long long* __restrict__ table, int n,
-                                                      A* __restrict__ partials, A* __restrict__ out) {
-    __shared__ A smem[8];
+                                                      double* __restrict__ partials,
+                                                      A* __restrict__ out) {
+    __shared__ double smem[8];
     __shared__ bool am_last;
     const long long* ptrs = table;
     const long long* sizes = table + n;
@@ -270,10 +293,27 @@ __global__ void __launch_bounds__(256) global_l2_norm(long long* __restrict__ ta
         const long long start = (g - prefix[lo]) * kNormChunk;
         const long long end = start + kNormChunk < sizes[lo] ? start + kNormChunk : sizes[lo];
         const long long code = codes[lo];
-        A acc = A(0);
-        for (long long i = start + threadIdx.x; i < end; i += 256) acc += sq_elem<A>(p, code, i);
-        acc = block_sum256<A>(acc, smem);
-        if (threadIdx.x == 0) partials[g] = acc;
+        double sml = 0.0, med = 0.0, big = 0.0;
+        for (long long i = start + threadIdx.x; i < end; i += 256) {
+            const double v = norm_elem(p, code, i), ax = fabs(v);
+            if (ax > kNormTbig) {
+                const double s = v * kNormSbig;
+                big += s * s;
+            } else if (ax < kNormTsml) {
+                const double s = v * kNormSsml;
+                sml += s * s;
+            } else {
+                med += v * v;  // NaN too
+            }
+        }
+        sml = block_sum256<double>(sml, smem);
+        med = block_sum256<double>(med, smem);
+        big = block_sum256<double>(big, smem);
+        if (threadIdx.x == 0) {
+            partials[3 * g] = sml;
+            partials[3 * g + 1] = med;
+            partials[3 * g + 2] = big;
+        }
     }
     // Publish this block's partials, then take a ticket; the last block finishes.
     __threadfence();
@@ -282,9 +322,15 @@ __global__ void __launch_bounds__(256) global_l2_norm(long long* __restrict__ ta
     __syncthreads();
     if (!am_last) return;
     __threadfence();
-    const volatile A* vp = partials;
-    A acc = A(0);
-    for (long long g = threadIdx.x; g < n_chunks; g += 256) acc += vp[g];
-    acc = block_sum256<A>(acc, smem);
-    if (threadIdx.x == 0) out[0] = square_root(acc);
+    const volatile double* vp = partials;
+    double sml = 0.0, med = 0.0, big = 0.0;
+    for (long long g = threadIdx.x; g < n_chunks; g += 256) {
+        sml += vp[3 * g];
+        med += vp[3 * g + 1];
+        big += vp[3 * g + 2];
+    }
+    sml = block_sum256<double>(sml, smem);
+    med = block_sum256<double>(med, smem);
+    big = block_sum256<double>(big, smem);
+    if (threadIdx.x == 0) out[0] = static_cast<A>(norm_combine(sml, med, big));
 }

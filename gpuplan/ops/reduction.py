@@ -1,7 +1,8 @@
 """Reductions over axes (sum, mean, max) and the one-launch global L2 norm of many tensors.
 
 reduce:          y = op(x, axes) with NumPy's axis/keepdims semantics; mean = sum / count.
-global_l2_norm:  y = sqrt(sum_i sum_j x_i[j]^2) over a list of tensors (gradient clipping).
+global_l2_norm:  y = sqrt(sum_i sum_j x_i[j]^2) over a list of tensors (gradient clipping),
+                 scaled so that no square overflows or underflows (float64 sums).
 
 The reductions are the rows of `reduce_launch.REDUCTIONS` (names, CUDA combine, NumPy
 math); layouts and launches live in `gpuplan.ops.reduce_launch` (`reduce_layout` and
@@ -220,8 +221,7 @@ class GlobalNormPlan(Plan):
         if stream.is_host:
             return [Candidate("numpy", BackendKind.NUMPY, True, True, "mixed", out)]
         n_chunks = sum(cdiv(int(s), NORM_CHUNK) for s in desc.sizes)
-        ws = _table_bytes(len(desc.sizes)) + align256(
-            max(n_chunks, 1) * _norm_dtype(desc).itemsize)
+        ws = _table_bytes(len(desc.sizes)) + align256(max(n_chunks, 1) * 3 * 8)
         return [Candidate("chunked", BackendKind.NVRTC, True, True, "mixed", out, ws)]
 
     def _prepare(self) -> None:
@@ -281,12 +281,11 @@ class GlobalNormPlan(Plan):
         check_operand(self.op, name, a, a.shape, t)  # layout and alignment
 
     def _run_numpy(self, stream: Stream, ws: Workspace, args: Any) -> None:
-        acc = self._out
-        total = acc.type(0)
-        for a in args.arrays:
-            v = np.ravel(a).astype(acc, copy=False)
-            total = total + np.dot(v, v)
-        args.out[...] = np.sqrt(total)
+        # The fast dot products may overflow: _sums_of_squares then takes the scaled path; a
+        # norm beyond f32's range is inf, as on a GPU.
+        with np.errstate(over="ignore", under="ignore"):
+            sums = [_sums_of_squares(a, self._out) for a in args.arrays]
+            args.out[...] = _norm_from_sums(*(math.fsum(s[k] for s in sums) for k in range(3)))
 
     def _run_chunked(self, stream: Stream, ws: Workspace, args: Any) -> None:
         n = len(self._sizes)
@@ -295,13 +294,61 @@ class GlobalNormPlan(Plan):
         dev_table = ws.view(np.int64, table.size, 0)
         with on_stream(stream):
             dev_table.set(table)
-        partials = ws.view(self._out, max(self._n_chunks, 1), _table_bytes(n))
+        # (small, middle, big) sums of squares per chunk, in float64 (see reduction.cu).
+        partials = ws.view(float64, 3 * max(self._n_chunks, 1), _table_bytes(n))
         launch(stream, MODULE.function(self._kernel, stream.device_id), self._grid, 256,
                (dev_table, np.int32(n), partials, args.out), reachable=args.arrays)
 
 
 def _table_bytes(n: int) -> int:
     return align256((4 * n + 2) * 8)
+
+
+# Blue's thresholds and scales for float64 (LAPACK's dnrm2), as reduction.cu's kNorm*: the
+# squares of |x| > _TBIG are summed scaled by _SBIG, of |x| < _TSML by _SSML (exact powers
+# of two), so no square overflows or underflows.
+_TSML, _TBIG, _SSML, _SBIG = 2.0 ** -511, 2.0 ** 486, 2.0 ** 537, 2.0 ** -538
+
+
+def _sums_of_squares(a: np.ndarray, acc: np.dtype) -> tuple[float, float, float]:
+    """(small, middle, big) scaled sums of squares of a's elements, as global_l2_norm's
+    kernel splits them. A plain dot product in `acc` (the norm's dtype) first, the fast CPU
+    path: kept when finite and not so small that underflowed squares could matter."""
+    v = np.ravel(a)
+    if acc == float32:
+        v = v.astype(float32, copy=False)
+        s = float(np.dot(v, v))
+        if math.isfinite(s) and s >= 2.0 ** -60:
+            return 0.0, s, 0.0
+        # f32/half values squared are always finite and normal in float64: blockwise sums.
+        step = 1 << 16
+        return 0.0, math.fsum(float(np.dot(w, w)) for w in (
+            v[i:i + step].astype(float64) for i in range(0, v.size, step))), 0.0
+    v = v.astype(float64, copy=False)
+    s = float(np.dot(v, v))
+    if math.isfinite(s) and s >= 2.0 ** -900:
+        return 0.0, s, 0.0
+    ax = np.abs(v)
+    big, sml = ax > _TBIG, ax < _TSML
+    mid = v[~(big | sml)]  # NaN compares false both ways: it lands here and propagates
+    vb, vs = v[big] * _SBIG, v[sml] * _SSML
+    return float(np.dot(vs, vs)), float(np.dot(mid, mid)), float(np.dot(vb, vb))
+
+
+def _norm_from_sums(sml: float, med: float, big: float) -> float:
+    """The norm from the three sums (reduction.cu's norm_combine, LAPACK's combination)."""
+    has_med = med > 0.0 or med != med
+    if big > 0.0:
+        if has_med:
+            big += (med * _SBIG) * _SBIG
+        return math.sqrt(big) / _SBIG
+    if sml > 0.0:
+        if not has_med:
+            return math.sqrt(sml) / _SSML
+        ymed, ysml = math.sqrt(med), math.sqrt(sml) / _SSML
+        ymin, ymax = (ymed, ysml) if ysml > ymed else (ysml, ymed)
+        return ymax * math.sqrt(1.0 + (ymin / ymax) ** 2)
+    return math.sqrt(med)
 
 
 # -- functional API ------------------------------------------------------------------------

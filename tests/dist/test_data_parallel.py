@@ -110,3 +110,32 @@ def test_data_parallel_pipeline_on_a_2x2_mesh(world, schedule):
     ref_stage = ref[0] if mesh.pp_rank == 0 else ref[2]
     for p, q in zip(pipe.stage(mesh.pp_rank).parameters(), ref_stage.parameters(), strict=True):
         np.testing.assert_allclose(p.grad.numpy(), q.grad.numpy(), rtol=1e-10, atol=1e-13)
+
+
+@pytest.mark.mpi
+def test_broadcast_of_a_saved_parameter_fails_backward_on_every_rank(world):
+    """The broadcast overwrites parameters in place: a backward through an op that saved
+    one before it must raise like any in-place write (it computed with other weights),
+    on every rank alike, not return a gradient of the replaced weights."""
+    model = mlp(1) if world.rank == 0 else mlp(99)
+    x, t = batch()
+    loss = nn.functional.cross_entropy(model(ag.tensor(x)), t)  # saves the weights
+    dist.DataParallel(model, comm=world)
+    with pytest.raises(RuntimeError, match="dist.broadcast_parameters"):
+        loss.backward()
+    # After the broadcast, a fresh forward/backward is fine.
+    nn.functional.cross_entropy(model(ag.tensor(x)), t).backward()
+
+
+@pytest.mark.mpi
+def test_allreduce_of_a_saved_gradient_fails_backward(world):
+    """Gradients are averaged in place: an op that saved a .grad array before the
+    all-reduce cannot be differentiated afterwards."""
+    w = nn.Parameter(np.full(3, 1.0))
+    w.grad = ag.tensor(np.full(3, world.rank + 1.0))
+    h = ag.tensor(np.full(3, 2.0), requires_grad=True)
+    y = (w.grad * h).sum()  # saves w.grad's array for h's gradient
+    dist.allreduce_gradients([w], world)
+    np.testing.assert_allclose(w.grad.numpy(), (world.size + 1) / 2)
+    with pytest.raises(RuntimeError, match="dist.allreduce_gradients"):
+        y.backward()

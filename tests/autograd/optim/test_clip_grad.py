@@ -79,3 +79,30 @@ def test_clip_grad_norm_on_a_device_is_the_two_steps_bitwise(device, dtype):
                                           .view(np.uint8))
             np.testing.assert_allclose(got.astype(np.float64), coef * v.astype(np.float64),
                                        rtol=1e-2 if dtype == gp.bfloat16 else 1e-6)
+
+
+@pytest.mark.parametrize("value,dtype", [(1e20, np.float32), (1e-30, np.float32),
+                                         (1e200, np.float64), (1e-200, np.float64)])
+def test_norms_of_huge_and_tiny_gradients_are_finite_and_exact(value, dtype):
+    """1e20 float32 gradients gave an inf norm (and clipping zeroed them), 1e-30 ones 0:
+    the global norm is scaled now; the clipped gradients have norm max_norm."""
+    params = []
+    for i, n in enumerate((3, 5000)):
+        p = Parameter(np.zeros((n,), dtype))
+        p.grad = ag.tensor(np.full((n,), value * (i + 1), dtype))
+        params.append(p)
+    want = math.hypot(*(float(x) for p in params for x in p.grad.data))
+    total = optim.get_total_norm([p.grad for p in params])
+    assert total == pytest.approx(want, rel=1e-6, abs=0)
+    got = optim.clip_grad_norm_(params, max_norm=1e-3)
+    assert got == pytest.approx(want, rel=1e-6, abs=0)
+    if want > 1e-3:
+        assert optim.get_total_norm([p.grad for p in params]) == pytest.approx(1e-3, rel=1e-5)
+
+
+def test_a_nan_gradient_still_gives_a_nan_norm():
+    """Scaling never hides a non-finite gradient (what train.py --on-nonfinite checks)."""
+    params = params_with_grads([1e200, 1e-200])
+    params[1].grad.data[1] = np.nan
+    assert math.isnan(optim.get_total_norm([p.grad for p in params]))
+    assert math.isnan(optim.clip_grad_norm_(params, 1.0))

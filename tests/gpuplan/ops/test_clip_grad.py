@@ -4,6 +4,8 @@ checks, the gradients list's checks, and equality with global_l2_norm + unary('s
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
@@ -137,3 +139,53 @@ def test_functional_and_descriptor():
     with pytest.raises(gp.Unsupported, match="argument 'dtypes\\[1\\]'"):
         gp.ClipGradNormPlan.select(s, gp.ClipGradNormDescriptor((3, 4),
                                                                 (np.float32, np.int8)))
+
+
+# -- the global norm is overflow- and underflow-safe (issue 11) ----------------------------
+
+
+def _hypot(arrays: list) -> float:
+    """Independent reference: Python's math.hypot is scaled (no overflow or underflow)."""
+    return math.hypot(*(float(x) for a in arrays for x in f64(a).ravel()))
+
+
+@pytest.mark.parametrize("case", ["f32-huge", "f32-tiny", "f64-huge-and-tiny", "mixed"])
+def test_global_norm_neither_overflows_nor_underflows(device, case):
+    """1e20 float32 values gave an inf norm (their squares overflow f32), 1e-30 ones 0."""
+    n = NORM_CHUNK + 9  # two chunks of the kernel
+    arrays = {
+        "f32-huge": [np.full(n, 1e20, np.float32), np.full(5, -3e19, np.float32)],
+        "f32-tiny": [np.full(n, 1e-30, np.float32), np.full(3, 1e-41, np.float32)],
+        "f64-huge-and-tiny": [np.array([1e200, -3e250, 1e-300, 2.0, 1e-200])],
+        "mixed": [np.full(7, 2e38, np.float32), np.full(9, 1e-310), random((40,), gp.bfloat16)],
+    }[case]
+    want = _hypot(arrays)
+    assert np.isfinite(want) and want > 0
+    out_dtype = np.float64 if any(a.dtype == np.float64 for a in arrays) else np.float32
+    rtol = 1e-6 if out_dtype == np.float32 else 1e-14  # relative only: tiny norms count
+    norm = gp.functional.global_l2_norm([on(device, a) for a in arrays])
+    assert norm.dtype == out_dtype
+    np.testing.assert_allclose(float(gp.to_host(norm)), want, rtol=rtol, atol=0)
+    # Clipping by that norm scales instead of zeroing every gradient (an inf norm gave coef 0).
+    grads = [on(device, a.copy()) for a in arrays]
+    got = gp.functional.clip_grad_norm_(grads, 1.0)
+    np.testing.assert_allclose(float(gp.to_host(got)), want, rtol=rtol, atol=0)
+    if want > 1.0:
+        # the scaled gradients are rounded to their dtypes (f32 at best for the large ones)
+        assert_close(gp.functional.global_l2_norm(grads), np.float64(1.0), np.float32,
+                     scale=8)
+
+
+def test_global_norm_still_propagates_nan_and_inf(device):
+    """Scaling must not hide a non-finite gradient: NaN anywhere gives NaN, inf gives inf
+    (what --on-nonfinite detects), beside huge and tiny values."""
+    F = gp.functional
+    for bad, check in ((np.nan, np.isnan), (np.inf, np.isinf), (-np.inf, np.isinf)):
+        for dtype in (np.float32, np.float64):
+            a = np.full(NORM_CHUNK + 3, 1e20, dtype)
+            a[NORM_CHUNK + 1] = bad
+            tiny = np.full(4, 1e-30, dtype)
+            assert check(float(gp.to_host(F.global_l2_norm([on(device, tiny),
+                                                              on(device, a)])))), (bad, dtype)
+    nan_only_small = [on(device, np.array([1e-300, np.nan]))]  # NaN with only small values
+    assert np.isnan(float(gp.to_host(F.global_l2_norm(nan_only_small))))
