@@ -10,6 +10,7 @@ FAMILIES: tuple[str, ...] = (
     "gemm",
     "activation",
     "binary",
+    "select",
     "cast",
     "reduction",
     "reduce_dim",

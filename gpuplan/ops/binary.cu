@@ -1,10 +1,10 @@
-// Binary kernels: c = a op b with NumPy broadcasting, the gradient terms of op, and the
-// row-broadcast bias add. T: float, double, __half, __nv_bfloat16; math runs in gp::Acc<T>
-// (f32 for halves). Contiguous kernels take `vec_ok` (every pointer aligned to a 16-byte
+// Binary kernels: c = a op b with NumPy broadcasting (bool c for the comparisons), the
+// gradient terms of op, and the row-broadcast bias add. T: float, double, __half,
+// __nv_bfloat16; math runs in gp::Acc<T> (f32 for halves). Contiguous kernels take `vec_ok` (every pointer aligned to a 16-byte
 // pack, checked on the host) and then move 16 bytes per load and store; the tail and the
 // unaligned case use scalar accesses. All loops are grid-stride, 64-bit.
 //
-// The enumerators of `BinaryOp` come from the Python table (gpuplan/ops/binary.py,
+// The enumerators of `BinaryOp` come from the Python table (gpuplan/ops/binary_table.py,
 // BINARY_OPS) through -DGPUPLAN_ENUM_BinaryOp: a table row without a branch below fails to
 // compile (the static_assert), a branch whose row is gone names an undeclared value.
 #include <cuda_fp16.h>
@@ -31,14 +31,53 @@ template <int OP, typename A> __device__ __forceinline__ A binary_op(A a, A b) {
         return a * b;
     } else if constexpr (OP == DIV) {
         return a / b;
+    } else if constexpr (OP == POW) {
+        return gp::m_pow(a, b);  // C pow: pow(x, 0) = 1 and pow(1, y) = 1, even for NaN
+    } else if constexpr (OP == MAXIMUM) {
+        return a != a || a > b ? a : b;  // NaN on either side propagates (torch.maximum)
+    } else if constexpr (OP == MINIMUM) {
+        return a != a || a < b ? a : b;
     } else {
         static_assert(unknown_op<OP>, "binary op without CUDA forward math");
         return a;
     }
 }
 
+// Comparisons: a bool result (IEEE: every one is false on NaN but NE), no gradient.
+template <int OP>
+constexpr bool is_compare = OP == LT || OP == LE || OP == GT || OP == GE || OP == EQ || OP == NE;
+
+template <int OP, typename A> __device__ __forceinline__ bool compare_op(A a, A b) {
+    if constexpr (OP == LT) {
+        return a < b;
+    } else if constexpr (OP == LE) {
+        return a <= b;
+    } else if constexpr (OP == GT) {
+        return a > b;
+    } else if constexpr (OP == GE) {
+        return a >= b;
+    } else if constexpr (OP == EQ) {
+        return a == b;
+    } else {
+        return a != b;
+    }
+}
+
+// The element type of c: bool for a comparison, else T.
+template <bool COMPARE, typename T> struct out_type { typedef T type; };
+template <typename T> struct out_type<true, T> { typedef bool type; };
+template <typename T, int OP> using Out = typename out_type<is_compare<OP>, T>::type;
+
+template <typename T, int OP> __device__ __forceinline__ Out<T, OP> apply_op(Acc<T> a, Acc<T> b) {
+    if constexpr (is_compare<OP>) {
+        return compare_op<OP>(a, b);
+    } else {
+        return st<T>(binary_op<OP>(a, b));
+    }
+}
+
 // Whether the gradient terms of OP read the operands (add/sub: dc alone).
-template <int OP> constexpr bool grad_reads_operands = OP == MUL || OP == DIV;
+template <int OP> constexpr bool grad_reads_operands = OP != ADD && OP != SUB;
 
 // Gradient term of c = op(a, b) with respect to a (WHICH == 0) or b (WHICH == 1).
 template <int OP, int WHICH, typename A> __device__ __forceinline__ A binary_grad_term(A a, A b,
@@ -51,6 +90,15 @@ template <int OP, int WHICH, typename A> __device__ __forceinline__ A binary_gra
         return WHICH == 0 ? dc * b : dc * a;
     } else if constexpr (OP == DIV) {
         return WHICH == 0 ? dc / b : -dc * a / (b * b);
+    } else if constexpr (OP == POW) {
+        // torch: 0 where the exponent is 0, and (for b) where a == 0 and b >= 0
+        if constexpr (WHICH == 0) return b == A(0) ? A(0) : dc * b * gp::m_pow(a, b - A(1));
+        return a == A(0) && b >= A(0) ? A(0) : dc * gp::m_pow(a, b) * gp::m_log(a);
+    } else if constexpr (OP == MAXIMUM || OP == MINIMUM) {
+        // torch: half of dc to each side on a tie, none to the side that loses
+        const A x = WHICH == 0 ? a : b, y = WHICH == 0 ? b : a;
+        const bool loses = OP == MAXIMUM ? x < y : x > y;
+        return x == y ? A(0.5) * dc : (loses ? A(0) : dc);
     } else {
         static_assert(unknown_op<OP>, "binary op without CUDA gradient math");
         return dc;
@@ -91,32 +139,34 @@ __device__ __forceinline__ void broadcast_offsets(long long i, int ndim, const l
 // c = op(a, b) for same-shape contiguous operands.
 template <typename T, int OP>
 __global__ void binary_contiguous(const T* __restrict__ a, const T* __restrict__ b,
-                                  T* __restrict__ c, long long n, int vec_ok) {
+                                  Out<T, OP>* __restrict__ c, long long n, int vec_ok) {
+    using C = Out<T, OP>;
     constexpr int N = 16 / sizeof(T);
     long long head = 0;
     if (vec_ok) {
         const long long np = n / N;
         const Pack<T, N>* ap = reinterpret_cast<const Pack<T, N>*>(a);
         const Pack<T, N>* bp = reinterpret_cast<const Pack<T, N>*>(b);
-        Pack<T, N>* cp = reinterpret_cast<Pack<T, N>*>(c);
+        Pack<C, N>* cp = reinterpret_cast<Pack<C, N>*>(c);
         for (long long p = gp::thread_index(); p < np; p += gp::grid_stride()) {
             const Pack<T, N> av = ap[p], bv = bp[p];
-            Pack<T, N> out;
+            Pack<C, N> out;
 #pragma unroll
-            for (int j = 0; j < N; ++j) out.v[j] = st<T>(binary_op<OP>(ld(av.v[j]), ld(bv.v[j])));
+            for (int j = 0; j < N; ++j) out.v[j] = apply_op<T, OP>(ld(av.v[j]), ld(bv.v[j]));
             cp[p] = out;
         }
         head = np * N;
     }
     for (long long i = head + gp::thread_index(); i < n; i += gp::grid_stride()) {
-        c[i] = st<T>(binary_op<OP>(ld(a[i]), ld(b[i])));
+        c[i] = apply_op<T, OP>(ld(a[i]), ld(b[i]));
     }
 }
 
 // c[i] = op(a[oa(i)], b[ob(i)]) over the collapsed broadcast shape (at most 8 dims).
 template <typename T, int OP>
 __global__ void binary_broadcast(const T* __restrict__ a, const T* __restrict__ b,
-                                 T* __restrict__ c, long long n, int ndim, GP_DIMS_PARAMS(s),
+                                 Out<T, OP>* __restrict__ c, long long n, int ndim,
+                                 GP_DIMS_PARAMS(s),
                                  GP_DIMS_PARAMS(sa), GP_DIMS_PARAMS(sb)) {
     const long long shp[8] = GP_DIMS_ARRAY(s);
     const long long stra[8] = GP_DIMS_ARRAY(sa);
@@ -124,7 +174,7 @@ __global__ void binary_broadcast(const T* __restrict__ a, const T* __restrict__ 
     for (long long i = gp::thread_index(); i < n; i += gp::grid_stride()) {
         long long oa, ob;
         broadcast_offsets(i, ndim, shp, stra, strb, oa, ob);
-        c[i] = st<T>(binary_op<OP>(ld(a[oa]), ld(b[ob])));
+        c[i] = apply_op<T, OP>(ld(a[oa]), ld(b[ob]));
     }
 }
 

@@ -1,12 +1,15 @@
 """Binary ops with NumPy broadcasting, their gradients, and the row-broadcast bias add.
 
-binary:           c = a op b (add, sub, mul, div), c of the broadcast shape.
+binary:           c = a op b (add, sub, mul, div, pow, maximum, minimum), c of the broadcast
+                  shape; the comparisons (lt, le, gt, ge, eq, ne) give a bool c.
 binary_backward:  da = sum over broadcast dims of dc * dc/da (likewise db), reduced to the
-                  operand's shape in a fixed order (deterministic, no atomics).
+                  operand's shape in a fixed order (deterministic, no atomics). Comparisons
+                  have none.
 bias_add:         y[r, j] = x[r, j] + bias[j] for x [rows, n].
 
-Every op is one row of `BINARY_OPS` (its CUDA enumerator, the name upper-cased, reaches
-binary.cu as -DGPUPLAN_ENUM_BinaryOp): adding one is a row here plus two branches there.
+Every op is one row of `gpuplan.ops.binary_table.BINARY_OPS` (its CUDA enumerator, the name
+upper-cased, reaches binary.cu as -DGPUPLAN_ENUM_BinaryOp): adding one is a row there plus
+two branches in binary.cu.
 Math runs in f32 for f16/bf16 and in the dtype itself for f32/f64.
 """
 
@@ -14,8 +17,6 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -23,9 +24,11 @@ import numpy as np
 from gpuplan import backend
 from gpuplan.dtypes import FLOAT_DTYPES, accumulator, as_dtype, cuda_name
 from gpuplan.dtypes import short_name as sn
-from gpuplan.errors import InvalidProblem, Unsupported, describe
+from gpuplan.errors import Unsupported, describe
 from gpuplan.execute import call
 from gpuplan.nvrtc import CudaModule, cdiv, launch
+from gpuplan.ops.binary_table import BINARY_OP_NAMES, BINARY_OPS, DIFFERENTIABLE_OPS
+from gpuplan.ops.broadcast import MAX_DIMS, broadcast_layout, dims_launch_args
 from gpuplan.ops.reduce_launch import SUM, launch_reduce, reduce_layout
 from gpuplan.plan import BackendKind, Candidate, Plan, host_candidate
 from gpuplan.spec import Choice, DType, Extent, In, OpSpec, Out, Shape
@@ -36,41 +39,21 @@ __all__ = ["BinaryDescriptor", "BinaryArgs", "BinaryPlan", "BinaryBackwardDescri
            "BiasAddPlan"]
 __functional__ = ["binary", "binary_backward", "bias_add"]
 
-
-@dataclass(frozen=True)
-class BinaryOp:
-    """One op: name, host math in the accumulator dtype (forward: a ufunc; the gradient term
-    ``(which, a, b, dc)`` of operand `which` before the sum over broadcast dims), and whether
-    that term reads a and b."""
-
-    name: str
-    forward: Callable[..., np.ndarray]
-    grad: Callable[[int, Any, Any, np.ndarray], np.ndarray]
-    reads_operands: bool = False
-
-
-BINARY_OPS: tuple[BinaryOp, ...] = (
-    BinaryOp("add", np.add, lambda w, a, b, dc: dc),
-    BinaryOp("sub", np.subtract, lambda w, a, b, dc: dc if w == 0 else -dc),
-    BinaryOp("mul", np.multiply, lambda w, a, b, dc: dc * (b if w == 0 else a), True),
-    BinaryOp("div", np.divide, lambda w, a, b, dc: dc / b if w == 0 else -dc * a / (b * b),
-             True),
-)
 _BY_NAME = {op.name: op for op in BINARY_OPS}
-BINARY_OP_NAMES: tuple[str, ...] = tuple(_BY_NAME)
 _INDEX = {name: i for i, name in enumerate(BINARY_OP_NAMES)}
-_MAX_DIMS = 8
 _MAX_GRID = 1 << 18
 
 # Gradient terms are written as T, or in the accumulator type before a reduction: only by
-# mul/div (add/sub reduce dc itself), so only they have <half, float> instances.
+# the ops reading a and b (add/sub reduce dc itself), so only they have <half, float>
+# instances; comparisons have none.
 _MODULE = CudaModule(
     __file__, "binary.cu",
     [f"binary_{k}<{cuda_name(t)}, {i}>" for k in ("contiguous", "broadcast")
      for t in FLOAT_DTYPES for i in range(len(BINARY_OPS))]
     + [f"binary_grad<{cuda_name(t)}, {cuda_name(o)}, {i}, {w}>"
        for t in FLOAT_DTYPES for o in dict.fromkeys((t, accumulator(t)))
-       for i, op in enumerate(BINARY_OPS) if o == t or op.reads_operands for w in (0, 1)]
+       for i, op in enumerate(BINARY_OPS) if not op.compare and (o == t or op.reads_operands)
+       for w in (0, 1)]
     + [f"bias_add<{cuda_name(t)}>" for t in FLOAT_DTYPES],
     enums={"BinaryOp": BINARY_OP_NAMES},
 )
@@ -94,31 +77,10 @@ def _map_candidate(desc: Any, stream: Stream, variant: str = "map", ws: int = 0)
 # -- broadcasting --------------------------------------------------------------------------
 
 
-@functools.lru_cache(maxsize=1024)
 def broadcast_dims(op: str, a_shape: tuple, b_shape: tuple) -> tuple[tuple, tuple]:
-    """(out_shape, collapsed dims ((extent, a_stride, b_stride), ...)): size-1 output dims
-    dropped, neighbours merged where both operands stay contiguous across them. Cached (the
-    shapes are tuples): plans derive it once, in `_prepare`."""
-    try:
-        out = tuple(int(e) for e in np.broadcast_shapes(a_shape, b_shape))
-    except ValueError:
-        raise InvalidProblem(describe(op, "b_shape", f"a shape broadcastable with {a_shape}",
-                                      b_shape)) from None
-    n = len(out)
-    strides = []
-    for shape in (a_shape, b_shape):
-        pad = (1,) * (n - len(shape)) + tuple(int(e) for e in shape)
-        strides.append([0 if pad[i] == 1 else math.prod(pad[i + 1:]) for i in range(n)])
-    merged: list[tuple[int, int, int]] = []
-    for i in range(n):
-        if out[i] == 1:
-            continue
-        e, sa, sb = out[i], strides[0][i], strides[1][i]
-        if merged and merged[-1][1] == sa * e and merged[-1][2] == sb * e:
-            merged[-1] = (merged[-1][0] * e, sa, sb)
-        else:
-            merged.append((e, sa, sb))
-    return out, tuple(merged)
+    """(out_shape, collapsed dims ((extent, a_stride, b_stride), ...)): see
+    gpuplan.ops.broadcast.broadcast_layout."""
+    return broadcast_layout(op, ("a_shape", "b_shape"), (a_shape, b_shape))
 
 
 def _out_shape(desc: Any) -> tuple:
@@ -136,8 +98,13 @@ def _operands_rule(desc: Any) -> bool | None:
     return None if _BY_NAME[desc.op].reads_operands else True
 
 
+def _out_dtype(desc: Any) -> Any:
+    return np.dtype(np.bool_) if _BY_NAME[desc.op].compare else desc.dtype
+
+
 FORWARD = OpSpec("binary", fields=_FIELDS, operands=(
-    In("a", lambda d: d.a_shape), In("b", lambda d: d.b_shape), Out("c", _out_shape)))
+    In("a", lambda d: d.a_shape), In("b", lambda d: d.b_shape),
+    Out("c", _out_shape, dtype=_out_dtype)))
 BACKWARD = OpSpec("binary_backward", fields=_FIELDS, operands=(
     In("a", lambda d: d.a_shape, present=_operands_rule),
     In("b", lambda d: d.b_shape, present=_operands_rule),
@@ -151,7 +118,8 @@ BinaryDescriptor.out_shape = _out_shape
 #: forward and backward share the descriptor (same fields).
 BinaryBackwardDescriptor = BinaryDescriptor
 BACKWARD.descriptor_cls = BinaryDescriptor
-BinaryArgs = FORWARD.args("BinaryArgs", "a [a_shape], b [b_shape], c [out_shape].")
+BinaryArgs = FORWARD.args("BinaryArgs", "a [a_shape], b [b_shape], c [out_shape] (bool for a "
+                                        "comparison).")
 BinaryBackwardArgs = BACKWARD.args("BinaryBackwardArgs", "a, b (None allowed for add/sub), "
                                    "dc [out_shape]; da, db (None: not wanted).")
 
@@ -169,8 +137,8 @@ class _BroadcastPlan(_MapPlan):
     def _check_descriptor(cls, desc: Any) -> None:
         super()._check_descriptor(desc)
         _, dims = broadcast_dims(cls.op, desc.a_shape, desc.b_shape)
-        if len(dims) > _MAX_DIMS:
-            raise Unsupported(describe(cls.op, "a_shape", f"at most {_MAX_DIMS} dims after "
+        if len(dims) > MAX_DIMS:
+            raise Unsupported(describe(cls.op, "a_shape", f"at most {MAX_DIMS} dims after "
                                                           f"collapsing", f"{len(dims)} dims"))
 
     def _prepare(self) -> None:
@@ -179,14 +147,11 @@ class _BroadcastPlan(_MapPlan):
         self._math = _BY_NAME[d.op]
         self._out, self._dims = broadcast_dims(self.op, d.a_shape, d.b_shape)
         self._n = math.prod(self._out)
-        # the kernels' (ndim, shape[8], a_strides[8], b_strides[8]) launch arguments
-        full = self._dims + ((1, 0, 0),) * (_MAX_DIMS - len(self._dims))
-        self._dims_args = (np.int32(len(self._dims)),) + tuple(
-            np.int64(e[k]) for k in range(3) for e in full)
+        self._dims_args = dims_launch_args(self._dims, 2)
 
 
 class BinaryPlan(_BroadcastPlan):
-    """add/sub/mul/div. SKUs: ``contiguous`` (same shapes: 16-byte packs when aligned) and
+    """Every op of the table. SKUs: ``contiguous`` (same shapes: 16-byte packs when aligned) and
     ``broadcast`` (per-dim strides over at most 8 collapsed dims)."""
 
     op = "binary"
@@ -246,12 +211,21 @@ def _gradient_plan(op: str, a_shape: tuple, b_shape: tuple, acc_itemsize: int) -
 
 
 class BinaryBackwardPlan(_BroadcastPlan):
-    """da, db of add/sub/mul/div. An operand with broadcast dims gets its gradient summed
-    over them by the reduction kernels (mul/div first write the per-element terms in the
-    accumulator type to the workspace): fixed order, deterministic and bit-stable."""
+    """da, db of the differentiable ops. An operand with broadcast dims gets its gradient
+    summed over them by the reduction kernels (ops reading a, b first write the per-element
+    terms in the accumulator type to the workspace): fixed order, deterministic and
+    bit-stable."""
 
     op = "binary_backward"
     spec = BACKWARD
+
+    @classmethod
+    def _check_descriptor(cls, desc: Any) -> None:
+        super()._check_descriptor(desc)
+        if _BY_NAME[desc.op].compare:
+            raise Unsupported(describe(cls.op, "op", f"one of {DIFFERENTIABLE_OPS} (a "
+                                                     f"comparison has no gradient)",
+                                       repr(desc.op)))
 
     @classmethod
     def _candidates(cls, desc: Any, stream: Stream) -> list[Candidate]:
@@ -372,7 +346,8 @@ def _contiguous(a: Any) -> Any:
 
 
 def binary(name: str, a: Any, b: Any) -> Any:
-    """c = a op b with NumPy broadcasting; c.dtype == a.dtype (b must match)."""
+    """c = a op b with NumPy broadcasting; c.dtype == a.dtype (b must match), bool for a
+    comparison (lt, le, gt, ge, eq, ne)."""
     a, b = _contiguous(a), _contiguous(b)
     return call(BinaryPlan, _descriptor(name, a, b, a.dtype), like=a, a=a, b=b)
 

@@ -7,8 +7,8 @@ Together the cases must launch every kernel instance the families declare; the h
 counts the instances that ran (gpuplan.emulator.device.EXECUTED), it does not trust a list.
 """
 
-FAMILIES = ("embedding", "quantize", "gemm", "activation", "binary", "cast", "reduction",
-            "reduce_dim", "gather", "clip_grad", "normalization", "residual_norm", "softmax",
-            "attention",
+FAMILIES = ("embedding", "quantize", "gemm", "activation", "binary", "select", "cast",
+            "reduction", "reduce_dim", "gather", "clip_grad", "normalization", "residual_norm",
+            "softmax", "attention",
             "attention_backward", "attention_backward_tc", "cross_entropy", "dropout",
             "optimizer")

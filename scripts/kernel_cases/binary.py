@@ -1,6 +1,6 @@
 """Binary kernels on the emulated device (binary contiguous and broadcast with their
-gradients, bias add) against the family's NumPy implementation run in float64 (reduced
-gradients at scale sqrt(n_out / size), as in tests/gpuplan/ops/test_binary.py).
+gradients, the bool comparisons, bias add) against the family's NumPy implementation run in
+float64 (reduced gradients at scale sqrt(n_out / size), as in tests/gpuplan/ops/test_binary.py).
 
 Sizes are small and odd (37): an aligned launch takes the 16-byte pack path and then the
 scalar tail; one-element-off views (`common.place(a, True)`) take the scalar path alone.
@@ -8,6 +8,7 @@ scalar tail; one-element-off views (`common.place(a, True)`) take the scalar pat
 Every binary_grad instance is reached through BinaryBackwardPlan: <T, T, op, *> for a
 gradient that needs no reduction, <half, float, mul|div, *> for the per-element terms
 summed afterwards (add/sub sum dc itself, so they have no <half, float> instance).
+Comparisons have forward kernels only; their bool c is compared exactly.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 import gpuplan as gp
-from gpuplan.ops.binary import BINARY_OP_NAMES
+from gpuplan.ops.binary import BINARY_OP_NAMES, DIFFERENTIABLE_OPS
 from kernel_cases.common import (
     DTYPES,
     Case,
@@ -23,6 +24,7 @@ from kernel_cases.common import (
     dtype_id,
     emu,
     f64,
+    host,
     place,
     random,
     run_emulated,
@@ -32,7 +34,13 @@ from kernel_cases.common import (
 N = 37
 
 
-def _operands(a_shape, b_shape, dtype):
+def _operands(a_shape, b_shape, dtype, op="add"):
+    if op == "pow":  # a positive base: a negative one gives NaN for most exponents
+        return (random(a_shape, dtype, seed=3, low=0.5, high=2.0),
+                random(b_shape, dtype, seed=4, low=-2.0, high=2.0))
+    if op not in ("add", "sub", "mul", "div"):  # quarters: ties for maximum/minimum, eq...
+        return tuple((np.round(random(s, np.float64, seed=k) * 4) / 4).astype(dtype)
+                     for s, k in ((a_shape, 3), (b_shape, 4)))
     a = random(a_shape, dtype, seed=3)
     b = random(b_shape, dtype, seed=4, low=0.5, high=2.0)
     b = np.where(random(b_shape, np.float32, seed=5) < 0, -b, b).astype(dtype)  # |b| >= 0.5
@@ -40,23 +48,27 @@ def _operands(a_shape, b_shape, dtype):
 
 
 def binary(dtype, op: str, a_shape: tuple, b_shape: tuple, misaligned: bool = False) -> None:
-    a, b = _operands(a_shape, b_shape, dtype)
+    a, b = _operands(a_shape, b_shape, dtype, op)
     desc = gp.BinaryDescriptor(op, a_shape, b_shape, dtype)
     out = desc.out_shape()
-    c = place(np.full(out, 7, dtype), misaligned)
+    compare = op not in DIFFERENTIABLE_OPS
+    c = place(np.full(out, 7, np.bool_ if compare else dtype), misaligned)
     plan = run_emulated(gp.BinaryPlan, desc, gp.BinaryArgs(place(a, misaligned),
                                                            place(b, misaligned), c))
     same = tuple(a_shape) == tuple(b_shape)
     assert plan.sku().variant == ("contiguous" if same else "broadcast"), plan.sku()
-    ref = np.zeros(out)
+    ref = np.zeros(out, np.bool_ if compare else np.float64)
     run_reference(gp.BinaryPlan, gp.BinaryDescriptor(op, a_shape, b_shape, np.float64),
                   gp.BinaryArgs(f64(a), f64(b), ref))
+    if compare:
+        assert (host(c) == ref).all(), f"binary {op} {a_shape} {b_shape}"
+        return
     check(c, ref, dtype, f"binary {op} {a_shape} {b_shape}")
 
 
 def binary_backward(dtype, op: str, a_shape: tuple, b_shape: tuple) -> None:
     """Both gradients (da, db); a reduced one at the test suite's scale, sqrt(n_out/size)."""
-    a, b = _operands(a_shape, b_shape, dtype)
+    a, b = _operands(a_shape, b_shape, dtype, op)
     desc = gp.BinaryBackwardDescriptor(op, a_shape, b_shape, dtype)
     out = desc.out_shape()
     dc = random(out, dtype, seed=6)
@@ -98,10 +110,10 @@ CASES = (
      for t in DTYPES for op in BINARY_OP_NAMES for sa, sb in _SHAPES]
     + [Case(f"binary {op} same misaligned[{dtype_id(t)}]",
             lambda t=t, op=op: binary(t, op, (N,), (N,), True))
-       for t in DTYPES for op in ("add", "div")]
+       for t in DTYPES for op in ("add", "div", "lt")]
     + [Case(f"binary backward {op} {_shape_id(sa, sb)}[{dtype_id(t)}]",
             lambda t=t, op=op, sa=sa, sb=sb: binary_backward(t, op, sa, sb))
-       for t in DTYPES for op in BINARY_OP_NAMES for sa, sb in _SHAPES]
+       for t in DTYPES for op in DIFFERENTIABLE_OPS for sa, sb in _SHAPES]
     + [Case(f"bias_add scalar 7x13[{dtype_id(t)}]", lambda t=t: bias_add(t, 7, 13))
        for t in DTYPES]
     + [Case(f"bias_add packs 5x64[{dtype_id(t)}]", lambda t=t: bias_add(t, 5, 64))

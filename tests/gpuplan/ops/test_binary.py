@@ -1,5 +1,5 @@
-"""Binary plans (broadcasting add/sub/mul/div and their gradients, bias add) against float64
-NumPy references, on host and device."""
+"""Binary plans (broadcasting add/sub/mul/div/pow/maximum/minimum and their gradients, the
+bool comparisons, bias add) against float64 NumPy references, on host and device."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 import gpuplan as gp
-from gpuplan.ops.binary import BINARY_OP_NAMES, broadcast_dims
+from gpuplan.ops.binary import BINARY_OP_NAMES, DIFFERENTIABLE_OPS, broadcast_dims
+from gpuplan.spec_check import check_plan
 from tests.plan_testing import (
     DTYPES,
     assert_close,
@@ -41,16 +42,53 @@ def _operands(a_shape, b_shape, dtype):
     return a, b
 
 
+ARITHMETIC = ("add", "sub", "mul", "div")
+NEW_OPS = ("pow", "maximum", "minimum")
+COMPARISONS = ("lt", "le", "gt", "ge", "eq", "ne")
+_COMPARE = {"lt": np.less, "le": np.less_equal, "gt": np.greater, "ge": np.greater_equal,
+            "eq": np.equal, "ne": np.not_equal}
+
+
 def ref_binary(op, a, b):
     a, b = f64(a), f64(b)
-    return {"add": a + b, "sub": a - b, "mul": a * b, "div": a / b}[op]
+    if op in _COMPARE:
+        return _COMPARE[op](a, b)
+    with np.errstate(all="ignore"):
+        return {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide,
+                "pow": np.power, "maximum": np.maximum, "minimum": np.minimum}[op](a, b)
+
+
+def _ref_extremum(x, y, dc, loses):
+    """torch: dc / 2 to each side on a tie, 0 to the losing side."""
+    return np.where(x == y, dc / 2, np.where(loses(x, y), 0.0, dc))
 
 
 def ref_binary_backward(op, a, b, dc):
     a, b, dc = f64(a), f64(b), f64(dc)
-    ga, gb = {"add": (dc, dc), "sub": (dc, -dc), "mul": (dc * b, dc * a),
-              "div": (dc / b, -dc * a / (b * b))}[op]
+    with np.errstate(all="ignore"):
+        ga, gb = {
+            "add": lambda: (dc, dc), "sub": lambda: (dc, -dc),
+            "mul": lambda: (dc * b, dc * a), "div": lambda: (dc / b, -dc * a / (b * b)),
+            "pow": lambda: (np.where(b == 0, 0.0, dc * b * a ** (b - 1)),
+                            np.where((a == 0) & (b >= 0), 0.0, dc * a**b * np.log(a))),
+            "maximum": lambda: (_ref_extremum(a, b, dc, np.less),
+                                _ref_extremum(b, a, dc, np.less)),
+            "minimum": lambda: (_ref_extremum(a, b, dc, np.greater),
+                                _ref_extremum(b, a, dc, np.greater)),
+        }[op]()
     return _sum_to(ga, a.shape), _sum_to(gb, b.shape)
+
+
+def _new_operands(op, a_shape, b_shape, dtype):
+    """pow: a in [0.5, 2] (a negative base gives NaN for most exponents), b in [-2, 2];
+    maximum/minimum and comparisons: values on a grid of quarters (exact in every dtype),
+    so that ties occur."""
+    if op == "pow":
+        return (random(a_shape, dtype, seed=2, low=0.5, high=2.0),
+                random(b_shape, dtype, seed=3, low=-2.0, high=2.0))
+    grid = [np.round(random(shape, np.float64, seed=seed) * 4) / 4
+            for shape, seed in ((a_shape, 2), (b_shape, 3))]
+    return tuple(g.astype(dtype) for g in grid)
 
 
 def _sum_to(g, shape):
@@ -62,11 +100,12 @@ def _sum_to(g, shape):
 
 
 def test_the_table_is_the_op_list():
-    assert BINARY_OP_NAMES == ("add", "sub", "mul", "div")
+    assert BINARY_OP_NAMES == ARITHMETIC + NEW_OPS + COMPARISONS
+    assert DIFFERENTIABLE_OPS == ARITHMETIC + NEW_OPS
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("op", BINARY_OP_NAMES)
+@pytest.mark.parametrize("op", ARITHMETIC)
 @pytest.mark.parametrize("a_shape,b_shape", SHAPE_PAIRS)
 def test_binary_and_backward(device, dtype, op, a_shape, b_shape):
     a, b = _operands(a_shape, b_shape, dtype)
@@ -171,7 +210,11 @@ def test_descriptor_errors():
     with pytest.raises(gp.InvalidProblem, match="binary: argument 'b_shape'"):
         gp.BinaryPlan.select(s, gp.BinaryDescriptor("add", (3, 4), (3,)))
     with pytest.raises(gp.Unsupported, match="'op'"):
-        gp.BinaryBackwardPlan.select(s, gp.BinaryBackwardDescriptor("pow", (3,), (3,)))
+        gp.BinaryBackwardPlan.select(s, gp.BinaryBackwardDescriptor("atan2", (3,), (3,)))
+    with pytest.raises(gp.Unsupported, match="binary_backward: argument 'op': expected one of "
+                                             r"\('add'.*a comparison has no gradient\), "
+                                             "given 'lt'"):
+        gp.BinaryBackwardPlan.select(s, gp.BinaryBackwardDescriptor("lt", (3,), (3,)))
     with pytest.raises(gp.Unsupported, match="at most 8 dims"):
         gp.BinaryPlan.select(s, gp.BinaryDescriptor("add", (2, 1) * 5, (1, 2) * 5))
     with pytest.raises(gp.InvalidProblem, match="'a_shape'"):
@@ -252,17 +295,94 @@ def test_functional_binary_reuses_one_plan():
     assert len(_PLANS) - before <= 1
 
 
-def _compile_binary(names: tuple[str, ...]) -> None:
-    """binary.cu's kernels for the last row of `names`, compiled."""
+def _compile_binary(names: tuple[str, ...], grad_of: int | None = None) -> None:
+    """binary.cu's forward for the last row of `names` (and the gradient of row
+    `grad_of`), compiled."""
     from gpuplan.ops import binary
-    last = len(names) - 1
-    compile_with_enums(binary._MODULE.path, [f"binary_contiguous<float, {last}>",
-                                             f"binary_grad<float, float, {last}, 1>"],
-                       {"BinaryOp": names})
+    exprs = [f"binary_contiguous<float, {len(names) - 1}>"]
+    if grad_of is not None:
+        exprs.append(f"binary_grad<float, float, {grad_of}, 1>")
+    compile_with_enums(binary._MODULE.path, exprs, {"BinaryOp": names})
 
 
 def test_the_cuda_enum_is_generated_from_the_table():
     """The table as it is compiles; a row with no CUDA branch is a compile error."""
-    _compile_binary(BINARY_OP_NAMES)
+    _compile_binary(BINARY_OP_NAMES, grad_of=len(DIFFERENTIABLE_OPS) - 1)
     with pytest.raises(Exception, match="binary op without CUDA forward math"):
-        _compile_binary(BINARY_OP_NAMES + ("pow",))
+        _compile_binary(BINARY_OP_NAMES + ("atan2",))
+
+
+# -- pow, maximum, minimum, comparisons ------------------------------------------------------
+
+NEW_SHAPES = [((37,), (37,)), ((3, 1, 5), (4, 1)), ((2, 3, 4), (4,)), ((5,), ()),
+              ((0, 3), (3,))]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("op", NEW_OPS + COMPARISONS)
+@pytest.mark.parametrize("a_shape,b_shape", NEW_SHAPES)
+def test_new_ops_through_check_plan(device, dtype, op, a_shape, b_shape):
+    a, b = _new_operands(op, a_shape, b_shape, dtype)
+    desc = gp.BinaryDescriptor(op, a_shape, b_shape, dtype)
+    plan = check_plan(gp.BinaryPlan, desc, {"a": a, "b": b},
+                      lambda a, b, c: ref_binary(op, a, b), device=device, scale=4)
+    assert plan.shape("c") == desc.out_shape()
+    if op in COMPARISONS:
+        c = gp.functional.binary(op, on(device, a), on(device, b))
+        assert c.dtype == np.bool_
+        np.testing.assert_array_equal(gp.to_host(c), ref_binary(op, a, b))
+        return
+    dc = random(desc.out_shape(), dtype, seed=5)
+    n_out = max(1, int(np.prod(desc.out_shape())))
+    ra, rb = ref_binary_backward(op, a, b, dc)
+    scale = max(4.0, np.sqrt(n_out / max(1, min(a.size, b.size))))
+    sentinels = {"da": np.full(a_shape, 7, dtype), "db": np.full(b_shape, 7, dtype)}
+    check_plan(gp.BinaryBackwardPlan, desc, {"a": a, "b": b, "dc": dc, **sentinels},
+               lambda **_: {"da": ra, "db": rb}, device=device, scale=scale,
+               bad_inputs=a_shape == (37,))
+
+
+def test_special_values_follow_pytorch(device):
+    """pow: 0**0 = 1, nan**0 = 1, 1**nan = 1, (-8)**(1/3) = nan, 0**-1 = inf; gradients 0
+    where torch masks them. maximum/minimum propagate NaN; ties split dc in halves.
+    Comparisons with NaN are False (but ne)."""
+    nan, inf = np.nan, np.inf
+    a = on(device, np.array([0.0, nan, 1.0, -8.0, 0.0, 2.0, 3.0], np.float64))
+    b = on(device, np.array([0.0, 0.0, nan, 1 / 3, -1.0, 2.0, nan], np.float64))
+    F = gp.functional
+    np.testing.assert_array_equal(gp.to_host(F.binary("pow", a, b)),
+                                  [1.0, 1.0, 1.0, nan, inf, 4.0, nan])
+    da, db = F.binary_backward("pow", a, b, on(device, np.ones(7)))
+    np.testing.assert_array_equal(gp.to_host(da)[[0, 1, 5]], [0.0, 0.0, 4.0])
+    np.testing.assert_array_equal(gp.to_host(db)[[0]], [0.0])  # a == 0, b >= 0
+    np.testing.assert_allclose(gp.to_host(db)[5], 4.0 * np.log(2.0))
+    np.testing.assert_array_equal(gp.to_host(F.binary("maximum", a, b)),
+                                  [0.0, nan, nan, 1 / 3, 0.0, 2.0, nan])
+    np.testing.assert_array_equal(gp.to_host(F.binary("minimum", a, b)),
+                                  [0.0, nan, nan, -8.0, -1.0, 2.0, nan])
+    da, db = F.binary_backward("maximum", a, b, on(device, np.full(7, 2.0)))
+    np.testing.assert_array_equal(gp.to_host(da), [1.0, 2.0, 2.0, 0.0, 2.0, 1.0, 2.0])
+    np.testing.assert_array_equal(gp.to_host(db), [1.0, 2.0, 2.0, 2.0, 0.0, 1.0, 2.0])
+    for op in COMPARISONS:
+        got = gp.to_host(F.binary(op, a, b))
+        np.testing.assert_array_equal(got, ref_binary(op, a, b), err_msg=op)
+        assert got[1] == (op == "ne") and got[6] == (op == "ne")
+
+
+def test_binary_against_torch():
+    torch = pytest.importorskip("torch")
+    a = np.array([0.0, 0.5, 1.0, 2.0, -1.0, np.nan, 3.0])
+    b = np.array([0.0, 2.0, 1.0, 2.0, 3.0, 1.0, np.nan])
+    for op, fn in (("maximum", torch.maximum), ("minimum", torch.minimum)):
+        ta, tb = (torch.tensor(v, requires_grad=True) for v in (a, b))
+        fn(ta, tb).backward(torch.ones(7, dtype=torch.float64))
+        da, db = gp.functional.binary_backward(op, a, b, np.ones(7))
+        np.testing.assert_array_equal(gp.functional.binary(op, a, b), fn(ta, tb).detach())
+        np.testing.assert_array_equal(da, ta.grad.numpy(), err_msg=op)
+        np.testing.assert_array_equal(db, tb.grad.numpy(), err_msg=op)
+    pa, pb = np.abs(a[:5]), b[:5]
+    ta, tb = torch.tensor(pa, requires_grad=True), torch.tensor(pb, requires_grad=True)
+    (ta ** tb).backward(torch.ones(5, dtype=torch.float64))
+    da, db = gp.functional.binary_backward("pow", pa, pb, np.ones(5))
+    np.testing.assert_allclose(da, ta.grad.numpy(), rtol=1e-12)
+    np.testing.assert_allclose(db, tb.grad.numpy(), rtol=1e-12)
