@@ -14,6 +14,8 @@ from autograd import tensor as _tensor_module
 from autograd.anomaly import AnomalyError, detect_anomaly, is_anomaly_enabled, set_detect_anomaly
 from autograd.factories import arange, eye, full_like, ones_like, rand, randint, zeros_like
 from autograd.function import Context, Function
+from autograd.functions.activation import abs, clamp, clip, log, rsqrt, sigmoid, silu, sqrt
+from autograd.functions.arithmetic import maximum, minimum, pow
 from autograd.functions.indexing import gather, index_select, scatter_add
 from autograd.functions.reduce import (
     amax,
@@ -29,6 +31,7 @@ from autograd.functions.reduce import (
     topk,
     var,
 )
+from autograd.functions.select import masked_fill, tril, triu, where
 from autograd.functions.shape import broadcast_to, cat, chunk, split, stack
 from autograd.grad_mode import (
     enable_grad,
@@ -55,6 +58,8 @@ __all__ = [
     "is_anomaly_enabled", "AnomalyError", "arange", "zeros_like", "ones_like", "full_like",
     "rand", "randint", "eye", "from_dlpack", "inference_mode", "is_inference_mode_enabled",
     "save", "load",
+    "abs", "clamp", "clip", "log", "sqrt", "rsqrt", "sigmoid", "silu", "maximum", "minimum",
+    "pow", "where", "masked_fill", "tril", "triu",
 ]
 
 

@@ -236,6 +236,71 @@ class Tensor:
     def relu(self) -> Tensor:
         return _act.unary("relu", self)
 
+    def __pow__(self, exponent: Any) -> Tensor:
+        return _arith.pow(self, exponent)
+
+    def __rpow__(self, base: Any) -> Tensor:
+        return _arith.pow(base, self)
+
+    pow = __pow__
+
+    # Comparisons give bool tensors off the tape (torch). Defining __eq__ would drop the
+    # inherited __hash__: tensors stay hashable by identity, as torch's, for dicts and sets.
+    __hash__ = object.__hash__
+
+    def _comparison(name: str) -> Any:  # noqa: N805 - a method factory, run in the class body
+        def compare(self: Tensor, other: Any) -> Tensor:
+            if isinstance(other, bool) or not isinstance(
+                    other, (Tensor, int, float, np.ndarray, np.number)):
+                return NotImplemented
+            return _arith.compare(name, self, other)
+        return compare
+
+    def _elementwise(name: str) -> Any:  # noqa: N805 - as _comparison
+        def apply(self: Tensor) -> Tensor:
+            return _act.unary(name, self)
+        apply.__name__ = apply.__qualname__ = name
+        return apply
+
+    __lt__, __le__, __gt__, __ge__, __eq__, __ne__ = map(  # type: ignore[assignment]
+        _comparison, ("lt", "le", "gt", "ge", "eq", "ne"))
+    lt, le, gt, ge, eq, ne = __lt__, __le__, __gt__, __ge__, __eq__, __ne__
+    abs, log, sqrt, rsqrt, sigmoid, silu = map(  # noqa: A003
+        _elementwise, ("abs", "log", "sqrt", "rsqrt", "sigmoid", "silu"))
+    __abs__ = abs
+    del _comparison, _elementwise
+
+    def __bool__(self) -> bool:
+        """The truth of a one-element tensor (`if loss < 1.0:`); ambiguous otherwise."""
+        if self.numel() != 1:
+            raise RuntimeError(f"Boolean value of Tensor with {self.numel()} values is "
+                               f"ambiguous (shape {self.shape})")
+        return bool(self.item())
+
+    def clamp(self, min: Any = None, max: Any = None) -> Tensor:  # noqa: A002
+        return _act.clamp(self, min, max)
+
+    clip = clamp
+
+    def maximum(self, other: Tensor) -> Tensor:
+        return _arith.maximum(self, other)
+
+    def minimum(self, other: Tensor) -> Tensor:
+        return _arith.minimum(self, other)
+
+    def masked_fill(self, mask: Tensor, value: Any) -> Tensor:
+        return _select.masked_fill(self, mask, value)
+
+    def where(self, condition: Tensor, other: Any) -> Tensor:
+        """self where condition, else other (torch's Tensor.where)."""
+        return _select.where(condition, self, other)
+
+    def tril(self, diagonal: int = 0) -> Tensor:
+        return _select.tril(self, diagonal)
+
+    def triu(self, diagonal: int = 0) -> Tensor:
+        return _select.triu(self, diagonal)
+
     # -- reductions --------------------------------------------------------------------------
 
     # torch's dim/keepdim, NumPy's axis/keepdims as aliases (autograd.functions.reduce).
@@ -392,5 +457,6 @@ from autograd.functions import arithmetic as _arith  # noqa: E402
 from autograd.functions import indexing as _indexing  # noqa: E402
 from autograd.functions import matmul as _matmul  # noqa: E402
 from autograd.functions import reduce as _reduce  # noqa: E402
+from autograd.functions import select as _select  # noqa: E402
 from autograd.functions import shape as _shape  # noqa: E402
 from autograd.functions import write as _write  # noqa: E402

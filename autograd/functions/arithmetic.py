@@ -1,4 +1,5 @@
-"""Arithmetic Functions: add, sub, mul, div with broadcasting, and scale/neg by a constant."""
+"""Arithmetic Functions: add, sub, mul, div, pow, maximum, minimum with broadcasting,
+scale/neg by a constant, and the comparisons (bool results, no gradient)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from autograd.tensor import Tensor
 
 
 class Binary(Function):
-    """c = a <op> b (NumPy broadcasting); grads are summed back to a.shape and b.shape."""
+    """c = a <op> b (NumPy broadcasting); grads are summed back to a.shape and b.shape.
+    pow, maximum and minimum follow torch (see gpuplan.ops.binary_table)."""
 
     @staticmethod
     def forward(ctx, a, b, name):
@@ -93,3 +95,39 @@ def div(a: Any, b: Any) -> Tensor:
 
 def neg(x: Tensor) -> Tensor:
     return Neg.apply(x)
+
+
+def pow(a: Any, b: Any) -> Tensor:  # noqa: A001 - torch.pow
+    """a ** b: tensor ** tensor, tensor ** scalar or scalar ** tensor (torch semantics:
+    0 ** 0 = 1, a negative base with a non-integer exponent is NaN; the gradient of a is 0
+    where b == 0, of b where a == 0 and b >= 0)."""
+    return _binary("pow", a, b)
+
+
+def maximum(input: Tensor, other: Any) -> Tensor:  # noqa: A002
+    """Elementwise max, NaN propagating; on a tie each side gets half the gradient."""
+    return _binary("maximum", input, other)
+
+
+def minimum(input: Tensor, other: Any) -> Tensor:  # noqa: A002
+    """Elementwise min, NaN propagating; on a tie each side gets half the gradient."""
+    return _binary("minimum", input, other)
+
+
+COMPARISONS = ("lt", "le", "gt", "ge", "eq", "ne")
+
+
+def compare(name: str, a: Any, b: Any) -> Tensor:
+    """a <name> b elementwise with broadcasting: a bool Tensor outside the tape (comparisons
+    have no gradient, as in torch). A Python number compares in the tensor's dtype."""
+    if name not in COMPARISONS:
+        raise ValueError(f"compare: unknown comparison {name!r}; expected one of "
+                         f"{COMPARISONS}")
+    if not isinstance(a, Tensor):
+        a = Tensor(_constant(a, b))
+    elif not isinstance(b, Tensor):
+        b = Tensor(_constant(b, a))
+    if a.dtype != b.dtype:
+        raise TypeError(f"{name}(): the operands must have one dtype, given {a.dtype} and "
+                        f"{b.dtype}")
+    return Tensor(F.binary(name, a.data, b.data))
