@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from dist.cuda_aware import cuda_aware_mpi
+from dist.mpi_wait import resolve_wait, sleep_until
 from dist.nccl_backend import NcclTransport
 from dist.staging import PinnedBufferCache, stage_to_device, stage_to_host, sync_current_stream
 from dist.watchdog import watched
@@ -58,7 +59,12 @@ class PendingSend:
 
     def wait(self) -> None:
         if self._requests:
-            watched("isend", self._comm, self._dest, _mpi().Request.Waitall, self._requests)
+            Request = _mpi().Request
+            if getattr(self._comm, "wait_mode", "spin") == "sleep":
+                watched("isend", self._comm, self._dest, sleep_until,
+                        lambda: Request.Testall(self._requests))
+            else:
+                watched("isend", self._comm, self._dest, Request.Waitall, self._requests)
         self._requests, self._buffers = [], []
 
 
@@ -78,6 +84,8 @@ class Communicator:
         self.mpi_comm = _mpi().COMM_WORLD if mpi_comm is None else mpi_comm
         self._requested = backend
         self._backend = resolve_backend(backend)
+        #: "spin" or "sleep": how this communicator's blocking calls wait (resolve_wait).
+        self.wait_mode = resolve_wait()
         #: World rank of each rank of this communicator, and how messages name it.
         self.world_ranks = _world_ranks(self.mpi_comm)
         self.label = _label(self.world_ranks)
@@ -110,7 +118,8 @@ class Communicator:
         return Communicator(sub, backend=self._requested)
 
     def barrier(self) -> None:
-        watched("barrier", self, None, self.mpi_comm.Barrier)
+        watched("barrier", self, None, self._wait, self.mpi_comm.Barrier,
+                self.mpi_comm.Ibarrier)
 
     # ---- collectives -------------------------------------------------------------------
 
@@ -131,7 +140,8 @@ class Communicator:
             recv = out.reshape(-1) if direct else xp.empty(x.size, dtype=work)
         mpi_op = self._mpi_op(op)
         self._exchange("all_reduce", None, send, recv,
-                       lambda s, r: self.mpi_comm.Allreduce(s, r, op=mpi_op),
+                       lambda s, r: self._wait(self.mpi_comm.Allreduce,
+                                               self.mpi_comm.Iallreduce, s, r, op=mpi_op),
                        lambda s, r: self._nccl.all_reduce(s, r, _nccl_op(op)))
         if op == "mean":
             recv /= self.size
@@ -149,7 +159,8 @@ class Communicator:
         gathered = xp.empty((self.size,) + shape, dtype=x.dtype)
         send = _bytes(xp.ascontiguousarray(x))
         self._exchange("all_gather", None, send, _bytes(gathered),
-                       lambda s, r: self.mpi_comm.Allgather(s, r),
+                       lambda s, r: self._wait(self.mpi_comm.Allgather,
+                                               self.mpi_comm.Iallgather, s, r),
                        lambda s, r: self._nccl.all_gather(s, r))
         result = xp.moveaxis(gathered, 0, axis).reshape(result_shape)
         return _assign(out, result)
@@ -175,7 +186,9 @@ class Communicator:
         recv = xp.empty(send.size // self.size, dtype=work)
         mpi_op = self._mpi_op(op)
         self._exchange("reduce_scatter", None, send, recv,
-                       lambda s, r: self.mpi_comm.Reduce_scatter_block(s, r, op=mpi_op),
+                       lambda s, r: self._wait(self.mpi_comm.Reduce_scatter_block,
+                                               self.mpi_comm.Ireduce_scatter_block, s, r,
+                                               op=mpi_op),
                        lambda s, r: self._nccl.reduce_scatter(s, r, _nccl_op(op)))
         if op == "mean":
             recv /= self.size
@@ -188,7 +201,8 @@ class Communicator:
             return x
         buf = x if x.flags.c_contiguous else backend.array_namespace(x).ascontiguousarray(x)
         raw = _bytes(buf)
-        self._exchange("broadcast", root, raw, raw, lambda s, r: self.mpi_comm.Bcast(r, root=root),
+        self._exchange("broadcast", root, raw, raw, lambda s, r: self._wait(
+                       self.mpi_comm.Bcast, self.mpi_comm.Ibcast, r, root=root),
                        lambda s, r: self._nccl.broadcast(r, root))
         return x if buf is x else _assign(x, buf)
 
@@ -200,7 +214,8 @@ class Communicator:
         if x.size:
             buf = _bytes(backend.array_namespace(x).ascontiguousarray(x))
             self._exchange("send", dest, buf, None,
-                           lambda s, r: self.mpi_comm.Send(s, dest=dest, tag=tag))
+                           lambda s, r: self._wait(self.mpi_comm.Send, self.mpi_comm.Isend, s,
+                                                   dest=dest, tag=tag))
 
     def recv(self, out: Any, source: int, tag: int = 0) -> Any:
         """Blocking receive into `out` (shape and dtype agreed with the sender); returns out."""
@@ -210,7 +225,8 @@ class Communicator:
         xp = backend.array_namespace(out)
         buf = out if out.flags.c_contiguous else xp.empty(out.shape, dtype=out.dtype)
         self._exchange("recv", source, None, _bytes(buf),
-                       lambda s, r: self.mpi_comm.Recv(r, source=source, tag=tag))
+                       lambda s, r: self._wait(self.mpi_comm.Recv, self.mpi_comm.Irecv, r,
+                                               source=source, tag=tag))
         return out if buf is out else _assign(out, buf)
 
     def isend(self, x: Any, dest: int, tag: int = 0) -> PendingSend:
@@ -239,24 +255,45 @@ class Communicator:
     def recv_array(self, source: int, tag: int = 0, device: str | None = None) -> Any:
         """Receive what send_array/isend_array sent, on `device` (default: the sender's)."""
         self._check_rank("recv_array", "source", source)
-        shape, dtype, sender_device = watched("recv_array", self, source, self.mpi_comm.recv,
-                                              None, source, tag)
+        if self.wait_mode == "sleep":  # a matched probe: the header's size is not known
+            message = watched("recv_array", self, source, sleep_until,
+                              lambda: self.mpi_comm.improbe(source, tag))
+            shape, dtype, sender_device = message.recv()
+        else:
+            shape, dtype, sender_device = watched("recv_array", self, source,
+                                                  self.mpi_comm.recv, None, source, tag)
         out = backend.empty(shape, as_dtype(dtype), device or sender_device)
         return self.recv(out, source, tag)
 
     # ---- small Python objects ----------------------------------------------------------
 
     def bcast_object(self, obj: Any, root: int = 0) -> Any:
+        self._arrive("bcast_object", root)
         return watched("bcast_object", self, root, self.mpi_comm.bcast, obj, root)
 
     def all_gather_object(self, obj: Any) -> list[Any]:
+        self._arrive("all_gather_object", None)
         return watched("all_gather_object", self, None, self.mpi_comm.allgather, obj)
 
     def gather_object(self, obj: Any, root: int = 0) -> list[Any] | None:
         """Every rank's `obj`, in rank order, on `root`; None on the other ranks."""
+        self._arrive("gather_object", root)
         return watched("gather_object", self, root, self.mpi_comm.gather, obj, root)
 
     # ---- helpers -----------------------------------------------------------------------
+
+    def _wait(self, blocking: Callable[..., Any], nonblocking: Callable[..., Any], *args: Any,
+              **kwargs: Any) -> Any:
+        """blocking(...), or (wait_mode "sleep") nonblocking(...) tested with sleeps."""
+        if self.wait_mode != "sleep" or self.size == 1:
+            return blocking(*args, **kwargs)
+        sleep_until(nonblocking(*args, **kwargs).Test)
+
+    def _arrive(self, op: str, peer: int | None) -> None:
+        # mpi4py has no non-blocking pickled collectives: when sleep-waiting, the ranks first
+        # meet in a sleep-waited Ibarrier, so the blocking call that follows barely waits.
+        if self.wait_mode == "sleep" and self.size > 1:
+            watched(op, self, peer, sleep_until, self.mpi_comm.Ibarrier().Test)
 
     def _exchange(self, op: str, peer: int | None, send: Any, recv: Any,
                   mpi_fn: Callable[[Any, Any], Any],

@@ -12,8 +12,10 @@
   as the machine, oversubscribe the cores and the spinning threads starve the ranks: on two
   cores, four ranks ran a small-GPT step 18x slower than with one thread each.
   `limit_blas_threads()` gives each local rank cores // local ranks threads (at least one)
-  when an MPI launcher says how many ranks share the node (MPICH/Hydra's MPI_LOCALNRANKS,
-  Open MPI's OMPI_COMM_WORLD_LOCAL_SIZE).
+  when a launcher says how many ranks share the node (MPICH/Hydra's MPI_LOCALNRANKS, Open
+  MPI's OMPI_COMM_WORLD_LOCAL_SIZE, srun's SLURM_STEP_TASKS_PER_NODE), or srun's
+  SLURM_CPUS_PER_TASK threads (dist.launcher.blas_threads). The pools are sized through
+  threadpoolctl, which knows OpenBLAS, MKL and BLIS alike.
 
 - thread budget: `thread_budget()` is the number of threads one host op may use at once (the
   NumPy SKUs split their heavy ops over it, gpuplan.host_pool): the BLAS pool's size as set
@@ -30,18 +32,13 @@ import ctypes
 import functools
 import os
 
+import threadpoolctl
+
 #: glibc mallopt() parameters (malloc.h).
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
 #: The largest mmap threshold glibc accepts on 64-bit (DEFAULT_MMAP_THRESHOLD_MAX).
 _MMAP_THRESHOLD = 32 << 20
 _TRIM_THRESHOLD = 512 << 20
-#: Thread-pool entry points of OpenBLAS builds (plain, 64-bit interface, NumPy's wheels).
-_SET_THREADS = ("openblas_set_num_threads", "openblas_set_num_threads64_",
-                "scipy_openblas_set_num_threads64_", "scipy_openblas_set_num_threads")
-_GET_THREADS = ("openblas_get_num_threads", "openblas_get_num_threads64_",
-                "scipy_openblas_get_num_threads64_", "scipy_openblas_get_num_threads")
-#: Launcher variables giving the number of ranks on this node.
-_LOCAL_SIZE_VARS = ("MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE")
 _budget: int | None = None  # thread_budget(), once known
 
 
@@ -79,10 +76,12 @@ def limit_blas_threads() -> int | None:
     elif env.get("OPENBLAS_NUM_THREADS") or env.get("OMP_NUM_THREADS"):
         return None
     else:
-        local = max((int(env.get(v) or 0) for v in _LOCAL_SIZE_VARS), default=0)
-        if local <= 1:
+        from dist import launcher  # stdlib only: reads the launcher's variables
+
+        if launcher.local_ranks() <= 1 and not (
+                env.get("SLURM_CPUS_PER_TASK") and launcher.detect().launcher != "none"):
             return None
-        want = max(1, _usable_cores() // local)
+        want = launcher.blas_threads()
         current = blas_threads()
         if current is not None and current <= want:
             return None
@@ -97,18 +96,16 @@ def _usable_cores() -> int:
 
 
 def set_blas_threads(n: int) -> bool:
-    """Size the thread pool of every OpenBLAS loaded in this process, and the thread budget
-    of the other host ops; False if there is no OpenBLAS (another BLAS, or not Linux)."""
+    """Size the thread pool of every BLAS loaded in this process (threadpoolctl), and the
+    thread budget of the other host ops; False if threadpoolctl finds no BLAS."""
     global _budget
     if n < 1:
         raise ValueError(f"set_blas_threads: expected n >= 1, given {n}")
     _budget = int(n)
-    done = False
-    for fn in _entry_points(_SET_THREADS):
-        fn.argtypes, fn.restype = [ctypes.c_int], None
-        fn(int(n))
-        done = True
-    return done
+    if blas_threads() is None:
+        return False
+    threadpoolctl.threadpool_limits(limits=int(n), user_api="blas")  # kept: not a `with`
+    return True
 
 
 def thread_budget() -> int:
@@ -132,38 +129,8 @@ def _env_threads() -> int:
 
 
 def blas_threads() -> int | None:
-    """Threads of the (first) OpenBLAS loaded in this process, or None if there is none."""
-    for fn in _entry_points(_GET_THREADS):
-        fn.argtypes, fn.restype = [], ctypes.c_int
-        return int(fn())
+    """Threads of the (first) BLAS loaded in this process, or None if there is none."""
+    for pool in threadpoolctl.threadpool_info():
+        if pool.get("user_api") == "blas":
+            return int(pool["num_threads"])
     return None
-
-
-def _entry_points(names: tuple[str, ...]) -> list:
-    """The first of `names` each loaded OpenBLAS library exports."""
-    found = []
-    for lib in _openblas_libraries():
-        for name in names:
-            fn = getattr(lib, name, None)
-            if fn is not None:
-                found.append(fn)
-                break
-    return found
-
-
-@functools.lru_cache(maxsize=1)
-def _openblas_libraries() -> tuple:
-    """OpenBLAS shared libraries mapped into this process (NumPy loads its own privately, so
-    it is found by path in /proc/self/maps, then opened again: the same handle)."""
-    try:
-        with open("/proc/self/maps") as f:
-            paths = {line.split()[-1] for line in f if "openblas" in line.lower()}
-    except OSError:
-        return ()
-    libs = []
-    for path in sorted(p for p in paths if p.startswith("/") and ".so" in p):
-        try:
-            libs.append(ctypes.CDLL(path))
-        except OSError:
-            continue
-    return tuple(libs)

@@ -1,12 +1,17 @@
-"""What the training script reports: progress lines or a bar, throughput, MFU, memory."""
+"""What train.py reports: a tqdm bar or plain lines with the ETA, metrics.jsonl, MFU, memory."""
 
 from __future__ import annotations
 
+import json
+import math
 import os
 import platform
+import shutil
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
+from typing import TextIO
 
 # Dense peak TFLOP/s (no sparsity) by device-name fragment, most specific first:
 # (bf16 tensor core, f32 without tensor cores; f32 GEMMs here run cuBLAS in pedantic,
@@ -19,15 +24,33 @@ PEAK_TFLOPS: list[tuple[str, float, float]] = [
     ("H200", 989.4, 66.9),   # SXM, same compute as H100 SXM
     ("A100", 312.0, 19.5),
 ]
-_LAUNCHERS = ("mpiexec", "mpirun", "mpiexec.hydra", "hydra_pmi_proxy", "orterun", "prterun",
-              "prted", "srun")
+_LAUNCHERS = ("mpiexec", "mpirun", "mpiexec.hydra", "hydra_pmi_proxy", "orterun", "orted",
+              "prterun", "prted", "srun")
 
 
-def stdout_is_terminal() -> bool:
-    """True when a person watches the output: our stdout is a terminal, or (under an MPI
-    launcher, which pipes rank output) the launcher's stdout is (Linux /proc)."""
-    if sys.stdout.isatty():
-        return True
+def show_bar(mode: str, rank: int, env: Mapping[str, str] | None = None) -> bool:
+    """Whether this rank draws the progress bar: rank 0 only, always with --progress bar,
+    never with plain, and with auto only when a person watches (`interactive`)."""
+    if rank != 0 or mode == "plain":
+        return False
+    return mode == "bar" or interactive(env)
+
+
+def interactive(env: Mapping[str, str] | None = None) -> bool:
+    """True when a person watches the output. Without a launcher: our stdout is a terminal.
+    Under one, our own stdout proves nothing (Open MPI hands every rank a pseudo-terminal even
+    when mpirun's output goes to a file; Hydra hands ranks pipes): the launcher's stdout must
+    be a terminal, found by walking up the parent processes (Linux /proc). A launcher not
+    found there (srun, a remote node) counts as not interactive."""
+    from dist.launcher import detect
+
+    if detect(env).launcher == "none":
+        return sys.stdout.isatty()
+    return launcher_on_terminal()
+
+
+def launcher_on_terminal() -> bool:
+    """True when an MPI launcher among this process's parents writes to a terminal."""
     pid = os.getppid()
     for _ in range(6):
         proc = Path(f"/proc/{pid}")
@@ -97,30 +120,89 @@ def memory_mib(device: str) -> float:
 
 
 class Progress:
-    """Rank 0's report. `bar=True`: one self-overwriting line per step with a bar, and a
-    kept line at each evaluation; `bar=False` (logs, pipes): only the evaluation lines."""
+    """Rank 0's report. `bar=True`: a tqdm bar (step, loss, tokens/s, ETA) with the
+    evaluation lines written above it; `bar=False` (logs, pipes): only the evaluation lines."""
 
-    def __init__(self, total_steps: int, start_step: int, bar: bool, width: int = 24) -> None:
-        self.total, self.bar, self.width = total_steps, bar, width
+    def __init__(self, total_steps: int, start_step: int, bar: bool, file: TextIO | None = None,
+                 ) -> None:
+        self.total, self.start_step = total_steps, start_step
+        self.file = sys.stdout if file is None else file
         self.start = time.perf_counter()
-        self.start_step = start_step
+        self.bar = None
+        if bar:
+            from tqdm import tqdm
+
+            # Under Hydra our stdout is a pipe to a terminal: tqdm cannot ask it for a width.
+            width = shutil.get_terminal_size((100, 24)).columns
+            self.bar = tqdm(total=total_steps, initial=start_step, file=self.file, ncols=width,
+                            unit="step", dynamic_ncols=False, leave=False)
+
+    def eta(self, step: int) -> float | None:
+        """Seconds left at `step`: the wall time per step so far (evaluations and checkpoints
+        included) times the steps left; None before the first step of this run."""
+        done = step - self.start_step
+        if done <= 0:
+            return None
+        return (time.perf_counter() - self.start) / done * (self.total - step)
 
     def step(self, step: int, loss: float, tokens_per_s: float) -> None:
-        if not self.bar:
-            return
-        done = step / max(self.total, 1)
-        filled = int(round(done * self.width))
-        elapsed = time.perf_counter() - self.start
-        rate = (step - self.start_step) / elapsed if elapsed > 0 else 0.0
-        eta = (self.total - step) / rate if rate > 0 else 0.0
-        sys.stdout.write(f"\r[{'#' * filled}{'.' * (self.width - filled)}] {step}/{self.total} "
-                         f"loss {loss:.4f} | {_si(tokens_per_s)} tok/s | eta {eta:4.0f}s ")
-        sys.stdout.flush()
+        if self.bar is not None:
+            self.bar.set_postfix_str(f"loss {loss:.4f}, {_si(tokens_per_s)} tok/s",
+                                     refresh=False)
+            self.bar.update(step - self.bar.n)
 
     def line(self, text: str) -> None:
-        if self.bar:
-            sys.stdout.write("\r\033[K")
-        print(text, flush=True)
+        if self.bar is not None:
+            self.bar.write(text, file=self.file)
+        else:
+            print(text, file=self.file, flush=True)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+
+class MetricsLog:
+    """OUT/metrics.jsonl: one JSON object per evaluation, flushed and fsynced as written, so
+    a killed run keeps every record written before it died.
+
+    resume_step None: a new run starts a new file. An int: the run resumes after that step,
+    so records past it (written by the run that died after its checkpoint) and a last line
+    cut short are dropped (the file is rewritten beside itself and renamed into place)."""
+
+    def __init__(self, path: str | os.PathLike, resume_step: int | None = None) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        kept = []
+        if resume_step is not None and self.path.exists():
+            for line in self.path.read_text().splitlines():
+                try:
+                    rec = json.loads(line)
+                except json.JSONDecodeError:
+                    continue  # a line cut short by a kill
+                if isinstance(rec, dict) and rec.get("step", math.inf) <= resume_step:
+                    kept.append(line)
+        tmp = self.path.with_name(f".{self.path.name}.tmp")
+        with open(tmp, "w") as f:
+            f.write("".join(line + "\n" for line in kept))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.path)
+
+    def append(self, record: dict) -> None:
+        line = json.dumps({k: _json_safe(v) for k, v in record.items()})
+        with open(self.path, "a") as f:
+            f.write(line + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+
+def _json_safe(value):
+    """NaN and infinities (a skipped step's loss) as null: JSON has no such numbers."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
 
 
 def _si(x: float) -> str:
@@ -130,7 +212,16 @@ def _si(x: float) -> str:
     return f"{x:.0f}"
 
 
-def format_record(rec: dict, total_steps: int) -> str:
+def format_eta(seconds: float | None) -> str:
+    """ETA as h:mm:ss or m:ss ("?" when unknown)."""
+    if seconds is None or not math.isfinite(seconds):
+        return "?"
+    m, s = divmod(int(round(seconds)), 60)
+    h, m = divmod(m, 60)
+    return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
+
+
+def format_record(rec: dict, total_steps: int, eta_s: float | None = None) -> str:
     parts = [f"step {rec['step']:5d}/{total_steps}", f"loss {rec['train_loss']:.4f}"]
     if rec.get("val_loss") is not None:
         parts.append(f"val {rec['val_loss']:.4f}")
@@ -139,4 +230,6 @@ def format_record(rec: dict, total_steps: int) -> str:
     if rec.get("mfu") is not None:
         parts.append(f"mfu {100 * rec['mfu']:.1f}%")
     parts.append(f"mem {rec['memory_mib']:.0f} MiB")
+    if rec["step"] < total_steps:
+        parts.append(f"eta {format_eta(eta_s)}")
     return " | ".join(parts)

@@ -43,6 +43,7 @@ import json
 import math
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -70,6 +71,9 @@ def main(argv: list[str] | None = None) -> int:
         ns = parse_args(argv)
     except OptionError as exc:
         ns = exc
+    # mpi4py warns (several lines) of a foreign launcher's variables; launcher.mismatch
+    # below says it in train.py's one error line, and only when ranks would really split.
+    warnings.filterwarnings("ignore", "suspicious MPI execution environment", RuntimeWarning)
     world = dist.init(timeout=getattr(ns, "timeout", None))  # None when the options failed
     from dist import launcher
 

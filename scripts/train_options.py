@@ -118,8 +118,8 @@ def parse_with_config(ap: argparse.ArgumentParser, argv: list[str] | None) -> ar
                     help="read options from a TOML file (keys: option names); options given "
                          "on the command line override the file's")
     for action in ap._actions:
-        if action.help is None:  # the defaults formatter shows defaults of documented ones
-            action.help = " "
+        if action.help is None:  # argparse prints no line at all for options without help
+            action.help = "" if action.default is None else "(default: %(default)s)"
     argv = list(sys.argv[1:] if argv is None else argv)
     pre = _Parser(add_help=False)
     pre.add_argument("--config", default=None)

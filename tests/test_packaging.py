@@ -1,0 +1,47 @@
+"""Packaging: dist/ (our package) holds only sources, every package is typed (py.typed), and
+the build configuration ships them (scripts/ as gpuplan_scripts, with the entry points)."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("gpuplan", "autograd", "dist")
+# What a package folder may hold: Python, the CUDA/C++ sources it compiles, the type marker.
+SOURCE_SUFFIXES = {".py", ".cu", ".cuh", ".h", ".cpp", ".typed"}
+
+
+def test_dist_folder_holds_only_package_sources():
+    """`python -m build` (and pip wheel -w dist) default to ./dist, which is our package:
+    a stray wheel or sdist there would be shipped inside the next wheel."""
+    tracked = subprocess.run(["git", "ls-files", "dist"], cwd=ROOT, capture_output=True,
+                             text=True)
+    files = [p for p in (ROOT / "dist").rglob("*")
+             if p.is_file() and "__pycache__" not in p.parts]
+    strays = [str(p.relative_to(ROOT)) for p in files if p.suffix not in SOURCE_SUFFIXES]
+    assert not strays, (f"not package sources in dist/: {strays} (build wheels with "
+                        f"`python -m build --outdir wheelhouse`)")
+    if tracked.returncode == 0:  # a git checkout: the package's own files are there
+        assert "dist/__init__.py" in tracked.stdout.split()
+
+
+def test_every_package_is_typed_and_listed_for_the_wheel():
+    for package in PACKAGES:
+        assert (ROOT / package / "py.typed").is_file(), package
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    assert '"py.typed"' in pyproject
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib
+    scripts = tomllib.loads(pyproject)["project"]["scripts"]
+    assert set(scripts) == {"gpuplan-train", "gpuplan-generate", "gpuplan-export"}
+    for target in scripts.values():  # "gpuplan_scripts.train:main" -> scripts/train.py
+        module, func = target.split(":")
+        package, name = module.split(".")
+        assert package == "gpuplan_scripts" and func == "main"
+        source = (ROOT / "scripts" / f"{name}.py").read_text()
+        assert f"def {func}(" in source, target
+    setup = (ROOT / "setup.py").read_text()
+    assert '"gpuplan_scripts": "scripts"' in setup
