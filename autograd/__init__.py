@@ -12,7 +12,20 @@ from typing import Any as _Any
 from autograd import random
 from autograd import tensor as _tensor_module
 from autograd.anomaly import AnomalyError, detect_anomaly, is_anomaly_enabled, set_detect_anomaly
-from autograd.factories import arange, eye, full_like, ones_like, rand, randint, zeros_like
+from autograd.factories import (
+    arange,
+    eye,
+    full,
+    full_like,
+    ones,
+    ones_like,
+    rand,
+    randint,
+    randn,
+    tensor,
+    zeros,
+    zeros_like,
+)
 from autograd.function import Context, Function
 from autograd.functions.activation import abs, clamp, clip, log, rsqrt, sigmoid, silu, sqrt
 from autograd.functions.arithmetic import maximum, minimum, pow
@@ -46,7 +59,7 @@ from autograd.interop import from_dlpack
 from autograd.random import manual_seed
 from autograd.serialization import load, save
 from autograd.tape import Tape, current_tape
-from autograd.tensor import Tensor, full, ones, randn, tensor, zeros
+from autograd.tensor import Tensor
 
 __all__ = [
     "Tensor", "tensor", "zeros", "ones", "full", "randn", "Tape", "current_tape", "Function",

@@ -243,7 +243,7 @@ class DataLoader:
         return self.steps
 
     def __iter__(self) -> Iterator[tuple[Any, Any]]:
-        from autograd.tensor import tensor
+        from autograd.factories import tensor
 
         steps = count(self.start) if self.steps is None else \
             range(self.start, self.start + self.steps)

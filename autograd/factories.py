@@ -1,4 +1,5 @@
-"""Tensor factories in PyTorch's spelling: arange, *_like, rand, randint, eye.
+"""Tensor factories in PyTorch's spelling: tensor, zeros, ones, full, randn, arange, eye,
+*_like, rand, randint.
 
 Random draws are made on the host by autograd.random's generator (as ``randn``), so a
 seed gives the same values on every device; the result is then moved to `device`.
@@ -14,8 +15,52 @@ import numpy as np
 
 import gpuplan as gp
 from autograd import random as _random
-from autograd.tensor import Tensor, _shape_arg
+from autograd.tensor import Tensor
 from gpuplan.dtypes import as_dtype, is_float
+
+
+def tensor(data: Any, requires_grad: bool = False, dtype: Any = None,
+           device: str | None = None) -> Tensor:
+    """A new leaf Tensor from an array, a list or a scalar (copied; default device cpu)."""
+    if isinstance(data, Tensor):
+        data = data.data
+    if device is None:
+        device = gp.device_of(data)
+    arr = gp.asarray(data, dtype=dtype, device=device)
+    if arr is data:
+        arr = arr.copy()
+    if dtype is None and arr.dtype == np.float64 and not hasattr(data, "dtype"):
+        arr = arr.astype(np.float32)  # Python floats give float32, as in PyTorch
+    return Tensor(arr, requires_grad=requires_grad)
+
+
+def zeros(*shape: Any, dtype: Any = np.float32, device: str = "cpu",
+          requires_grad: bool = False) -> Tensor:
+    return Tensor(gp.zeros(_shape_arg(shape), dtype, device), requires_grad=requires_grad)
+
+
+def ones(*shape: Any, dtype: Any = np.float32, device: str = "cpu",
+         requires_grad: bool = False) -> Tensor:
+    return Tensor(gp.full(_shape_arg(shape), 1.0, dtype, device), requires_grad=requires_grad)
+
+
+def full(shape: Sequence[int], value: float, dtype: Any = np.float32, device: str = "cpu",
+         requires_grad: bool = False) -> Tensor:
+    return Tensor(gp.full(tuple(shape), value, dtype, device), requires_grad=requires_grad)
+
+
+def randn(*shape: Any, dtype: Any = np.float32, device: str = "cpu",
+          requires_grad: bool = False, seed: int | None = None) -> Tensor:
+    """Standard normal draws made on the host (seeded: identical on every device)."""
+    rng = _random.default_generator.host if seed is None else np.random.default_rng(seed)
+    host = rng.standard_normal(_shape_arg(shape)).astype(as_dtype(dtype))
+    return Tensor(gp.to_device(host, device), requires_grad=requires_grad)
+
+
+def _shape_arg(shape: tuple) -> tuple[int, ...]:
+    if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
+        return tuple(int(s) for s in shape[0])
+    return tuple(int(s) for s in shape)
 
 
 def _made(host: np.ndarray, device: str, requires_grad: bool, what: str) -> Tensor:

@@ -70,10 +70,11 @@ def save(state_dict: Mapping[str, Any], path: str | os.PathLike,
     os.replace(tmp, path)  # no half-written file under the final name
 
 
-def load(path: str | os.PathLike, device: str | None = None) -> dict[str, Any]:
-    """The arrays of the safetensors file `path` by name (in the file's order), on `device`
-    (None or "cpu": host NumPy arrays; "cuda"/"emulated": that device's arrays)."""
-    return read_safetensors(path, device)[0]
+def load(path: str | os.PathLike, device: str | None = None) -> dict[str, Tensor]:
+    """The tensors of the safetensors file `path` by name (in the file's order), as torch.load
+    gives back what was saved: leaf Tensors on `device` (None or "cpu": the host). The raw
+    arrays (and the metadata) come from `read_safetensors`."""
+    return {name: Tensor(a) for name, a in read_safetensors(path, device)[0].items()}
 
 
 def load_metadata(path: str | os.PathLike) -> dict[str, str]:

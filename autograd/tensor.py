@@ -301,71 +301,8 @@ class Tensor:
     def triu(self, diagonal: int = 0) -> Tensor:
         return _select.triu(self, diagonal)
 
-    # -- reductions --------------------------------------------------------------------------
-
-    # torch's dim/keepdim, NumPy's axis/keepdims as aliases (autograd.functions.reduce).
-
-    def sum(self, dim: int | Sequence[int] | None = None, keepdim: bool | None = None, *,
-            axis: Any = None, keepdims: bool | None = None) -> Tensor:
-        return _reduce.sum(self, dim, keepdim, axis=axis, keepdims=keepdims)
-
-    def mean(self, dim: int | Sequence[int] | None = None, keepdim: bool | None = None, *,
-             axis: Any = None, keepdims: bool | None = None) -> Tensor:
-        return _reduce.mean(self, dim, keepdim, axis=axis, keepdims=keepdims)
-
-    def prod(self, dim: int | None = None, keepdim: bool | None = None, *,
-             axis: int | None = None, keepdims: bool | None = None) -> Tensor:
-        return _reduce.prod(self, dim, keepdim, axis=axis, keepdims=keepdims)
-
-    def max(self, dim: int | None = None, keepdim: bool | None = None, *,
-            axis: Any = None, keepdims: bool | None = None) -> Any:
-        """No dim: the max (0-d); an int dim: (values, indices); axis=: the amax tensor."""
-        return _reduce.max(self, dim, keepdim, axis=axis, keepdims=keepdims)
-
-    def min(self, dim: int | None = None, keepdim: bool | None = None, *,
-            axis: Any = None, keepdims: bool | None = None) -> Any:
-        """No dim: the min (0-d); an int dim: (values, indices); axis=: the amin tensor."""
-        return _reduce.min(self, dim, keepdim, axis=axis, keepdims=keepdims)
-
-    def amax(self, dim: int | Sequence[int] | None = None, keepdim: bool = False) -> Tensor:
-        return _reduce.amax(self, dim, keepdim)
-
-    def amin(self, dim: int | Sequence[int] | None = None, keepdim: bool = False) -> Tensor:
-        return _reduce.amin(self, dim, keepdim)
-
-    def argmax(self, dim: int | None = None, keepdim: bool | None = None, *,
-               axis: int | None = None, keepdims: bool | None = None) -> Tensor:
-        return _reduce.argmax(self, dim, keepdim, axis=axis, keepdims=keepdims)
-
-    def argmin(self, dim: int | None = None, keepdim: bool | None = None, *,
-               axis: int | None = None, keepdims: bool | None = None) -> Tensor:
-        return _reduce.argmin(self, dim, keepdim, axis=axis, keepdims=keepdims)
-
-    def topk(self, k: int, dim: int = -1, largest: bool = True, sorted: bool = True  # noqa: A002
-             ) -> Any:
-        return _reduce.topk(self, k, dim, largest, sorted)
-
-    def var(self, dim: Any = None, unbiased: bool | None = None, keepdim: bool | None = None,
-            *, correction: float | None = None, axis: Any = None,
-            keepdims: bool | None = None) -> Tensor:
-        return _reduce.var(self, dim, unbiased, keepdim, correction=correction, axis=axis,
-                           keepdims=keepdims)
-
-    def std(self, dim: Any = None, unbiased: bool | None = None, keepdim: bool | None = None,
-            *, correction: float | None = None, axis: Any = None,
-            keepdims: bool | None = None) -> Tensor:
-        return _reduce.std(self, dim, unbiased, keepdim, correction=correction, axis=axis,
-                           keepdims=keepdims)
-
-    def gather(self, dim: int, index: Any) -> Tensor:
-        return _indexing.gather(self, dim, index)
-
-    def scatter_add(self, dim: int, index: Any, src: Any) -> Tensor:
-        """Out of place, as torch's Tensor.scatter_add (deterministic)."""
-        return _indexing.scatter_add(self, dim, index, src)
-
-    def index_select(self, dim: int, index: Any) -> Tensor:
-        return _indexing.index_select(self, dim, index)
+    # -- reductions and indexing: bound below from autograd.functions.reduce / .indexing
+    # (x.sum(1) is autograd.sum(x, 1): torch's dim/keepdim, NumPy's axis/keepdims aliases)
 
     # -- shape -------------------------------------------------------------------------------
 
@@ -400,58 +337,12 @@ class Tensor:
     def broadcast_to(self, shape: Sequence[int]) -> Tensor:
         return _shape.broadcast_to(self, shape)
 
-
     def __getitem__(self, index: Any) -> Tensor:
         return _shape.getitem(self, index)
 
 
-def tensor(data: Any, requires_grad: bool = False, dtype: Any = None,
-           device: str | None = None) -> Tensor:
-    """A new leaf Tensor from an array, a list or a scalar (copied; default device cpu)."""
-    if isinstance(data, Tensor):
-        data = data.data
-    if device is None:
-        device = gp.device_of(data)
-    arr = gp.asarray(data, dtype=dtype, device=device)
-    if arr is data:
-        arr = arr.copy()
-    if dtype is None and arr.dtype == np.float64 and not hasattr(data, "dtype"):
-        arr = arr.astype(np.float32)  # Python floats give float32, as in PyTorch
-    return Tensor(arr, requires_grad=requires_grad)
-
-
-def zeros(*shape: Any, dtype: Any = np.float32, device: str = "cpu",
-          requires_grad: bool = False) -> Tensor:
-    return Tensor(gp.zeros(_shape_arg(shape), dtype, device), requires_grad=requires_grad)
-
-
-def ones(*shape: Any, dtype: Any = np.float32, device: str = "cpu",
-         requires_grad: bool = False) -> Tensor:
-    return Tensor(gp.full(_shape_arg(shape), 1.0, dtype, device), requires_grad=requires_grad)
-
-
-def full(shape: Sequence[int], value: float, dtype: Any = np.float32, device: str = "cpu",
-         requires_grad: bool = False) -> Tensor:
-    return Tensor(gp.full(tuple(shape), value, dtype, device), requires_grad=requires_grad)
-
-
-def randn(*shape: Any, dtype: Any = np.float32, device: str = "cpu",
-          requires_grad: bool = False, seed: int | None = None) -> Tensor:
-    """Standard normal draws made on the host (seeded: identical on every device)."""
-    rng = _random.default_generator.host if seed is None else np.random.default_rng(seed)
-    host = rng.standard_normal(_shape_arg(shape)).astype(as_dtype(dtype))
-    return Tensor(gp.to_device(host, device), requires_grad=requires_grad)
-
-
-def _shape_arg(shape: tuple) -> tuple[int, ...]:
-    if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
-        return tuple(int(s) for s in shape[0])
-    return tuple(int(s) for s in shape)
-
-
 # Op modules import Tensor from here, so they are bound after the class exists.
 from autograd import interop as _interop  # noqa: E402
-from autograd import random as _random  # noqa: E402
 from autograd.functions import activation as _act  # noqa: E402
 from autograd.functions import arithmetic as _arith  # noqa: E402
 from autograd.functions import indexing as _indexing  # noqa: E402
@@ -460,3 +351,11 @@ from autograd.functions import reduce as _reduce  # noqa: E402
 from autograd.functions import select as _select  # noqa: E402
 from autograd.functions import shape as _shape  # noqa: E402
 from autograd.functions import write as _write  # noqa: E402
+
+# Methods that are the module functions themselves (one definition, one docstring).
+for _module, _names in ((_reduce, ("sum", "mean", "prod", "max", "min", "amax", "amin", "argmax",
+                                   "argmin", "topk", "var", "std")),
+                        (_indexing, ("gather", "scatter_add", "index_select"))):
+    for _name in _names:
+        setattr(Tensor, _name, getattr(_module, _name))
+del _module, _names, _name

@@ -141,7 +141,7 @@ def read_gpt2_folder(path: str | os.PathLike) -> tuple[dict[str, Any], dict[str,
         raise GPT2FormatError(f"{cfg_file}: not valid JSON ({exc})") from None
     if not isinstance(hf, dict):
         raise GPT2FormatError(f"{cfg_file}: expected a JSON object")
-    return hf, serialization.load(weights)
+    return hf, serialization.read_safetensors(weights)[0]
 
 
 def state_from_gpt2(tensors: dict[str, np.ndarray], config: GPTConfig, where: str = "",

@@ -72,7 +72,7 @@ def test_export_and_init_from_every_source(stopped, exported):
     dense = read_dense_checkpoint(ckpt).params
     saved = ag.load(out)
     assert sorted(saved) == sorted(dense)
-    assert all(np.array_equal(saved[n], dense[n]) for n in dense)
+    assert all(np.array_equal(saved[n].numpy(), dense[n]) for n in dense)
     meta = ag.serialization.load_metadata(out)
     assert json.loads(meta["gpt_config"])["n_embd"] == 16 and meta["step"] == "3"
     model = nn.GPT.from_pretrained_gpt2(gpt2)
