@@ -1,12 +1,19 @@
-"""Opt-in NCCL transport for device arrays (cupy.cuda.nccl; the unique id travels over MPI)."""
+"""Opt-in NCCL transport for device arrays (cupy.cuda.nccl; the unique id travels over MPI).
+
+Every collective is put under the watchdog (dist.watchdog.watch_device_work): a CUDA event
+recorded after it on the stream tells when it finished; one that does not finish within the
+timeout gets the watchdog's one line, ncclCommAbort, and the job's abort.
+"""
 
 from __future__ import annotations
 
 import importlib.metadata
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
+from dist.watchdog import watch_device_work
 from gpuplan import backend
 from gpuplan.dtypes import bfloat16, float16, float32, float64
 
@@ -76,6 +83,7 @@ class NcclTransport:
         uid = nccl.get_unique_id() if mpi_comm.Get_rank() == 0 else None
         uid = mpi_comm.bcast(uid, root=0)
         self.comm = nccl.NcclCommunicator(mpi_comm.Get_size(), uid, mpi_comm.Get_rank())
+        self.label = nccl_label(mpi_comm)
         self._dtypes = {
             np.dtype(np.int8): nccl.NCCL_INT8, np.dtype(np.uint8): nccl.NCCL_UINT8,
             np.dtype(np.int32): nccl.NCCL_INT32, np.dtype(np.int64): nccl.NCCL_INT64,
@@ -93,20 +101,52 @@ class NcclTransport:
             raise TypeError(f"nccl: dtype {a.dtype} has no NCCL datatype") from None
 
     @staticmethod
-    def _stream() -> int:
-        return backend.cupy_module().cuda.get_current_stream().ptr
+    def _stream() -> Any:
+        return backend.cupy_module().cuda.get_current_stream()
+
+    @staticmethod
+    def _event_after(stream: Any) -> Callable[[], bool]:
+        """A CUDA event recorded on `stream` now; returns its non-blocking query."""
+        event = backend.cupy_module().cuda.Event(block=False, disable_timing=True)
+        event.record(stream)
+        return lambda: event.done
+
+    def _watch(self, op: str, stream: Any, root: int | None = None) -> None:
+        """Put the collective just enqueued on `stream` under the watchdog."""
+        watch_device_work(op, self.label, root, self._event_after(stream), self.abort)
+
+    def abort(self) -> None:
+        """ncclCommAbort: frees this rank's NCCL resources and unblocks its kernels."""
+        self.comm.abort()
 
     def all_reduce(self, send: Any, recv: Any, op: str) -> None:
+        stream = self._stream()
         self.comm.allReduce(send.data.ptr, recv.data.ptr, send.size, self._dtype(send),
-                            self._ops[op], self._stream())
+                            self._ops[op], stream.ptr)
+        self._watch("all_reduce", stream)
 
     def all_gather(self, send: Any, recv: Any) -> None:
+        stream = self._stream()
         self.comm.allGather(send.data.ptr, recv.data.ptr, send.size, self._dtype(send),
-                            self._stream())
+                            stream.ptr)
+        self._watch("all_gather", stream)
 
     def reduce_scatter(self, send: Any, recv: Any, op: str) -> None:
+        stream = self._stream()
         self.comm.reduceScatter(send.data.ptr, recv.data.ptr, recv.size, self._dtype(send),
-                                self._ops[op], self._stream())
+                                self._ops[op], stream.ptr)
+        self._watch("reduce_scatter", stream)
 
     def broadcast(self, buf: Any, root: int) -> None:
-        self.comm.bcast(buf.data.ptr, buf.size, self._dtype(buf), root, self._stream())
+        stream = self._stream()
+        self.comm.bcast(buf.data.ptr, buf.size, self._dtype(buf), root, stream.ptr)
+        self._watch("broadcast", stream, root)
+
+
+def nccl_label(mpi_comm: Any) -> str:
+    """How watchdog messages name an NCCL communicator: its ranks in the world."""
+    from mpi4py import MPI
+
+    ranks = MPI.Group.Translate_ranks(mpi_comm.Get_group(), list(range(mpi_comm.Get_size())),
+                                      MPI.COMM_WORLD.Get_group())
+    return f"NCCL communicator of world ranks {list(ranks)}"

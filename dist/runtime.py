@@ -11,7 +11,13 @@ import traceback
 from typing import Any
 
 from dist.communicator import Communicator
-from dist.watchdog import Watchdog, barrier_with_deadline, resolve_timeout, watched
+from dist.watchdog import (
+    Watchdog,
+    barrier_with_deadline,
+    resolve_timeout,
+    wait_until_read,
+    watched,
+)
 from gpuplan import backend as gpb
 
 _WORLD: Communicator | None = None
@@ -119,6 +125,7 @@ def _abort_excepthook(exc_type: Any, exc: BaseException, tb: Any) -> None:
                      f"{text}")
     sys.stderr.flush()
     if size > 1:
+        wait_until_read(2, 2.0)  # mpiexec's proxy has the report before the abort kills us
         MPI.COMM_WORLD.Abort(1)
     _PREVIOUS_EXCEPTHOOK(exc_type, exc, tb)
 

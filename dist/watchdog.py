@@ -16,15 +16,31 @@ allgather, gather), MPICH's non-blocking collectives are slower than its blockin
 small messages (Iallreduce+Wait about 2 to 4 us above Allreduce on 2 ranks here), and a
 Python Test loop holds the GIL and a core while it spins.
 
+NCCL collectives do not block: they enqueue a kernel and return, and a hang shows up at a
+later stream synchronization. `watch_device_work` puts each one under the same deadline, as
+PyTorch's NCCL watchdog does: the transport records a CUDA event after the collective and
+registers it; the thread queries the oldest unfinished events and, past the timeout, writes
+the same one line, aborts the NCCL communicator (ncclCommAbort) and then the MPI job.
+
+The line always comes out before the abort: written to fd 2 in one os.write, then the
+watchdog waits (at most 2 s) until mpiexec's proxy has read it out of the pipe (FIONREAD is
+0): MPI_Abort kills the job at once, and bytes left in the pipe died with it.
+
 Timeout: `init(timeout=...)`, else $GPUPLAN_COLLECTIVE_TIMEOUT (seconds), else 600; 0 turns
 the watchdog off. The same bound applies to the exit hook of dist.runtime.
 """
 
 from __future__ import annotations
 
+import array
+import collections
+import fcntl
+import itertools
 import math
 import os
+import stat
 import sys
+import termios
 import threading
 import time
 from collections.abc import Callable
@@ -38,6 +54,11 @@ _get_ident = threading.get_ident
 
 #: thread id -> (start, op, communicator, peer) of the MPI call that thread is inside.
 _ARMED: dict[int, tuple[float, str, Any, Any]] = {}
+
+#: Device work in flight (NCCL collectives), oldest first: (start, op, communicator, peer,
+#: is_done, abort_transport), added by `watch_device_work`.
+_DEVICE_WORK: collections.deque[tuple] = collections.deque()
+_DEVICE_LOCK = threading.Lock()  # the caller appends while the watchdog thread prunes
 
 # How the peer of an op reads in the message ("recv from rank 1", "bcast_object (root rank 0)").
 _TO_PEER = ("send", "isend")
@@ -80,6 +101,25 @@ def watched(op: str, comm: Any, peer: int | None, fn: Callable[..., Any], *args:
             del _ARMED[ident]
         else:
             _ARMED[ident] = outer
+
+
+def watch_device_work(op: str, comm: Any, peer: int | None, is_done: Callable[[], bool],
+                      abort_transport: Callable[[], Any] | None = None) -> None:
+    """Put asynchronous device work (an NCCL collective enqueued on a stream) under the
+    watchdog: `is_done()` (e.g. a CUDA event's query) tells whether it finished; past the
+    timeout the watchdog reports `op` on `comm` and calls `abort_transport()` (e.g.
+    ncclCommAbort) before aborting the job. Finished work at the front is dropped here, so
+    the queue stays as long as the work in flight."""
+    with _DEVICE_LOCK:
+        while _DEVICE_WORK and _DEVICE_WORK[0][4]():
+            _DEVICE_WORK.popleft()
+        _DEVICE_WORK.append((_monotonic(), op, comm, peer, is_done, abort_transport))
+
+
+def device_work() -> list[tuple[float, str, Any, Any]]:
+    """The (start, op, communicator, peer) of every watched device work still queued."""
+    with _DEVICE_LOCK:
+        return [w[:4] for w in _DEVICE_WORK]
 
 
 def armed_calls() -> list[tuple[float, str, Any, Any]]:
@@ -142,12 +182,31 @@ class Watchdog:
             if now - start > self.timeout:
                 self.expire(op, comm, peer, now - start, where=_call_site(ident))
                 return True
-        return False
+        return self._check_device_work(now)
+
+    def _check_device_work(self, now: float) -> bool:
+        """Drop finished device work from the front; expire the oldest unfinished one past
+        the deadline (work on one stream finishes in order, so it is the one to report)."""
+        with _DEVICE_LOCK:
+            while _DEVICE_WORK and _DEVICE_WORK[0][4]():
+                _DEVICE_WORK.popleft()
+            oldest = _DEVICE_WORK[0] if _DEVICE_WORK else None
+        if oldest is None or now - oldest[0] <= self.timeout:
+            return False
+        start, op, comm, peer, _, abort_transport = oldest
+        self.expire(op, comm, peer, now - start, before_abort=abort_transport)
+        return True
 
     def expire(self, op: str, comm: Any, peer: int | None, waited: float,
-               where: str | None = None) -> None:
-        """Write the one-line report and end the job."""
+               where: str | None = None, before_abort: Callable[[], Any] | None = None) -> None:
+        """Write the one-line report (out of this process before anything else), then
+        `before_abort()` if given (e.g. ncclCommAbort), then end the job."""
         emit(self.describe(op, comm, peer, waited, where))
+        if before_abort is not None:
+            try:
+                before_abort()
+            except Exception:  # noqa: BLE001 - the job must end even if the abort fails
+                pass
         self._abort(1)
 
     def describe(self, op: str, comm: Any, peer: int | None, waited: float,
@@ -181,13 +240,38 @@ def barrier_with_deadline(mpi_comm: Any, timeout: float) -> bool:
     return True
 
 
-def emit(line: str) -> None:
-    """Write one line to file descriptor 2 (no Python-level lock another thread might hold)."""
+def emit(line: str, drain: float = 2.0) -> None:
+    """Write one line to file descriptor 2 (no Python-level lock another thread might hold)
+    in one write, then wait up to `drain` seconds until a pipe on fd 2 is empty (its reader,
+    mpiexec's proxy, has the line): an MPI_Abort right after must not lose it."""
     try:
         sys.stderr.flush()
     except Exception:  # noqa: BLE001 - a closed or odd stderr must not stop the abort
         pass
-    os.write(2, (line + "\n").encode(errors="replace"))
+    data = (line + "\n").encode(errors="replace")
+    while data:  # one write unless the pipe is nearly full; the rest follows at once
+        data = data[os.write(2, data):]
+    wait_until_read(2, drain)
+
+
+def wait_until_read(fd: int, limit: float) -> bool:
+    """For a pipe on `fd`: wait (at most `limit` s) until its reader has taken every byte
+    (FIONREAD 0); True when it has. Anything else (a terminal, a file): True at once."""
+    try:
+        if not stat.S_ISFIFO(os.fstat(fd).st_mode):
+            return True
+        left = array.array("i", [0])
+        for pause in itertools.chain((1e-4, 1e-3), itertools.repeat(5e-3)):
+            fcntl.ioctl(fd, termios.FIONREAD, left, True)
+            if left[0] == 0:
+                return True
+            if limit <= 0:
+                return False
+            time.sleep(pause)
+            limit -= pause
+    except OSError:
+        return True  # no way to tell: nothing more to wait for
+    return False
 
 
 def abort_job(code: int = 1) -> None:

@@ -32,7 +32,7 @@ class Resolved:
     """
 
     __slots__ = ("op", "spec", "rows", "shapes", "dtypes", "distinct", "empty", "allocatable",
-                 "given_rows", "given_distinct")
+                 "given_rows", "given_distinct", "ranged")
 
     def __init__(self, op: str, spec: OpSpec, desc: Any) -> None:
         self.op, self.spec = op, spec
@@ -71,6 +71,8 @@ class Resolved:
         # by construction, overlapping nothing): the operands the caller gave.
         self.given_rows = tuple(r for r in self.rows if r[0] not in self.allocatable)
         self.given_distinct = tuple(p for p in self.distinct if p[0] not in self.allocatable)
+        #: scalars declared with a kind (and range): checked on every call.
+        self.ranged = tuple(s for s in spec.scalars if s.kind is not None)
 
     @staticmethod
     def _allowed(o: Operand, desc: Any) -> tuple:
@@ -110,6 +112,8 @@ class Resolved:
         attribute reads per operand; anything else goes through `_explain`, which raises
         the precise error or accepts an equal-but-not-identical dtype.
         """
+        for s in self.ranged:  # declared scalar ranges (a NaN lr): before anything runs
+            s.check(self.op, getattr(args, s.name))
         kind = stream._kind  # slots read directly: this runs on every plan call
         host, cuda, device_id = kind == "cpu", kind == "cuda", stream._device_id
         array_type = _ARRAY_TYPES.get(kind) or array_type_of(kind)

@@ -223,10 +223,61 @@ def InOut(name: str, shape: Any, dtype: Any = "dtype", **kw: Any) -> Operand:  #
 
 @dataclass(frozen=True)
 class Scalar:
-    """A per-call value passed with the args (lr, step, a clip factor, a seed)."""
+    """A per-call value passed with the args (lr, step, a clip factor, a seed).
+
+    A declared range is checked on every call, before anything is written
+    (`gpuplan.resolve.Resolved.check`): kind "real" (a finite real number, NaN and inf
+    rejected) or "int" (an integer, bools rejected), within [lo, hi] (or [lo, hi) with
+    hi_open) where given. kind None: the family checks the value itself (flags, lists)."""
 
     name: str
     default: Any = _REQUIRED
+    kind: str | None = None
+    lo: float | None = None
+    hi: float | None = None
+    hi_open: bool = False
+
+    def __post_init__(self) -> None:
+        if self.kind not in (None, "real", "int"):
+            raise ValueError(f"Scalar {self.name!r}: kind None, 'real' or 'int', given "
+                             f"{self.kind!r}")
+
+    def check(self, op: str, value: Any) -> None:
+        """InvalidProblem naming op, the scalar, its declared range and `value` unless
+        `value` is of the declared kind and within the range."""
+        integer = self.kind == "int"
+        ok = not isinstance(value, bool) and isinstance(
+            value, (int, np.integer) if integer else (int, float, np.integer, np.floating))
+        if ok and not integer:
+            ok = math.isfinite(value)
+        if ok:
+            lo, hi = self.lo, self.hi
+            ok = (lo is None or value >= lo) and (
+                hi is None or (value < hi if self.hi_open else value <= hi))
+        if not ok:
+            raise InvalidProblem(describe(op, self.name, self.expected(), repr(value)))
+
+    def expected(self) -> str:
+        """The declared range in words: 'a finite number in [0.0, 1.0)', 'an integer >= 1'."""
+        lo, hi = _bound(self.lo), _bound(self.hi)
+        if self.kind == "int":
+            if lo is not None and hi is not None:
+                return f"an integer in [{lo}, {hi}{')' if self.hi_open else ']'}"
+            return ("an integer" + (f" >= {lo}" if lo is not None else "")
+                    + (f" {'<' if self.hi_open else '<='} {hi}" if hi is not None else ""))
+        if lo is None and hi is None:
+            return "a finite number"
+        return (f"a finite number in {'(-inf' if lo is None else f'[{lo}'}, "
+                f"{'inf)' if hi is None else f'{hi}' + (')' if self.hi_open else ']')}")
+
+
+def _bound(v: float | None) -> str | None:
+    """A range bound as written in messages: 2**64 rather than its 20 digits."""
+    if v is None:
+        return None
+    if isinstance(v, int) and v >= 2**32 and v & (v - 1) == 0:
+        return f"2**{v.bit_length() - 1}"
+    return str(v)
 
 
 # -- the spec -----------------------------------------------------------------------------

@@ -2,11 +2,28 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from typing import Any
 
+import numpy as np
+
 import gpuplan as gp
 from autograd.optim.optimizer import Optimizer
+
+
+def check_hyperparameter(optimizer: str, arg: str, what: str, value: Any,
+                         hi: float | None = None) -> None:
+    """PyTorch's ``ValueError("Invalid learning rate: -1")`` (`what`), for any value of
+    argument `arg` that is not a finite real number in [0, hi) (NaN and inf too, which would
+    poison every weight), naming the optimizer, the argument and what was expected."""
+    ok = isinstance(value, (int, float, np.integer, np.floating)) and \
+        not isinstance(value, bool) and math.isfinite(value) and value >= 0.0 and \
+        (hi is None or value < hi)
+    if not ok:
+        want = f"in [0, {hi})" if hi is not None else ">= 0"
+        raise ValueError(f"Invalid {what}: {value!r} ({optimizer}: argument '{arg}': "
+                         f"expected a finite number {want})")
 
 
 class AdamW(Optimizer):
@@ -24,12 +41,12 @@ class AdamW(Optimizer):
                  betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
                  weight_decay: float = 1e-2, master_weights: bool = True,
                  foreach: bool = True) -> None:
-        if lr < 0.0 or eps < 0.0 or weight_decay < 0.0:
-            raise ValueError(f"{type(self).__name__}: lr, eps and weight_decay must be >= 0, "
-                             f"given lr={lr}, "
-                             f"eps={eps}, weight_decay={weight_decay}")
-        if not (0.0 <= betas[0] < 1.0 and 0.0 <= betas[1] < 1.0):
-            raise ValueError(f"{type(self).__name__}: betas must lie in [0, 1), given {betas}")
+        name = type(self).__name__
+        check_hyperparameter(name, "lr", "learning rate", lr)
+        check_hyperparameter(name, "eps", "epsilon value", eps)
+        for i, beta in enumerate(betas):
+            check_hyperparameter(name, "betas", f"beta parameter at index {i}", beta, hi=1.0)
+        check_hyperparameter(name, "weight_decay", "weight_decay value", weight_decay)
         super().__init__(params, {"lr": lr, "betas": tuple(betas), "eps": eps,
                                   "weight_decay": weight_decay}, master_weights)
         self.foreach = foreach

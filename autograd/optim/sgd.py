@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from typing import Any
 
 import gpuplan as gp
+from autograd.optim.adamw import check_hyperparameter
 from autograd.optim.optimizer import Optimizer
 
 
@@ -20,9 +22,13 @@ class SGD(Optimizer):
     def __init__(self, params: Iterable[Any], lr: float, momentum: float = 0.0,
                  dampening: float = 0.0, weight_decay: float = 0.0, nesterov: bool = False,
                  master_weights: bool = True) -> None:
-        if lr < 0.0 or momentum < 0.0 or weight_decay < 0.0:
-            raise ValueError(f"SGD: lr, momentum and weight_decay must be >= 0, given "
-                             f"lr={lr}, momentum={momentum}, weight_decay={weight_decay}")
+        check_hyperparameter("SGD", "lr", "learning rate", lr)
+        check_hyperparameter("SGD", "momentum", "momentum value", momentum)
+        check_hyperparameter("SGD", "weight_decay", "weight_decay value", weight_decay)
+        if isinstance(dampening, bool) or not isinstance(dampening, (int, float)) or \
+                not math.isfinite(dampening):
+            raise ValueError(f"Invalid dampening value: {dampening!r} (SGD: argument "
+                             "'dampening': expected a finite number)")
         if nesterov and (momentum <= 0.0 or dampening != 0.0):
             raise ValueError("SGD: nesterov needs momentum > 0 and dampening == 0")
         super().__init__(params, {"lr": lr, "momentum": momentum, "dampening": dampening,

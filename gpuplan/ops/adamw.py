@@ -52,8 +52,11 @@ __functional__ = ["adamw_step"]
 #: elements per block of the multi-tensor kernel
 MULTI_TENSOR_CHUNK = 16384
 
-HYPER = (Scalar("lr", REQUIRED), Scalar("step", REQUIRED), Scalar("beta1", 0.9),
-         Scalar("beta2", 0.999), Scalar("eps", 1e-8), Scalar("weight_decay", 1e-2))
+# Declared ranges, checked on every call before anything is written (a NaN lr, beta 1.0).
+HYPER = (Scalar("lr", REQUIRED, "real", lo=0.0), Scalar("step", REQUIRED, "int", lo=1),
+         Scalar("beta1", 0.9, "real", lo=0.0, hi=1.0, hi_open=True),
+         Scalar("beta2", 0.999, "real", lo=0.0, hi=1.0, hi_open=True),
+         Scalar("eps", 1e-8, "real", lo=0.0), Scalar("weight_decay", 1e-2, "real", lo=0.0))
 
 
 def adamw_scalars(op: str, args: Any, dtype: np.dtype) -> tuple:

@@ -125,7 +125,8 @@ _N = ("n",)
 _FIELDS = (Extent("n"), Real("p", lo=0.0, hi=1.0),
            DType("dtype", FLOAT_DTYPES, default=np.float32))
 #: the per-call counter stream: a new (seed, offset) every step never selects a new plan.
-_RNG = (Scalar("seed"), Scalar("offset", 0))
+_RNG = (Scalar("seed", kind="int", lo=0, hi=2**64, hi_open=True),
+        Scalar("offset", 0, "int", lo=0, hi=2**64, hi_open=True))
 FORWARD = OpSpec("dropout", fields=_FIELDS, operands=(In("x", _N), Out("y", _N)), scalars=_RNG)
 BACKWARD = OpSpec("dropout_backward", fields=_FIELDS, operands=(In("dy", _N), Out("dx", _N)),
                   scalars=_RNG)

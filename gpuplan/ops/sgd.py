@@ -40,8 +40,10 @@ SPEC = OpSpec(
     operands=(InOut("param", ("n",), distinct=True), In("grad", ("n",), dtype=grad_dtype),
               InOut("momentum_buf", ("n",), present=True, distinct=("grad",)),
               Out("param_lowp", ("n",), dtype=lowp_dtype, present=lowp_present)),
-    scalars=(Scalar("lr", REQUIRED), Scalar("momentum", 0.0), Scalar("dampening", 0.0),
-             Scalar("weight_decay", 0.0), Scalar("nesterov", False),
+    # Declared ranges, checked on every call before anything is written (a NaN lr).
+    scalars=(Scalar("lr", REQUIRED, "real", lo=0.0), Scalar("momentum", 0.0, "real", lo=0.0),
+             Scalar("dampening", 0.0, "real"), Scalar("weight_decay", 0.0, "real", lo=0.0),
+             Scalar("nesterov", False),
              Scalar("first_step", False)),
     empty=("n",),
 )
