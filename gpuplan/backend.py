@@ -199,7 +199,9 @@ def to_device(a: Any, device: str) -> Any:
 
 
 def ascontiguous(a: Any) -> Any:
-    return array_namespace(a).ascontiguousarray(a)
+    """C-contiguous `a` with its shape (ascontiguousarray alone turns a 0-d array into (1,))."""
+    out = array_namespace(a).ascontiguousarray(a)
+    return out.reshape(()) if a.ndim == 0 else out
 
 
 def concatenate(arrays: list[Any], axis: int = 0) -> Any:

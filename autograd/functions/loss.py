@@ -130,5 +130,4 @@ def nll_loss(input: Tensor, target: Any, weight: Any = None,  # noqa: A002
     total = losses.sum()
     if reduction == "sum":
         return total
-    # As [1] operands: the binary plans return shape (1,) for 0-d ones.
-    return (total.reshape(1) / Tensor(coef).sum().reshape(1)).reshape(())
+    return total / Tensor(coef).sum()

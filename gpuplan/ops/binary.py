@@ -342,7 +342,9 @@ def _descriptor(name: str, a: Any, b: Any, dtype: Any) -> Any:
 
 
 def _contiguous(a: Any) -> Any:
-    return np.ascontiguousarray(a) if type(a) is np.ndarray else backend.ascontiguous(a)
+    if type(a) is np.ndarray:  # ascontiguousarray alone turns a 0-d array into (1,)
+        return a if a.flags.c_contiguous else np.ascontiguousarray(a)
+    return backend.ascontiguous(a)
 
 
 def binary(name: str, a: Any, b: Any) -> Any:

@@ -285,6 +285,17 @@ def test_functional_api(device):
     assert_close(t, f64(x).transpose(2, 0, 1) - f64(bias).reshape(7, 1, 1), gp.bfloat16)
 
 
+def test_functional_zero_d_operands_keep_shape(device):
+    """0-d with 0-d is 0-d, as NumPy and torch (ascontiguousarray alone would give (1,))."""
+    a = on(device, np.array(3.0, np.float32))
+    b = on(device, np.array(4.0, np.float32))
+    c = gp.functional.binary("div", a, b)
+    assert c.shape == () and float(gp.to_host(c)) == 0.75
+    da, db = gp.functional.binary_backward("mul", a, b, on(device, np.array(1.0, np.float32)))
+    assert da.shape == () and db.shape == ()
+    assert float(gp.to_host(da)) == 4.0 and float(gp.to_host(db)) == 3.0
+
+
 def test_functional_binary_reuses_one_plan():
     """Repeated calls with the same shapes select once (the tape's gradient sums)."""
     from gpuplan.execute import _PLANS
