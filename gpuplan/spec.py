@@ -125,8 +125,8 @@ class DType(Field):
     allowed: tuple = ()
 
     def check(self, op: str, value: Any) -> None:
-        try:
-            d = as_dtype(value)
+        try:  # None is no dtype here (np.dtype(None) would silently be float64)
+            d = None if value is None else as_dtype(value)
         except TypeError:
             d = None
         if d is None or (self.allowed and d not in _dtypes(self.allowed)):

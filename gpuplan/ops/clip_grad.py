@@ -48,7 +48,9 @@ SPEC = OpSpec(
     # rides with the run arguments and is checked by GlobalNormPlan._check_args (and for
     # writability and overlaps here).
     operands=(Out("out", (), dtype=_norm_dtype),),
-    scalars=(Scalar("arrays"), Scalar("max_norm"), Scalar("eps", 1e-6),
+    # max_norm: checked in _check_args (>= 0, inf allowed: no clipping, as in PyTorch; NaN
+    # would silently turn every gradient into NaN); total_norm may be non-finite (propagates).
+    scalars=(Scalar("arrays"), Scalar("max_norm"), Scalar("eps", 1e-6, "real", lo=0.0),
              Scalar("total_norm", None)),
     empty=lambda desc: False,  # no tensor (or only empty ones): out is still written
 )
@@ -92,6 +94,9 @@ class ClipGradNormPlan(GlobalNormPlan):
         check_disjoint(self.op, arrays, lambda k: f"arrays[{k}]")
         max_norm, eps = _real(self.op, "max_norm", args.max_norm), _real(self.op, "eps",
                                                                           args.eps)
+        if not max_norm >= 0.0:  # NaN or negative
+            raise InvalidProblem(describe(self.op, "max_norm", "a number >= 0 (inf: no "
+                                          "clipping)", repr(args.max_norm)))
         total = None if args.total_norm is None else _real(self.op, "total_norm",
                                                           args.total_norm)
         self._call = (max_norm, eps, total)

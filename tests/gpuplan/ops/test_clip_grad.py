@@ -189,3 +189,23 @@ def test_global_norm_still_propagates_nan_and_inf(device):
                                                               on(device, a)])))), (bad, dtype)
     nan_only_small = [on(device, np.array([1e-300, np.nan]))]  # NaN with only small values
     assert np.isnan(float(gp.to_host(F.global_l2_norm(nan_only_small))))
+
+
+@pytest.mark.parametrize("kw,name", [({"max_norm": math.nan}, "'max_norm'"),
+                                     ({"max_norm": -1.0}, "'max_norm'"),
+                                     ({"eps": math.nan}, "'eps'"), ({"eps": math.inf}, "'eps'"),
+                                     ({"eps": -1e-6}, "'eps'")])
+def test_nan_or_negative_clip_scalars_are_rejected_with_nothing_written(device, kw, name):
+    """A NaN max_norm used to scale every gradient by NaN silently (NaN alpha/beta were
+    accepted by some plans and rejected by others); inf max_norm means no clipping."""
+    s = stream_for(device)
+    g = on(device, random((10,), np.float32, seed=1))
+    plan = gp.ClipGradNormPlan.select(s, gp.ClipGradNormDescriptor((10,), (np.float32,)))
+    ws = gp.Workspace.allocate(s, plan.workspace_size())
+    out = on(device, np.zeros((), np.float32))
+    args = gp.ClipGradNormArgs(out, (g,), **({"max_norm": 0.1, "eps": EPS} | kw))
+    assert_rejected(lambda: plan.run(s, ws, args), gp.InvalidProblem, [g, out],
+                    "clip_grad_norm", name)
+    before = gp.to_host(g).copy()
+    gp.functional.clip_grad_norm_([g], math.inf)  # allowed: nothing is scaled
+    np.testing.assert_array_equal(gp.to_host(g), before)
