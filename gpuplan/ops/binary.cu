@@ -1,8 +1,11 @@
 // Binary kernels: c = a op b with NumPy broadcasting (bool c for the comparisons), the
 // gradient terms of op, and the row-broadcast bias add. T: float, double, __half,
-// __nv_bfloat16; math runs in gp::Acc<T> (f32 for halves). Contiguous kernels take `vec_ok` (every pointer aligned to a 16-byte
-// pack, checked on the host) and then move 16 bytes per load and store; the tail and the
-// unaligned case use scalar accesses. All loops are grid-stride, 64-bit.
+// __nv_bfloat16, and (forward, broadcast kernel only) int, long long and bool; math runs in
+// gp::Acc<T> (f32 for halves). Integer add/sub/mul/negation run in the unsigned type: they
+// wrap around like torch's, where signed overflow would be undefined behaviour.
+// Contiguous kernels take `vec_ok` (every pointer aligned to a 16-byte pack, checked on the
+// host) and then move 16 bytes per load and store; the tail and the unaligned case use
+// scalar accesses. All loops are grid-stride, 64-bit.
 //
 // The enumerators of `BinaryOp` come from the Python table (gpuplan/ops/binary_table.py,
 // BINARY_OPS) through -DGPUPLAN_ENUM_BinaryOp: a table row without a branch below fails to
@@ -22,13 +25,62 @@ enum BinaryOp { GPUPLAN_ENUM_BinaryOp };
 
 template <int OP> constexpr bool unknown_op = OP < 0;
 
+// Integer types (no <type_traits> under NVRTC) and the unsigned type their wrapping math
+// runs in; floats map to themselves.
+template <typename A> constexpr bool is_int = false;
+template <> constexpr bool is_int<int> = true;
+template <> constexpr bool is_int<long long> = true;
+template <typename A> struct wrap_type { typedef A type; };
+template <> struct wrap_type<int> { typedef unsigned int type; };
+template <> struct wrap_type<long long> { typedef unsigned long long type; };
+template <typename A> using W = typename wrap_type<A>::type;
+
+__device__ __forceinline__ float m_fmod(float x, float y) { return fmodf(x, y); }
+__device__ __forceinline__ double m_fmod(double x, double y) { return fmod(x, y); }
+__device__ __forceinline__ float m_floor(float x) { return floorf(x); }
+__device__ __forceinline__ double m_floor(double x) { return floor(x); }
+__device__ __forceinline__ float m_copysign(float x, float y) { return copysignf(x, y); }
+__device__ __forceinline__ double m_copysign(double x, double y) { return copysign(x, y); }
+
+// a // b rounded toward -inf. Integers: x // 0 = 0 (NumPy) and INT_MIN // -1 wraps (the
+// hardware division would trap). Floats: torch's div_floor, exact quotient of a - fmod(a, b).
+template <typename A> __device__ __forceinline__ A floor_div(A a, A b) {
+    if constexpr (is_int<A>) {
+        if (b == A(0)) return A(0);
+        if (b == A(-1)) return A(W<A>(0) - W<A>(a));
+        const A q = a / b;
+        return a % b != A(0) && ((a < A(0)) != (b < A(0))) ? A(q - A(1)) : q;
+    } else {
+        if (b == A(0)) return a / b;
+        const A mod = m_fmod(a, b);
+        A div = (a - mod) / b;
+        if (mod != A(0) && ((b < A(0)) != (mod < A(0)))) div -= A(1);
+        if (div == A(0)) return m_copysign(A(0), a / b);
+        A fl = m_floor(div);
+        if (div - fl > A(0.5)) fl += A(1);
+        return fl;
+    }
+}
+
+// a % b with the sign of b (torch.remainder). Integers: x % 0 = 0 and x % -1 = 0.
+template <typename A> __device__ __forceinline__ A remainder(A a, A b) {
+    if constexpr (is_int<A>) {
+        if (b == A(0) || b == A(-1)) return A(0);
+        const A r = a % b;
+        return r != A(0) && ((r < A(0)) != (b < A(0))) ? A(r + b) : r;
+    } else {
+        const A m = m_fmod(a, b);
+        return m != A(0) && ((b < A(0)) != (m < A(0))) ? m + b : m;
+    }
+}
+
 template <int OP, typename A> __device__ __forceinline__ A binary_op(A a, A b) {
     if constexpr (OP == ADD) {
-        return a + b;
+        return A(W<A>(a) + W<A>(b));
     } else if constexpr (OP == SUB) {
-        return a - b;
+        return A(W<A>(a) - W<A>(b));
     } else if constexpr (OP == MUL) {
-        return a * b;
+        return A(W<A>(a) * W<A>(b));
     } else if constexpr (OP == DIV) {
         return a / b;
     } else if constexpr (OP == POW) {
@@ -37,6 +89,16 @@ template <int OP, typename A> __device__ __forceinline__ A binary_op(A a, A b) {
         return a != a || a > b ? a : b;  // NaN on either side propagates (torch.maximum)
     } else if constexpr (OP == MINIMUM) {
         return a != a || a < b ? a : b;
+    } else if constexpr (OP == REMAINDER) {
+        return remainder(a, b);
+    } else if constexpr (OP == FLOOR_DIVIDE) {
+        return floor_div(a, b);
+    } else if constexpr (OP == BITWISE_AND) {  // on bool: logical and (likewise or, xor)
+        return A(a & b);
+    } else if constexpr (OP == BITWISE_OR) {
+        return A(a | b);
+    } else if constexpr (OP == BITWISE_XOR) {
+        return A(a ^ b);
     } else {
         static_assert(unknown_op<OP>, "binary op without CUDA forward math");
         return a;
@@ -76,7 +138,8 @@ template <typename T, int OP> __device__ __forceinline__ Out<T, OP> apply_op(Acc
     }
 }
 
-// Whether the gradient terms of OP read the operands (add/sub: dc alone).
+// Whether the gradient terms of OP read the operands (add/sub: dc alone; remainder reads them
+// for b's term).
 template <int OP> constexpr bool grad_reads_operands = OP != ADD && OP != SUB;
 
 // Gradient term of c = op(a, b) with respect to a (WHICH == 0) or b (WHICH == 1).
@@ -99,6 +162,8 @@ template <int OP, int WHICH, typename A> __device__ __forceinline__ A binary_gra
         const A x = WHICH == 0 ? a : b, y = WHICH == 0 ? b : a;
         const bool loses = OP == MAXIMUM ? x < y : x > y;
         return x == y ? A(0.5) * dc : (loses ? A(0) : dc);
+    } else if constexpr (OP == REMAINDER) {
+        return WHICH == 0 ? dc : -dc * floor_div(a, b);  // torch: -dc * floor(a / b) for b
     } else {
         static_assert(unknown_op<OP>, "binary op without CUDA gradient math");
         return dc;

@@ -1,7 +1,9 @@
 """Binary ops with NumPy broadcasting, their gradients, and the row-broadcast bias add.
 
-binary:           c = a op b (add, sub, mul, div, pow, maximum, minimum), c of the broadcast
-                  shape; the comparisons (lt, le, gt, ge, eq, ne) give a bool c.
+binary:           c = a op b (add, sub, mul, div, pow, maximum, minimum, remainder,
+                  floor_divide, bitwise_and/or/xor), c of the broadcast shape; the
+                  comparisons (lt, le, gt, ge, eq, ne) give a bool c. Floats, and per the
+                  op's row int32, int64 and bool (see binary_table).
 binary_backward:  da = sum over broadcast dims of dc * dc/da (likewise db), reduced to the
                   operand's shape in a fixed order (deterministic, no atomics). Comparisons
                   have none.
@@ -10,7 +12,9 @@ bias_add:         y[r, j] = x[r, j] + bias[j] for x [rows, n].
 Every op is one row of `gpuplan.ops.binary_table.BINARY_OPS` (its CUDA enumerator, the name
 upper-cased, reaches binary.cu as -DGPUPLAN_ENUM_BinaryOp): adding one is a row there plus
 two branches in binary.cu.
-Math runs in f32 for f16/bf16 and in the dtype itself for f32/f64.
+Math runs in f32 for f16/bf16 and in the dtype itself for f32/f64 and the integers. Integer
+and bool operands (masks, indices) take the broadcast kernel only: their 16-byte packed
+instances would double the instance count for tensors that are rarely large.
 """
 
 from __future__ import annotations
@@ -22,12 +26,20 @@ from typing import Any
 import numpy as np
 
 from gpuplan import backend
-from gpuplan.dtypes import FLOAT_DTYPES, accumulator, as_dtype, cuda_name
+from gpuplan.dtypes import FLOAT_DTYPES, accumulator, as_dtype, cuda_name, int32, int64
 from gpuplan.dtypes import short_name as sn
 from gpuplan.errors import Unsupported, describe
 from gpuplan.execute import call
 from gpuplan.nvrtc import CudaModule, cdiv, launch
-from gpuplan.ops.binary_table import BINARY_OP_NAMES, BINARY_OPS, DIFFERENTIABLE_OPS
+from gpuplan.ops.binary_table import (
+    BINARY_OP_NAMES,
+    BINARY_OPS,
+    BOOL,
+    COMPARE_OPS,
+    DIFFERENTIABLE_OPS,
+    FLOAT,
+    INT,
+)
 from gpuplan.ops.broadcast import MAX_DIMS, broadcast_layout, dims_launch_args
 from gpuplan.ops.reduce_launch import SUM, launch_reduce, reduce_layout
 from gpuplan.plan import BackendKind, Candidate, Plan, host_candidate
@@ -42,17 +54,34 @@ __functional__ = ["binary", "binary_backward", "bias_add"]
 _BY_NAME = {op.name: op for op in BINARY_OPS}
 _INDEX = {name: i for i, name in enumerate(BINARY_OP_NAMES)}
 _MAX_GRID = 1 << 18
+BOOL_DTYPE = np.dtype(np.bool_)
+INT_DTYPES = (int32, int64)
+#: Every dtype some op takes; each row of the table says which kinds it takes.
+BINARY_DTYPES: tuple[np.dtype, ...] = FLOAT_DTYPES + INT_DTYPES + (BOOL_DTYPE,)
 
+
+def _kind(dtype: Any) -> str:
+    d = as_dtype(dtype)
+    return FLOAT if d in FLOAT_DTYPES else BOOL if d == BOOL_DTYPE else INT
+
+
+def _ctype(dtype: Any) -> str:
+    return "bool" if as_dtype(dtype) == BOOL_DTYPE else cuda_name(dtype)
+
+
+# Floats: contiguous and broadcast forwards; integers and bool: broadcast only (module doc).
 # Gradient terms are written as T, or in the accumulator type before a reduction: only by
 # the ops reading a and b (add/sub reduce dc itself), so only they have <half, float>
-# instances; comparisons have none.
+# instances; ops without a gradient have none.
 _MODULE = CudaModule(
     __file__, "binary.cu",
-    [f"binary_{k}<{cuda_name(t)}, {i}>" for k in ("contiguous", "broadcast")
-     for t in FLOAT_DTYPES for i in range(len(BINARY_OPS))]
+    [f"binary_{k}<{_ctype(t)}, {i}>" for t in BINARY_DTYPES
+     for k in (("contiguous", "broadcast") if _kind(t) == FLOAT else ("broadcast",))
+     for i, op in enumerate(BINARY_OPS) if _kind(t) in op.kinds]
     + [f"binary_grad<{cuda_name(t)}, {cuda_name(o)}, {i}, {w}>"
        for t in FLOAT_DTYPES for o in dict.fromkeys((t, accumulator(t)))
-       for i, op in enumerate(BINARY_OPS) if not op.compare and (o == t or op.reads_operands)
+       for i, op in enumerate(BINARY_OPS)
+       if op.grad is not None and (o == t or op.reads_operands)
        for w in (0, 1)]
     + [f"bias_add<{cuda_name(t)}>" for t in FLOAT_DTYPES],
     enums={"BinaryOp": BINARY_OP_NAMES},
@@ -70,6 +99,8 @@ def _aligned16(*arrays: Any) -> bool:
 def _map_candidate(desc: Any, stream: Stream, variant: str = "map", ws: int = 0) -> Candidate:
     d = as_dtype(desc.dtype)
     if stream.is_host:
+        if _kind(d) != FLOAT:  # exact integer/bool math: no wider accumulator
+            return Candidate("numpy", BackendKind.NUMPY, True, True, sn(d), sn(d))
         return host_candidate(d)
     return Candidate(variant, BackendKind.NVRTC, True, True, sn(d), sn(accumulator(d)), ws)
 
@@ -90,7 +121,9 @@ def _out_shape(desc: Any) -> tuple:
 # -- specs ---------------------------------------------------------------------------------
 
 _DTYPE = DType("dtype", FLOAT_DTYPES, default=np.float32)
-_FIELDS = (Choice("op", choices=BINARY_OP_NAMES), Shape("a_shape"), Shape("b_shape"), _DTYPE)
+_FIELDS = (Choice("op", choices=BINARY_OP_NAMES), Shape("a_shape"), Shape("b_shape"),
+           DType("dtype", BINARY_DTYPES, default=np.float32))
+_KIND_NAMES = {FLOAT: "float", INT: "int32/int64", BOOL: "bool"}
 
 
 def _operands_rule(desc: Any) -> bool | None:
@@ -136,6 +169,11 @@ class _BroadcastPlan(_MapPlan):
     @classmethod
     def _check_descriptor(cls, desc: Any) -> None:
         super()._check_descriptor(desc)
+        row = _BY_NAME[desc.op]
+        if _kind(desc.dtype) not in row.kinds:
+            kinds = " or ".join(_KIND_NAMES[k] for k in row.kinds)
+            raise Unsupported(describe(cls.op, "dtype", f"{kinds} for op {desc.op!r}",
+                                       sn(desc.dtype)))
         _, dims = broadcast_dims(cls.op, desc.a_shape, desc.b_shape)
         if len(dims) > MAX_DIMS:
             raise Unsupported(describe(cls.op, "a_shape", f"at most {MAX_DIMS} dims after "
@@ -160,12 +198,13 @@ class BinaryPlan(_BroadcastPlan):
     @classmethod
     def _candidates(cls, desc: Any, stream: Stream) -> list[Candidate]:
         dims = broadcast_dims(cls.op, desc.a_shape, desc.b_shape)[1]
-        same = len(dims) == 0 or (len(dims) == 1 and dims[0][1:] == (1, 1))
+        same = _kind(desc.dtype) == FLOAT and (
+            len(dims) == 0 or (len(dims) == 1 and dims[0][1:] == (1, 1)))
         return [_map_candidate(desc, stream, "contiguous" if same else "broadcast")]
 
     def _prepare(self) -> None:
         super()._prepare()
-        d, t = self.desc, cuda_name(self.desc.dtype)
+        d, t = self.desc, _ctype(self.desc.dtype)
         self._kernel = f"binary_{self._cand.variant}<{t}, {_INDEX[d.op]}>"
         pack = 16 // as_dtype(d.dtype).itemsize
         self._grid = _grid(cdiv(self._n, pack) if self._cand.variant == "contiguous"
@@ -222,10 +261,13 @@ class BinaryBackwardPlan(_BroadcastPlan):
     @classmethod
     def _check_descriptor(cls, desc: Any) -> None:
         super()._check_descriptor(desc)
-        if _BY_NAME[desc.op].compare:
-            raise Unsupported(describe(cls.op, "op", f"one of {DIFFERENTIABLE_OPS} (a "
-                                                     f"comparison has no gradient)",
-                                       repr(desc.op)))
+        if _BY_NAME[desc.op].grad is None:
+            why = "a comparison" if desc.op in COMPARE_OPS else desc.op
+            raise Unsupported(describe(cls.op, "op", f"one of {DIFFERENTIABLE_OPS} ({why} "
+                                                     f"has no gradient)", repr(desc.op)))
+        if _kind(desc.dtype) != FLOAT:
+            raise Unsupported(describe(cls.op, "dtype", "a float dtype (integer ops have no "
+                                                        "gradient)", sn(desc.dtype)))
 
     @classmethod
     def _candidates(cls, desc: Any, stream: Stream) -> list[Candidate]:

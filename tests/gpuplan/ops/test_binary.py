@@ -100,8 +100,10 @@ def _sum_to(g, shape):
 
 
 def test_the_table_is_the_op_list():
-    assert BINARY_OP_NAMES == ARITHMETIC + NEW_OPS + COMPARISONS
-    assert DIFFERENTIABLE_OPS == ARITHMETIC + NEW_OPS
+    integer = ("remainder", "floor_divide")
+    assert BINARY_OP_NAMES == (ARITHMETIC + NEW_OPS + integer + COMPARISONS
+                               + ("bitwise_and", "bitwise_or", "bitwise_xor"))
+    assert DIFFERENTIABLE_OPS == ARITHMETIC + NEW_OPS + ("remainder",)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -307,10 +309,10 @@ def test_functional_binary_reuses_one_plan():
 
 
 def _compile_binary(names: tuple[str, ...], grad_of: int | None = None) -> None:
-    """binary.cu's forward for the last row of `names` (and the gradient of row
+    """binary.cu's forward for the last row of `names` on int (and the gradient of row
     `grad_of`), compiled."""
     from gpuplan.ops import binary
-    exprs = [f"binary_contiguous<float, {len(names) - 1}>"]
+    exprs = [f"binary_broadcast<int, {len(names) - 1}>"]
     if grad_of is not None:
         exprs.append(f"binary_grad<float, float, {grad_of}, 1>")
     compile_with_enums(binary._MODULE.path, exprs, {"BinaryOp": names})
@@ -318,7 +320,7 @@ def _compile_binary(names: tuple[str, ...], grad_of: int | None = None) -> None:
 
 def test_the_cuda_enum_is_generated_from_the_table():
     """The table as it is compiles; a row with no CUDA branch is a compile error."""
-    _compile_binary(BINARY_OP_NAMES, grad_of=len(DIFFERENTIABLE_OPS) - 1)
+    _compile_binary(BINARY_OP_NAMES, grad_of=BINARY_OP_NAMES.index(DIFFERENTIABLE_OPS[-1]))
     with pytest.raises(Exception, match="binary op without CUDA forward math"):
         _compile_binary(BINARY_OP_NAMES + ("atan2",))
 
