@@ -26,20 +26,13 @@ from typing import Any
 import numpy as np
 
 from gpuplan import backend
-from gpuplan.dtypes import FLOAT_DTYPES, accumulator, as_dtype, cuda_name, int32, int64
+from gpuplan.dtypes import FLOAT_DTYPES, accumulator, as_dtype, cuda_name
 from gpuplan.dtypes import short_name as sn
 from gpuplan.errors import Unsupported, describe
 from gpuplan.execute import call
 from gpuplan.nvrtc import CudaModule, cdiv, launch
-from gpuplan.ops.binary_table import (
-    BINARY_OP_NAMES,
-    BINARY_OPS,
-    BOOL,
-    COMPARE_OPS,
-    DIFFERENTIABLE_OPS,
-    FLOAT,
-    INT,
-)
+from gpuplan.ops import binary_table as table
+from gpuplan.ops.binary_table import BINARY_OP_NAMES, BINARY_OPS, COMPARE_OPS, DIFFERENTIABLE_OPS
 from gpuplan.ops.broadcast import MAX_DIMS, broadcast_layout, dims_launch_args
 from gpuplan.ops.reduce_launch import SUM, launch_reduce, reduce_layout
 from gpuplan.plan import BackendKind, Candidate, Plan, host_candidate
@@ -54,19 +47,11 @@ __functional__ = ["binary", "binary_backward", "bias_add"]
 _BY_NAME = {op.name: op for op in BINARY_OPS}
 _INDEX = {name: i for i, name in enumerate(BINARY_OP_NAMES)}
 _MAX_GRID = 1 << 18
-BOOL_DTYPE = np.dtype(np.bool_)
-INT_DTYPES = (int32, int64)
-#: Every dtype some op takes; each row of the table says which kinds it takes.
-BINARY_DTYPES: tuple[np.dtype, ...] = FLOAT_DTYPES + INT_DTYPES + (BOOL_DTYPE,)
-
-
-def _kind(dtype: Any) -> str:
-    d = as_dtype(dtype)
-    return FLOAT if d in FLOAT_DTYPES else BOOL if d == BOOL_DTYPE else INT
+_kind, FLOAT = table.dtype_kind, table.FLOAT
 
 
 def _ctype(dtype: Any) -> str:
-    return "bool" if as_dtype(dtype) == BOOL_DTYPE else cuda_name(dtype)
+    return "bool" if as_dtype(dtype) == table.BOOL_DTYPE else cuda_name(dtype)
 
 
 # Floats: contiguous and broadcast forwards; integers and bool: broadcast only (module doc).
@@ -75,7 +60,7 @@ def _ctype(dtype: Any) -> str:
 # instances; ops without a gradient have none.
 _MODULE = CudaModule(
     __file__, "binary.cu",
-    [f"binary_{k}<{_ctype(t)}, {i}>" for t in BINARY_DTYPES
+    [f"binary_{k}<{_ctype(t)}, {i}>" for t in table.BINARY_DTYPES
      for k in (("contiguous", "broadcast") if _kind(t) == FLOAT else ("broadcast",))
      for i, op in enumerate(BINARY_OPS) if _kind(t) in op.kinds]
     + [f"binary_grad<{cuda_name(t)}, {cuda_name(o)}, {i}, {w}>"
@@ -122,8 +107,7 @@ def _out_shape(desc: Any) -> tuple:
 
 _DTYPE = DType("dtype", FLOAT_DTYPES, default=np.float32)
 _FIELDS = (Choice("op", choices=BINARY_OP_NAMES), Shape("a_shape"), Shape("b_shape"),
-           DType("dtype", BINARY_DTYPES, default=np.float32))
-_KIND_NAMES = {FLOAT: "float", INT: "int32/int64", BOOL: "bool"}
+           DType("dtype", table.BINARY_DTYPES, default=np.float32))
 
 
 def _operands_rule(desc: Any) -> bool | None:
@@ -171,7 +155,7 @@ class _BroadcastPlan(_MapPlan):
         super()._check_descriptor(desc)
         row = _BY_NAME[desc.op]
         if _kind(desc.dtype) not in row.kinds:
-            kinds = " or ".join(_KIND_NAMES[k] for k in row.kinds)
+            kinds = " or ".join(table.KIND_NAMES[k] for k in row.kinds)
             raise Unsupported(describe(cls.op, "dtype", f"{kinds} for op {desc.op!r}",
                                        sn(desc.dtype)))
         _, dims = broadcast_dims(cls.op, desc.a_shape, desc.b_shape)

@@ -23,8 +23,20 @@ from typing import Any
 
 import numpy as np
 
+from gpuplan.dtypes import FLOAT_DTYPES, as_dtype, int32, int64
+
 #: dtype kinds of a row: "f" float, "i" int32/int64, "b" bool.
 FLOAT, INT, BOOL = "f", "i", "b"
+KIND_NAMES = {FLOAT: "float", INT: "int32/int64", BOOL: "bool"}
+BOOL_DTYPE = np.dtype(np.bool_)
+#: Every dtype some op takes; each row of the table says which kinds it takes.
+BINARY_DTYPES: tuple[np.dtype, ...] = FLOAT_DTYPES + (int32, int64, BOOL_DTYPE)
+
+
+def dtype_kind(dtype: Any) -> str:
+    """FLOAT, INT or BOOL: the kind of one of BINARY_DTYPES."""
+    d = as_dtype(dtype)
+    return FLOAT if d in FLOAT_DTYPES else BOOL if d == BOOL_DTYPE else INT
 
 
 @dataclass(frozen=True)
