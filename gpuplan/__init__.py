@@ -5,7 +5,7 @@ Importing gpuplan never touches CUDA: kernels compile lazily, per device, on fir
 
 import importlib as _importlib
 
-from gpuplan import functional
+from gpuplan import functional, graphs
 from gpuplan.backend import (
     array_namespace,
     asarray,

@@ -8,12 +8,17 @@ import numpy as np
 
 from gpuplan import backend, host
 from gpuplan.emulator import array as emulated_array
+from gpuplan.emulator import capture as emulated_capture
 from gpuplan.emulator.array import DEVICE_ID as EMULATED_DEVICE_ID
+from gpuplan.emulator.capture import GraphCaptureError
 from gpuplan.errors import InvalidProblem, describe
 
 
 class _EmulatedStream:
-    """The emulated device's only stream: launches complete before they return."""
+    """The emulated device's only stream: launches complete before they return, except
+    while it captures a graph (cupy.cuda.Stream's capture interface; see
+    gpuplan.emulator.capture): then its work is recorded, and end_capture() returns a graph
+    whose launch() replays it."""
 
     ptr = 0
 
@@ -24,7 +29,18 @@ class _EmulatedStream:
         return None
 
     def synchronize(self) -> None:
+        if emulated_capture.active() is not None:
+            raise emulated_capture.refuse("stream synchronize")
         return None
+
+    def begin_capture(self, mode: Any = None) -> None:
+        emulated_capture.begin()
+
+    def end_capture(self) -> emulated_capture.EmulatedGraph:
+        return emulated_capture.EmulatedGraph(emulated_capture.end())
+
+    def is_capturing(self) -> bool:
+        return emulated_capture.active() is not None
 
 
 class Stream:
@@ -133,7 +149,17 @@ class Stream:
 
     def synchronize(self) -> None:
         if self._cuda is not None:
+            if self.capturing is not None:
+                raise GraphCaptureError(f"{self!r}: synchronize during graph capture (a "
+                                        f"host sync cannot be captured)")
             self._cuda.synchronize()
+
+    @property
+    def capturing(self) -> Any:
+        """The graph capture in progress on this stream (gpuplan.graphs), or None."""
+        if self._kind == "emulated":
+            return emulated_capture.active()
+        return _CAPTURES.get(self.key) if _CAPTURES else None
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Stream) and other._cuda is self._cuda and \
@@ -151,6 +177,40 @@ class Stream:
 
 
 _CUDA_WRAPPERS: dict[tuple[int, int], Stream] = {}
+#: CUDA streams capturing a graph (Stream.key -> the capture's state, see gpuplan.graphs).
+_CAPTURES: dict[tuple, Any] = {}
+
+
+def upload(stream: Stream, dst: Any, host: np.ndarray) -> None:
+    """``dst[...] = host`` (a NumPy array of dst's size and dtype), ordered on `stream`.
+
+    The plans' way to stage host-built tables: while `stream` captures a graph, the host
+    data is first snapshotted into memory the graph owns (pinned on a GPU), so the captured
+    copy reads the same values at every replay even after `host` is rewritten; a plain
+    ``set()`` from pageable memory cannot be captured."""
+    host = np.ascontiguousarray(host, dtype=dst.dtype).reshape(dst.shape)
+    if stream.is_host:
+        np.copyto(dst, host)
+    elif stream.is_emulated:
+        cap = emulated_capture.active()
+        if cap is None:
+            np.copyto(dst.view(np.ndarray), host)
+            return
+        snap = host.copy()
+        target = dst.view(np.ndarray)
+        cap.keep.append(snap)
+        cap.record("upload", lambda: np.copyto(target, snap), (dst,))
+    else:
+        cap = stream.capturing
+        cuda = stream.cuda_stream
+        with backend.cupy_module().cuda.Device(stream.device_id):
+            if cap is None:
+                dst.set(host, stream=cuda)
+                return
+            snap = __import__("cupyx").empty_pinned(host.shape, host.dtype)
+            snap[...] = host
+            cap.keep.append(snap)
+            dst.data.copy_from_host_async(snap.ctypes.data, host.nbytes, cuda)
 
 #: The emulated device executes the PTX of an sm_80 part (mma.sync, ldmatrix, cp.async).
 EMULATED_COMPUTE_CAPABILITY = 80

@@ -134,6 +134,18 @@ class Block(Module):
         return s, self.mlp(h)
 
 
+_POSITIONS: dict[tuple[int, str], Any] = {}
+
+
+def _positions(T: int, device: str) -> Any:
+    """``arange(T)`` on `device`, made once (read only): no host-to-device copy per forward,
+    which a captured CUDA graph could not contain (gpuplan.graphs)."""
+    pos = _POSITIONS.get((T, device))
+    if pos is None:
+        pos = _POSITIONS[(T, device)] = gp.asarray(np.arange(T, dtype=np.int64), device=device)
+    return pos
+
+
 class GPT(Module):
     """``logits[B, T, V] = head(ln_f(blocks(wte[idx] + wpe[0:T])))``.
 
@@ -210,8 +222,7 @@ class GPT(Module):
         if T > self.config.block_size:
             raise ValueError(f"GPT: sequence length {T} exceeds block_size "
                              f"{self.config.block_size}")
-        pos = gp.asarray(np.arange(T, dtype=np.int64), device=gp.device_of(idx))
-        return self.drop(self.wte(idx) + self.wpe(pos))
+        return self.drop(self.wte(idx) + self.wpe(_positions(T, gp.device_of(idx))))
 
     def logits(self, x: Tensor, residual: Tensor | None = None) -> Tensor:
         """``ln_f(x)`` projected on the vocabulary: ``head(ln_f(x))``, or with tied weights

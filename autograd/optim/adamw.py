@@ -52,25 +52,59 @@ class AdamW(Optimizer):
         self.foreach = foreach
 
     def step(self) -> None:
+        """One step of every parameter with a gradient. Under CUDA graph capture
+        (gpuplan.graphs) the kernels read the step's factors from a device buffer that a
+        before-replay hook refreshes (advancing the step count and taking the group's
+        current lr), so every replay is the next step and follows the schedule; the state
+        must exist by then (warm-up steps before capture)."""
         buckets: dict[tuple, list[tuple[dict, Any, dict, Any]]] = {}
+        stream = None
         for group, p in self._params_with_grad():
+            if stream is None:
+                stream = gp.Stream.for_array(p.data)
+                capturing = gp.graphs.is_capturing(stream)
+            if capturing and "exp_avg" not in self.state.get(id(p), {}):
+                raise gp.graphs.GraphCaptureError(
+                    f"{type(self).__name__}.step(): optimizer state created during graph "
+                    f"capture would be re-created at every replay: run warm-up steps before "
+                    f"capture")
             state = self._param_state(p)
             if "exp_avg" not in state:
                 state["exp_avg"] = self._zeros_like_master(p, state)
                 state["exp_avg_sq"] = self._zeros_like_master(p, state)
-            state["step"] += 1
+            step = state["step"] + 1
+            if not capturing:  # a replay's hook counts the captured step
+                state["step"] = step
             target, lowp = self._target(p, state)
             grad = self._grad(group, p, target)
-            key = (id(group), state["step"], target.dtype, grad.dtype,
+            key = (id(group), step, target.dtype, grad.dtype,
                    None if lowp is None else lowp.dtype, gp.device_of(target))
             buckets.setdefault(key, []).append((group, p, state, grad))
-        for entries in buckets.values():
+        for key, entries in buckets.items():
+            group, step, dtype = entries[0][0], key[1], key[2]
+            hyper = self._device_hyper(stream, entries, dtype) if capturing else None
+            hp = dict(self._hyper(group, step), hyper=hyper)
             if self.foreach and len(entries) > 1 and all(_contiguous(e) for e in entries):
-                self._multi_tensor_step(entries)
+                self._multi_tensor_step(entries, hp)
             else:
-                for group, p, state, grad in entries:
-                    self._single_step(group, p, state, grad)
+                for _, p, state, grad in entries:
+                    self._single_step(p, state, grad, hp)
             self._mark_stepped(e[1] for e in entries)
+
+    def _device_hyper(self, stream: Any, entries: list, dtype: Any) -> Any:
+        """A device buffer of the bucket's step factors (gp.functional.adamw_hyper) and the
+        before-replay hook that advances its step count and refreshes it."""
+        group = entries[0][0]
+        buf = gp.empty((gp.ops.adamw.HYPER_SIZE,), dtype, device=stream.kind)
+
+        def refresh() -> None:
+            for _, _, state, _ in entries:
+                state["step"] += 1
+            hp = self._hyper(group, entries[0][2]["step"])
+            gp.stream.upload(stream, buf, gp.functional.adamw_hyper(dtype, **hp))
+
+        gp.graphs.before_replay(refresh, stream)
+        return buf
 
     def _grad(self, group: dict, p: Any, target: Any) -> Any:
         """The gradient the step uses (Adam adds its L2 term here)."""
@@ -86,13 +120,12 @@ class AdamW(Optimizer):
                     eps=float(group["eps"]), weight_decay=self._decoupled_decay(group),
                     step=int(step))
 
-    def _single_step(self, group: dict, p: Any, state: dict, grad: Any) -> None:
+    def _single_step(self, p: Any, state: dict, grad: Any, hp: dict) -> None:
         target, lowp = self._target(p, state)
         gp.functional.adamw_step(target, grad, state["exp_avg"], state["exp_avg_sq"],
-                                 param_lowp=lowp, **self._hyper(group, state["step"]))
+                                 param_lowp=lowp, **hp)
 
-    def _multi_tensor_step(self, entries: list[tuple[dict, Any, dict, Any]]) -> None:
-        group, _, first, _ = entries[0]
+    def _multi_tensor_step(self, entries: list[tuple[dict, Any, dict, Any]], hp: dict) -> None:
         targets, lowps = zip(*(self._target(p, s) for _, p, s, _ in entries), strict=True)
 
         def flat(a: Any) -> Any:
@@ -107,8 +140,7 @@ class AdamW(Optimizer):
             params=[flat(t) for t in targets], grads=grads,
             exp_avgs=[flat(s["exp_avg"]) for _, _, s, _ in entries],
             exp_avg_sqs=[flat(s["exp_avg_sq"]) for _, _, s, _ in entries],
-            params_lowp=[flat(lp) for lp in lowps] if has_lowp else None,
-            **self._hyper(group, first["step"]))
+            params_lowp=[flat(lp) for lp in lowps] if has_lowp else None, **hp)
         gp.execute(gp.AdamWMultiTensorPlan, desc, args, like=targets[0])
 
 

@@ -13,8 +13,9 @@ from gpuplan.emulator.device import (
     EmulatedModule,
     KernelFault,
     LaunchError,
+    reset_schedules,
 )
 from gpuplan.emulator.ptx import UnknownInstruction
 
 __all__ = ["DEVICE_ID", "EmulatedArray", "EmulatedKernel", "EmulatedModule", "KernelFault",
-           "LaunchError", "UnknownInstruction"]
+           "LaunchError", "UnknownInstruction", "reset_schedules"]

@@ -14,6 +14,8 @@ from typing import Any
 
 import numpy as np
 
+from gpuplan.emulator import capture as _capture
+
 #: The device id of the emulated device (distinct from every CUDA device id).
 DEVICE_ID = -1
 _ALIGN = 256
@@ -39,7 +41,11 @@ class _Data:
 
 
 class EmulatedArray(np.ndarray):
-    """An ndarray living on the emulated device."""
+    """An ndarray living on the emulated device.
+
+    While the emulated stream captures a graph, its array operations are recorded rather
+    than run, and host reads refuse (gpuplan.emulator.capture); otherwise they are NumPy's.
+    """
 
     device = _Device()
 
@@ -75,7 +81,153 @@ def empty(shape: Any, dtype: Any = float, order: str = "C") -> EmulatedArray:
     off = (-raw.ctypes.data) % _ALIGN
     flat = raw[off:off + nbytes].view(dt)
     out = flat.reshape(shape, order=order) if order in ("C", "F") else flat.reshape(shape)
+    _capture.allocated(raw)
     return out.view(EmulatedArray)
+
+
+# -- graph capture: while the emulated stream captures, these methods replace NumPy's on
+# EmulatedArray (installed by set_capture_hooks, so arrays cost nothing extra otherwise):
+# stream work is recorded (see _captured), host reads and pageable copies refuse.
+
+
+def _plain(x: Any) -> Any:
+    if isinstance(x, EmulatedArray):
+        return x.view(np.ndarray)
+    if isinstance(x, tuple):
+        return tuple(_plain(v) for v in x)
+    if isinstance(x, list):
+        return [_plain(v) for v in x]
+    return x
+
+
+def _ufunc(self: EmulatedArray, ufunc: Any, method: str, *inputs: Any, **kwargs: Any) -> Any:
+    out = kwargs.get("out")
+
+    def run(*ins: Any, **kw: Any) -> Any:
+        kw = {k: _plain(v) for k, v in kw.items()}
+        r = getattr(ufunc, method)(*_plain(ins), **kw)
+        if out is not None:
+            return out[0] if len(out) == 1 else out
+        return r
+
+    name = f"numpy.{ufunc.__name__}" + ("" if method == "__call__" else f".{method}")
+    return _captured(name, run, inputs, kwargs)
+
+
+def _function(self: EmulatedArray, func: Any, types: Any, args: Any, kwargs: Any) -> Any:
+    return _captured(f"numpy.{func.__name__}",
+                     lambda *a, **k: func._implementation(*a, **k), tuple(args), dict(kwargs))
+
+
+def _refusing(what: str) -> Any:
+    def method(self: EmulatedArray, *args: Any, **kwargs: Any) -> Any:
+        raise _capture.refuse(what)
+    return method
+
+
+def _recording(name: str) -> Any:
+    base = getattr(np.ndarray, name)
+
+    def method(self: EmulatedArray, *args: Any, **kwargs: Any) -> Any:
+        return _captured(f"ndarray.{name}", lambda *a, **k: base(*a, **k), (self, *args), kwargs)
+    return method
+
+
+def _getitem(self: EmulatedArray, key: Any) -> Any:
+    """Indexing as CuPy does it: a single element is a 0-d device array (reading it is a
+    host read); a view needs no stream work; a gather (fancy index) is recorded."""
+    r = np.ndarray.__getitem__(self, key)
+    if isinstance(r, np.generic):  # the same element as a 0-d view
+        return np.ndarray.__getitem__(self, (*(key if isinstance(key, tuple) else (key,)),
+                                             Ellipsis))
+    if isinstance(r, np.ndarray) and _capture._root(r) is _capture._root(self):
+        return r
+    return _captured("ndarray.__getitem__", lambda *a: np.ndarray.__getitem__(*a), (self, key),
+                     {})
+
+
+_CAPTURE_HOOKS = {
+    "__getitem__": _getitem,
+    "__array_ufunc__": _ufunc,
+    "__array_function__": _function,
+    "__setitem__": _recording("__setitem__"),
+    "fill": _recording("fill"),
+    "copy": _recording("copy"),
+    "astype": _recording("astype"),
+    "get": _refusing("reading a device array to the host (get / gpuplan.to_host)"),
+    "set": _refusing("ndarray.set (a copy from pageable host memory)"),
+    "item": _refusing("reading a device value on the host (item())"),
+    "tolist": _refusing("reading device values on the host (tolist())"),
+    "__float__": _refusing("reading a device value on the host (float())"),
+    "__int__": _refusing("reading a device value on the host (int())"),
+    "__bool__": _refusing("reading a device value on the host (bool(), e.g. an if on it)"),
+    "__index__": _refusing("reading a device value on the host (used as an index)"),
+}
+_SAVED: dict[str, Any] = {}
+
+
+def set_capture_hooks(on: bool) -> None:
+    """Install (on) or remove the capture behaviour of EmulatedArray's methods."""
+    for name, hook in _CAPTURE_HOOKS.items():
+        if on:
+            if name in EmulatedArray.__dict__:
+                _SAVED[name] = EmulatedArray.__dict__[name]
+            setattr(EmulatedArray, name, hook)
+        elif name in _SAVED:
+            setattr(EmulatedArray, name, _SAVED.pop(name))
+        else:
+            delattr(EmulatedArray, name)
+
+
+def _arrays(x: Any) -> list:
+    if isinstance(x, np.ndarray):
+        return [x]
+    if isinstance(x, (tuple, list)):
+        return [a for v in x for a in _arrays(v)]
+    if isinstance(x, dict):
+        return [a for v in x.values() for a in _arrays(v)]
+    return []
+
+
+def _captured(what: str, op: Any, args: tuple, kwargs: dict) -> Any:
+    """Run array operation `op` while capturing: on a GPU it is stream work (a CuPy
+    kernel), so it is recorded to run again at every replay. It runs once now to give its
+    results their shapes and memory (the values are those of unexecuted work: meaningless
+    until a replay); a replay recomputes and writes the same memory. Host arrays among the
+    operands (pageable copies) and host results (values read back) are refused."""
+    for a in _arrays((args, kwargs)):
+        if not isinstance(a, EmulatedArray) and a.ndim > 0:
+            raise _capture.refuse(f"{what} with a host NumPy array operand (a copy from "
+                                  f"pageable host memory)")
+    with np.errstate(all="ignore"):
+        result = op(*args, **kwargs)
+    many = isinstance(result, tuple)
+    outs = list(result) if many else [result]
+    if any(r is not None and not isinstance(r, (np.ndarray, np.generic)) for r in outs):
+        raise _capture.refuse(f"{what} returning a host value (a device value read back)")
+    # A scalar result is a 0-d device array (what NumPy gives EmulatedArray, and CuPy gives).
+    outs = [np.asarray(r).view(EmulatedArray) if isinstance(r, np.generic) else
+            r.view(EmulatedArray) if type(r) is np.ndarray else r for r in outs]
+    fresh = [k for k, r in enumerate(outs)
+             if isinstance(r, np.ndarray) and not _shares(r, args, kwargs)]
+    captured = {k: outs[k].view(np.ndarray) for k in fresh}
+
+    def replay() -> None:
+        with np.errstate(all="ignore"):
+            again = op(*args, **kwargs)
+        again = again if many else (again,)
+        for k, dst in captured.items():
+            np.copyto(dst, np.asarray(again[k]).view(np.ndarray), casting="unsafe")
+
+    _capture._ACTIVE.record(what, replay,
+                            tuple(_arrays((args, kwargs))) + tuple(outs[k] for k in fresh))
+    return tuple(outs) if many else outs[0]
+
+
+def _shares(r: np.ndarray, args: tuple, kwargs: dict) -> bool:
+    """True when `r` is an operand or a view of one (no new memory to fill at replay)."""
+    owner = _capture._root(r)
+    return any(_capture._root(a) is owner for a in _arrays((args, kwargs)))
 
 
 def asarray(a: Any, dtype: Any = None, order: Any = None, copy: bool | None = None) -> Any:
@@ -83,6 +235,10 @@ def asarray(a: Any, dtype: Any = None, order: Any = None, copy: bool | None = No
     if isinstance(a, EmulatedArray) and (dtype is None or a.dtype == np.dtype(dtype)) \
             and copy is not True:
         return a
+    if isinstance(a, EmulatedArray):  # a device copy (stream work while capturing)
+        out = empty(a.shape, a.dtype if dtype is None else dtype)
+        out[...] = a
+        return out
     if hasattr(a, "get") and not isinstance(a, np.ndarray):  # a CuPy array
         a = a.get()
     host = np.asarray(a, dtype=dtype)
@@ -133,6 +289,8 @@ class _Namespace:
         if isinstance(a, EmulatedArray) and a.flags.c_contiguous and \
                 (dtype is None or a.dtype == np.dtype(dtype)):
             return a
+        if isinstance(a, EmulatedArray):  # a device copy; 0-d becomes (1,) as in NumPy
+            return asarray(a if a.ndim else a.reshape(1), dtype, copy=True)
         return asarray(np.ascontiguousarray(np.asarray(a), dtype=dtype))
 
     def __getattr__(self, name: str) -> Any:

@@ -13,13 +13,14 @@ import ctypes
 import hashlib
 import os
 import threading
+import weakref
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from gpuplan.emulator import build
+from gpuplan.emulator import build, capture
 from gpuplan.emulator.array import EmulatedArray
 
 #: Parameter kinds (emu_abi.h).
@@ -101,6 +102,17 @@ def _dims(v: Any, what: str, kernel: str) -> tuple[int, int, int]:
     return t + (1,) * (3 - len(t))
 
 
+_KERNELS: weakref.WeakSet = weakref.WeakSet()
+
+
+def reset_schedules() -> None:
+    """Restart every kernel's sequence of launch schedules as at process start, so that a
+    run after this call interleaves threads (and orders atomics) exactly as an earlier run
+    did after its own call: two runs of one job in one process compare bit for bit."""
+    for kernel in list(_KERNELS):
+        kernel.launches = 0
+
+
 def _seed(kernel: EmulatedKernel) -> int:
     """The launch's schedule seed: GPUPLAN_EMULATOR_SEED, the kernel and how many times this
     kernel has launched in this process (so a test's schedules do not depend on the tests
@@ -122,6 +134,7 @@ class EmulatedKernel:
         self.params = params
         self.launches = 0
         self.max_dynamic_shared_size_bytes = DEFAULT_DYNAMIC_SMEM
+        _KERNELS.add(self)
 
     def __setattr__(self, key: str, value: Any) -> None:
         if key == "max_dynamic_shared_size_bytes" and not 0 <= int(value) <= MAX_DYNAMIC_SMEM:
@@ -196,6 +209,16 @@ class EmulatedKernel:
         for extra in reachable:
             if isinstance(extra, EmulatedArray):
                 regions.append((extra.ctypes.data, extra.nbytes, -1))
+        cap = capture.active()
+        if cap is not None:  # recorded with these argument values, run at every replay
+            cap.record(f"kernel {self.name}",
+                       lambda: self._launch(g3, b3, shared_mem, values, regions),
+                       tuple(a for a in (*args, *reachable) if isinstance(a, EmulatedArray)))
+            return
+        self._launch(g3, b3, shared_mem, values, regions)
+
+    def _launch(self, g3: tuple, b3: tuple, shared_mem: int, values: list,
+                regions: list) -> None:
         ptrs = (ctypes.c_void_p * max(1, len(values)))(
             *[ctypes.cast(ctypes.pointer(v), ctypes.c_void_p) for v in values])
         flat = (ctypes.c_uint64 * max(1, 2 * len(regions)))(

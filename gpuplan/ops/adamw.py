@@ -41,13 +41,13 @@ from gpuplan.ops.optimizer import (
     raise_overlap,
 )
 from gpuplan.spec import REQUIRED, Extent, In, InOut, OpSpec, Out, Scalar, Shape
-from gpuplan.stream import Stream, Workspace
+from gpuplan.stream import Stream, Workspace, upload
 
 __all__ = [
     "AdamWDescriptor", "AdamWArgs", "AdamWPlan",
     "AdamWMultiTensorDescriptor", "AdamWMultiTensorArgs", "AdamWMultiTensorPlan",
 ]
-__functional__ = ["adamw_step"]
+__functional__ = ["adamw_step", "adamw_hyper"]
 
 #: elements per block of the multi-tensor kernel
 MULTI_TENSOR_CHUNK = 16384
@@ -57,6 +57,13 @@ HYPER = (Scalar("lr", REQUIRED, "real", lo=0.0), Scalar("step", REQUIRED, "int",
          Scalar("beta1", 0.9, "real", lo=0.0, hi=1.0, hi_open=True),
          Scalar("beta2", 0.999, "real", lo=0.0, hi=1.0, hi_open=True),
          Scalar("eps", 1e-8, "real", lo=0.0), Scalar("weight_decay", 1e-2, "real", lo=0.0))
+# None, or a device array of HYPER_SIZE values (adamw_hyper) the kernel reads the step's
+# factors from instead of HYPER's: a captured graph keeps reading it at every replay, so a
+# schedule refreshes it before each one.
+HYPER_BUFFER = Scalar("hyper", None)
+#: the step's factors, in the kernels' order: (decay, beta1, 1-beta1, beta2, 1-beta2,
+#: step_size, 1/sqrt(bc2), eps)
+HYPER_SIZE = 8
 
 
 def adamw_scalars(op: str, args: Any, dtype: np.dtype) -> tuple:
@@ -75,6 +82,35 @@ def adamw_scalars(op: str, args: Any, dtype: np.dtype) -> tuple:
 
 
 _INF = math.inf
+
+
+def adamw_hyper(dtype: Any, *, lr: float, step: int, beta1: float = 0.9, beta2: float = 0.999,
+                eps: float = 1e-8, weight_decay: float = 1e-2) -> np.ndarray:
+    """The HYPER_SIZE factors of one AdamW step as a host array of `dtype` (the weights'):
+    what an AdamW plan computes from these arguments, for a ``hyper`` device buffer."""
+    args = SimpleNamespace(lr=lr, step=step, beta1=beta1, beta2=beta2, eps=eps,
+                           weight_decay=weight_decay)
+    dt = np.dtype(dtype)
+    return np.array(adamw_scalars("adamw_hyper", args, dt), dtype=dt)
+
+
+def check_hyper_buffer(plan: Any, hyper: Any) -> Any:
+    """The kernels' `hyper` argument: the checked device buffer, or a null pointer."""
+    if hyper is None:
+        return _NULL
+    d = plan._dtype
+    ok = getattr(hyper, "shape", None) == (HYPER_SIZE,) and hyper.dtype == d and \
+        hyper.flags.c_contiguous and backend.device_of(hyper) == plan.stream.kind
+    if not ok:
+        given = (f"shape {getattr(hyper, 'shape', None)} {getattr(hyper, 'dtype', None)} on "
+                 f"{backend.device_of(hyper)}") if hasattr(hyper, "dtype") else repr(hyper)
+        raise InvalidProblem(describe(plan.op, "hyper", f"None or a contiguous ({HYPER_SIZE},) "
+                                      f"{d} array on the plan's device ({plan.stream.kind})",
+                                      given))
+    return hyper
+
+
+_NULL = np.uint64(0)
 
 
 def _checked_hyper(op: str, args: Any) -> tuple:
@@ -121,7 +157,7 @@ SPEC = OpSpec(
               InOut("exp_avg", ("n",), distinct=("grad", "exp_avg_sq")),
               InOut("exp_avg_sq", ("n",), distinct=("grad",)),
               Out("param_lowp", ("n",), dtype=lowp_dtype, present=lowp_present)),
-    scalars=HYPER,
+    scalars=(*HYPER, HYPER_BUFFER),
     empty=("n",),
 )
 AdamWDescriptor = SPEC.descriptor(
@@ -129,7 +165,8 @@ AdamWDescriptor = SPEC.descriptor(
     "(None: dtype), an f16/bf16 copy of the weights when lowp_dtype is set.")
 AdamWArgs = SPEC.args(
     "AdamWArgs", "param, exp_avg, exp_avg_sq [n] updated in place; grad [n]; param_lowp [n] "
-    "(overwritten) or None; lr, step (from 1), beta1, beta2, eps, weight_decay per call.")
+    "(overwritten) or None; lr, step (from 1), beta1, beta2, eps, weight_decay per call; "
+    "hyper: None or a device array of the step's factors read instead (adamw_hyper).")
 
 
 class AdamWPlan(FusedStepPlan):
@@ -141,10 +178,11 @@ class AdamWPlan(FusedStepPlan):
 
     def _check_args(self, args: Any) -> None:
         self._scalars = adamw_scalars(self.op, args, self._dtype)
+        self._hyper = check_hyper_buffer(self, args.hyper)
 
     def _run_numpy(self, stream: Stream, ws: Workspace, args: Any) -> None:
         p, g, m, v, low, s = (args.param, args.grad, args.exp_avg, args.exp_avg_sq,
-                              args.param_lowp, self._scalars)
+                              args.param_lowp, _host_scalars(self))
         for_blocks(self.desc.n, lambda lo, hi: _adamw_numpy(
             p[lo:hi], g[lo:hi], m[lo:hi], v[lo:hi], None if low is None else low[lo:hi], s))
 
@@ -153,7 +191,14 @@ class AdamWPlan(FusedStepPlan):
         lowp = args.param if args.param_lowp is None else args.param_lowp  # unread when None
         launch(stream, fn, self._grid, THREADS,
                (args.param, args.grad, args.exp_avg, args.exp_avg_sq, lowp, self._n)
-               + self._scalars + (self._write_lowp,))
+               + self._scalars + (self._write_lowp, self._hyper))
+
+
+def _host_scalars(plan: Any) -> tuple:
+    """The factors the host SKU uses: from the hyper buffer when one is given."""
+    if plan._hyper is _NULL:
+        return plan._scalars
+    return tuple(plan._dtype.type(v) for v in plan._hyper)
 
 
 # -- many tensors in one launch --------------------------------------------------------------
@@ -167,7 +212,7 @@ MULTI_SPEC = OpSpec(
     # them against a signature resolved once per plan.
     operands=(),
     scalars=(*(Scalar(name, REQUIRED) for name in _LISTS[:4]), *HYPER,
-             Scalar("params_lowp", None)),
+             Scalar("params_lowp", None), HYPER_BUFFER),
     empty=lambda d: not any(d.sizes),
 )
 AdamWMultiTensorDescriptor = MULTI_SPEC.descriptor(
@@ -277,6 +322,7 @@ class AdamWMultiTensorPlan(FusedStepPlan):
         else:
             check_disjoint(self.op, flat, self._label)
         self._scalars = adamw_scalars(self.op, args, self._dtype)
+        self._hyper = check_hyper_buffer(self, args.hyper)
 
     def _label(self, k: int) -> str:
         t = len(self._sizes)
@@ -305,6 +351,7 @@ class AdamWMultiTensorPlan(FusedStepPlan):
         tensors = list(zip(args.params, args.grads, args.exp_avgs, args.exp_avg_sqs, lowps,
                            strict=True))
         offsets = self._offsets
+        scalars = _host_scalars(self)
 
         def block(lo: int, hi: int) -> None:
             k = bisect.bisect_right(offsets, lo) - 1
@@ -314,7 +361,7 @@ class AdamWMultiTensorPlan(FusedStepPlan):
                     a, b = lo - offsets[k], end - offsets[k]
                     p, g, m, v, low = tensors[k]
                     _adamw_numpy(p[a:b], g[a:b], m[a:b], v[a:b],
-                                 None if low is None else low[a:b], self._scalars)
+                                 None if low is None else low[a:b], scalars)
                 lo, k = end, k + 1
 
         for_blocks(offsets[-1], block)
@@ -326,12 +373,13 @@ class AdamWMultiTensorPlan(FusedStepPlan):
         host[: 6 * t].reshape(t, 6)[:, 1:1 + len(lists)] = self._ptrs.reshape(len(lists), t).T
         table = ws.view(np.int64, host.size)
         # Ordered on the stream after earlier launches that read this workspace; returns once
-        # the pageable host table has been staged, so `host` may be rewritten by the next call.
-        table.set(host, stream=stream.cuda_stream)
+        # the pageable host table has been staged (or snapshotted, while a graph captures),
+        # so `host` may be rewritten by the next call.
+        upload(stream, table, host)
         fn = MODULE.function(self._kernel, stream.device_id)
         launch(stream, fn, self._chunks, THREADS,
                (table[: 6 * t], table[6 * t:], np.int64(MULTI_TENSOR_CHUNK)) + self._scalars
-               + (self._write_lowp,), reachable=[a for seq in lists for a in seq])
+               + (self._write_lowp, self._hyper), reachable=[a for seq in lists for a in seq])
 
 
 # -- functional API ------------------------------------------------------------------------
@@ -339,12 +387,13 @@ class AdamWMultiTensorPlan(FusedStepPlan):
 
 def adamw_step(param: Any, grad: Any, exp_avg: Any, exp_avg_sq: Any, *, lr: float,
                beta1: float, beta2: float, eps: float, weight_decay: float, step: int,
-               param_lowp: Any = None) -> None:
+               param_lowp: Any = None, hyper: Any = None) -> None:
     """One AdamW step in place on param, exp_avg, exp_avg_sq (and param_lowp if given); every
-    array has param's shape (in-place ones C-contiguous)."""
+    array has param's shape (in-place ones C-contiguous). `hyper`: see AdamWArgs."""
     p, g, m, v, low = flat_operands(AdamWPlan.op, param, (
         ("grad", grad, False), ("exp_avg", exp_avg, True), ("exp_avg_sq", exp_avg_sq, True),
         ("param_lowp", param_lowp, True)))
     desc = AdamWDescriptor(p.size, p.dtype, g.dtype, None if low is None else low.dtype)
     call(AdamWPlan, desc, like=p, param=p, grad=g, exp_avg=m, exp_avg_sq=v, param_lowp=low,
-         lr=lr, step=step, beta1=beta1, beta2=beta2, eps=eps, weight_decay=weight_decay)
+         lr=lr, step=step, beta1=beta1, beta2=beta2, eps=eps, weight_decay=weight_decay,
+         hyper=hyper)

@@ -23,14 +23,15 @@ from typing import Any
 import numpy as np
 
 from gpuplan.dtypes import accumulator, cuda_name, short_name
+from gpuplan.emulator.capture import GraphCaptureError
 from gpuplan.errors import InvalidProblem, describe
 from gpuplan.execute import call
-from gpuplan.nvrtc import CudaModule, launch, on_stream
+from gpuplan.nvrtc import CudaModule, launch
 from gpuplan.ops.optimizer import check_disjoint
 from gpuplan.ops.reduce_launch import NORM_CHUNK, NORM_DTYPES
 from gpuplan.ops.reduction import GlobalNormPlan, _norm_dtype
 from gpuplan.spec import OpSpec, Out, Scalar, Value
-from gpuplan.stream import Stream, Workspace
+from gpuplan.stream import Stream, Workspace, upload
 
 __all__ = ["ClipGradNormDescriptor", "ClipGradNormArgs", "ClipGradNormPlan"]
 __functional__ = ["clip_grad_norm_"]
@@ -99,6 +100,10 @@ class ClipGradNormPlan(GlobalNormPlan):
                                           "clipping)", repr(args.max_norm)))
         total = None if args.total_norm is None else _real(self.op, "total_norm",
                                                           args.total_norm)
+        if total is not None and self._stream.capturing is not None:
+            raise GraphCaptureError(f"{self.op}: total_norm={total!r} is a host value a graph "
+                                    f"would replay unchanged; capture the norm on the device "
+                                    f"(total_norm=None) instead")
         self._call = (max_norm, eps, total)
 
     def _coef(self, norm: float) -> float:
@@ -130,14 +135,12 @@ class ClipGradNormPlan(GlobalNormPlan):
             super()._run_chunked(stream, ws, args)  # the table into ws, then out = the norm
             given, use_given = 0.0, 0
         else:
-            with on_stream(stream):
-                args.out.set(np.array(total, dtype=self._out))
+            upload(stream, args.out, np.array(total, dtype=self._out))
             if self._coef(total) >= 1.0:
                 return
             table = self._table.copy()
             table[:n] = [a.data.ptr for a in args.arrays]
-            with on_stream(stream):
-                ws.view(np.int64, table.size, 0).set(table)
+            upload(stream, ws.view(np.int64, table.size, 0), table)
             given, use_given = total, 1
         max_norm, eps, _ = self._call
         launch(stream, _MODULE.function(self._scale_kernel, stream.device_id), self._grid, 256,

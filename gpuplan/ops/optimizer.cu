@@ -3,7 +3,10 @@
 // G: gradient type (float, __half, __nv_bfloat16 for P = float; double for P = double).
 // L: low-precision copy of the weights (__half or __nv_bfloat16), written when write_lowp.
 // The step's scalars (bias corrections, decay factor) are computed once on the host in
-// double and passed rounded to P, so every element uses exactly the same constants.
+// double and passed rounded to P, so every element uses exactly the same constants. When
+// `hyper` is not null the AdamW kernels read them from there instead (device memory a
+// captured CUDA graph reads at every replay, refreshed before each: the by-value arguments
+// would be frozen at capture).
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
 #include "gpuplan_common.cuh"
@@ -51,6 +54,22 @@ __device__ __forceinline__ void adamw_element(P* p, const G* g, P* m, P* v, L* l
     if (write_lowp) lowp[i] = round_lowp<L, P>(pi);
 }
 
+// AdamW's scalars from device memory (hyper[0..7], the order of the by-value parameters).
+template <typename P>
+__device__ __forceinline__ void load_adamw_hyper(const P* hyper, P& decay, P& beta1,
+                                                 P& one_minus_beta1, P& beta2,
+                                                 P& one_minus_beta2, P& step_size,
+                                                 P& inv_sqrt_bc2, P& eps) {
+    decay = hyper[0];
+    beta1 = hyper[1];
+    one_minus_beta1 = hyper[2];
+    beta2 = hyper[3];
+    one_minus_beta2 = hyper[4];
+    step_size = hyper[5];
+    inv_sqrt_bc2 = hyper[6];
+    eps = hyper[7];
+}
+
 }  // namespace
 
 // Single tensor, grid-stride over n elements.
@@ -58,7 +77,12 @@ template <typename P, typename G, typename L>
 __global__ void adamw_step_kernel(P* __restrict__ p, const G* __restrict__ g, P* __restrict__ m,
                                   P* __restrict__ v, L* __restrict__ lowp, long long n, P decay,
                                   P beta1, P one_minus_beta1, P beta2, P one_minus_beta2,
-                                  P step_size, P inv_sqrt_bc2, P eps, int write_lowp) {
+                                  P step_size, P inv_sqrt_bc2, P eps, int write_lowp,
+                                  const P* __restrict__ hyper) {
+    if (hyper != nullptr) {
+        load_adamw_hyper<P>(hyper, decay, beta1, one_minus_beta1, beta2, one_minus_beta2,
+                            step_size, inv_sqrt_bc2, eps);
+    }
     const long long stride = static_cast<long long>(gridDim.x) * blockDim.x;
     for (long long i = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
          i += stride) {
@@ -75,7 +99,11 @@ __global__ void adamw_multi_tensor_kernel(const long long* __restrict__ tensors,
                                           const long long* __restrict__ chunks, long long chunk,
                                           P decay, P beta1, P one_minus_beta1, P beta2,
                                           P one_minus_beta2, P step_size, P inv_sqrt_bc2, P eps,
-                                          int write_lowp) {
+                                          int write_lowp, const P* __restrict__ hyper) {
+    if (hyper != nullptr) {
+        load_adamw_hyper<P>(hyper, decay, beta1, one_minus_beta1, beta2, one_minus_beta2,
+                            step_size, inv_sqrt_bc2, eps);
+    }
     const long long t = chunks[2 * static_cast<long long>(blockIdx.x)];
     const long long start = chunks[2 * static_cast<long long>(blockIdx.x) + 1];
     const long long* row = tensors + 6 * t;

@@ -25,7 +25,7 @@ from gpuplan.dtypes import FLOAT_DTYPES, accumulator, as_dtype, cuda_name, float
 from gpuplan.dtypes import short_name as sn
 from gpuplan.errors import BufferTooSmall, InvalidProblem, describe
 from gpuplan.execute import call
-from gpuplan.nvrtc import cdiv, launch, on_stream
+from gpuplan.nvrtc import cdiv, launch
 from gpuplan.ops.reduce_launch import (
     BY_NAME,
     COMBINES,
@@ -63,7 +63,7 @@ from gpuplan.spec import (
     Shape,
     Value,
 )
-from gpuplan.stream import Stream, Workspace
+from gpuplan.stream import Stream, Workspace, upload
 
 __all__ = [
     "ReduceDescriptor",
@@ -292,8 +292,7 @@ class GlobalNormPlan(Plan):
         table = self._table.copy()
         table[:n] = [a.data.ptr for a in args.arrays]
         dev_table = ws.view(np.int64, table.size, 0)
-        with on_stream(stream):
-            dev_table.set(table)
+        upload(stream, dev_table, table)  # (a snapshot the graph owns while capturing)
         # (small, middle, big) sums of squares per chunk, in float64 (see reduction.cu).
         partials = ws.view(float64, 3 * max(self._n_chunks, 1), _table_bytes(n))
         launch(stream, MODULE.function(self._kernel, stream.device_id), self._grid, 256,

@@ -167,7 +167,7 @@ def test_spec_checks(device, lowp):
     p, m, v = _state(n, np.float32)
     g = random((n,), gp.bfloat16, seed=3)
 
-    def adamw_ref(param, grad, exp_avg, exp_avg_sq, param_lowp=None, **hp):
+    def adamw_ref(param, grad, exp_avg, exp_avg_sq, param_lowp=None, hyper=None, **hp):
         rp, rm, rv = adamw_reference(param, grad, exp_avg, exp_avg_sq, **hp)
         return {"param": rp, "exp_avg": rm, "exp_avg_sq": rv}  # param_lowp: other tests
 
