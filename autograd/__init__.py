@@ -28,8 +28,28 @@ from autograd.factories import (
 )
 from autograd.function import Context, Function
 from autograd.functions.activation import abs, clamp, clip, log, rsqrt, sigmoid, silu, sqrt
-from autograd.functions.arithmetic import maximum, minimum, pow
+from autograd.functions.arithmetic import (
+    floor_divide,
+    maximum,
+    minimum,
+    pow,
+    promote_types,
+    remainder,
+    result_type,
+)
 from autograd.functions.indexing import gather, index_select, scatter_add
+from autograd.functions.logical import (
+    all,
+    any,
+    bitwise_and,
+    bitwise_not,
+    bitwise_or,
+    bitwise_xor,
+    logical_and,
+    logical_not,
+    logical_or,
+    logical_xor,
+)
 from autograd.functions.reduce import (
     amax,
     amin,
@@ -73,6 +93,9 @@ __all__ = [
     "save", "load",
     "abs", "clamp", "clip", "log", "sqrt", "rsqrt", "sigmoid", "silu", "maximum", "minimum",
     "pow", "where", "masked_fill", "tril", "triu",
+    "remainder", "floor_divide", "result_type", "promote_types", "any", "all", "bitwise_and",
+    "bitwise_or", "bitwise_xor", "bitwise_not", "logical_and", "logical_or", "logical_xor",
+    "logical_not",
 ]
 
 

@@ -74,6 +74,8 @@ class Function:
         record = record and grad_mode._enabled
         ctx.needs_input_grad = tuple(needs) if record else (False,) * len(args)
         out = cls.forward(ctx, *arrays, **kwargs)
+        if record and ctx.saved:
+            _check_inference_saved(cls, ctx.saved, args)
         if anomaly._enabled:
             anomaly.on_forward(cls, ctx, out, arrays)
         if type(out) is not tuple:
@@ -93,6 +95,21 @@ class Function:
                 t._out_index = k
             results.append(t)
         return tuple(results)
+
+
+_INFERENCE_SAVED = ("Inference tensors cannot be saved for backward. To work around you can "
+                    "make a clone to get a normal tensor and use it in autograd.")
+
+
+def _check_inference_saved(cls: type, saved: tuple, args: tuple) -> None:
+    """torch's rule: an op recorded for backward may not save an inference tensor (made
+    under inference_mode) or a view of one; reading one in an op that saves nothing of it
+    is fine. Runs only when recording, one attribute read per Tensor input."""
+    for a in args:
+        if isinstance(a, Tensor) and a._inference:
+            d = a.data
+            if any(s is d or getattr(s, "base", None) is d for s in saved):
+                raise RuntimeError(f"{cls.__name__}: {_INFERENCE_SAVED}")
 
 
 def _wrap_one(cls: type, ctx: Context, out: Any, parents: list, record: bool) -> Tensor:

@@ -218,6 +218,18 @@ class Tensor:
     def __rtruediv__(self, other: Any) -> Tensor:
         return _arith.div(other, self)
 
+    def __floordiv__(self, other: Any) -> Tensor:
+        return _arith.floor_divide(self, other)
+
+    def __rfloordiv__(self, other: Any) -> Tensor:
+        return _arith.floor_divide(other, self)
+
+    def __mod__(self, other: Any) -> Tensor:
+        return _arith.remainder(self, other)
+
+    def __rmod__(self, other: Any) -> Tensor:
+        return _arith.remainder(other, self)
+
     def __neg__(self) -> Tensor:
         return _arith.neg(self)
 
@@ -250,8 +262,7 @@ class Tensor:
 
     def _comparison(name: str) -> Any:  # noqa: N805 - a method factory, run in the class body
         def compare(self: Tensor, other: Any) -> Tensor:
-            if isinstance(other, bool) or not isinstance(
-                    other, (Tensor, int, float, np.ndarray, np.number)):
+            if not isinstance(other, (Tensor, int, float, np.ndarray, np.number, np.bool_)):
                 return NotImplemented
             return _arith.compare(name, self, other)
         return compare
@@ -346,6 +357,7 @@ from autograd import interop as _interop  # noqa: E402
 from autograd.functions import activation as _act  # noqa: E402
 from autograd.functions import arithmetic as _arith  # noqa: E402
 from autograd.functions import indexing as _indexing  # noqa: E402
+from autograd.functions import logical as _logical  # noqa: E402
 from autograd.functions import matmul as _matmul  # noqa: E402
 from autograd.functions import reduce as _reduce  # noqa: E402
 from autograd.functions import select as _select  # noqa: E402
@@ -355,7 +367,16 @@ from autograd.functions import write as _write  # noqa: E402
 # Methods that are the module functions themselves (one definition, one docstring).
 for _module, _names in ((_reduce, ("sum", "mean", "prod", "max", "min", "amax", "amin", "argmax",
                                    "argmin", "topk", "var", "std")),
-                        (_indexing, ("gather", "scatter_add", "index_select"))):
+                        (_indexing, ("gather", "scatter_add", "index_select")),
+                        (_arith, ("remainder", "floor_divide")),
+                        (_logical, ("logical_and", "logical_or", "logical_xor", "logical_not",
+                                    "bitwise_and", "bitwise_or", "bitwise_xor", "bitwise_not",
+                                    "any", "all"))):
     for _name in _names:
         setattr(Tensor, _name, getattr(_module, _name))
-del _module, _names, _name
+# & | ^ commute elementwise, so one function serves both sides; ~ is bitwise_not.
+for _name in ("and", "or", "xor"):
+    for _side in ("", "r"):
+        setattr(Tensor, f"__{_side}{_name}__", getattr(_logical, f"bitwise_{_name}"))
+Tensor.__invert__ = _logical.bitwise_not
+del _module, _names, _name, _side

@@ -9,12 +9,11 @@ binary_backward:  da = sum over broadcast dims of dc * dc/da (likewise db), redu
                   have none.
 bias_add:         y[r, j] = x[r, j] + bias[j] for x [rows, n].
 
-Every op is one row of `gpuplan.ops.binary_table.BINARY_OPS` (its CUDA enumerator, the name
-upper-cased, reaches binary.cu as -DGPUPLAN_ENUM_BinaryOp): adding one is a row there plus
-two branches in binary.cu.
-Math runs in f32 for f16/bf16 and in the dtype itself for f32/f64 and the integers. Integer
-and bool operands (masks, indices) take the broadcast kernel only: their 16-byte packed
-instances would double the instance count for tensors that are rarely large.
+Every op is one row of `binary_table.BINARY_OPS` (its CUDA enumerator, the name upper-cased,
+reaches binary.cu as -DGPUPLAN_ENUM_BinaryOp): adding one is a row there plus two branches in
+binary.cu. Math runs in f32 for f16/bf16, else in the dtype itself. Integer and bool operands
+(masks, indices) take the broadcast kernel only: packed instances would double the instance
+count for tensors that are rarely large.
 """
 
 from __future__ import annotations
@@ -47,11 +46,7 @@ __functional__ = ["binary", "binary_backward", "bias_add"]
 _BY_NAME = {op.name: op for op in BINARY_OPS}
 _INDEX = {name: i for i, name in enumerate(BINARY_OP_NAMES)}
 _MAX_GRID = 1 << 18
-_kind, FLOAT = table.dtype_kind, table.FLOAT
-
-
-def _ctype(dtype: Any) -> str:
-    return "bool" if as_dtype(dtype) == table.BOOL_DTYPE else cuda_name(dtype)
+_kind, _ctype, FLOAT = table.dtype_kind, table.ctype, table.FLOAT
 
 
 # Floats: contiguous and broadcast forwards; integers and bool: broadcast only (module doc).
@@ -355,10 +350,10 @@ class BiasAddPlan(_MapPlan):
 _DESCRIPTORS: dict[tuple, Any] = {}
 
 
-def _descriptor(name: str, a: Any, b: Any, dtype: Any) -> Any:
-    """BinaryDescriptor(name, a.shape, b.shape, dtype), built once (a frozen dataclass costs
+def _descriptor(name: str, a_shape: tuple, b_shape: tuple, dtype: Any) -> Any:
+    """BinaryDescriptor(name, a_shape, b_shape, dtype), built once (a frozen dataclass costs
     more than the lookup; `binary` runs for every gradient sum on the tape)."""
-    key = (name, a.shape, b.shape, dtype)
+    key = (name, a_shape, b_shape, dtype)
     desc = _DESCRIPTORS.get(key)
     if desc is None:
         if len(_DESCRIPTORS) >= 4096:
@@ -377,15 +372,19 @@ def binary(name: str, a: Any, b: Any) -> Any:
     """c = a op b with NumPy broadcasting; c.dtype == a.dtype (b must match), bool for a
     comparison (lt, le, gt, ge, eq, ne)."""
     a, b = _contiguous(a), _contiguous(b)
-    return call(BinaryPlan, _descriptor(name, a, b, a.dtype), like=a, a=a, b=b)
+    return call(BinaryPlan, _descriptor(name, a.shape, b.shape, a.dtype), like=a, a=a, b=b)
 
 
-def binary_backward(name: str, a: Any, b: Any, dc: Any) -> tuple[Any, Any]:
-    """(da, db) of c = a op b, each summed over its broadcast dims back to its own shape."""
-    a, b, dc = _contiguous(a), _contiguous(b), _contiguous(dc)
+def binary_backward(name: str, a: Any, b: Any, dc: Any,
+                    shapes: tuple | None = None) -> tuple[Any, Any]:
+    """(da, db) of c = a op b, each summed over its broadcast dims back to its own shape.
+    add/sub: a and b may be None, with ``shapes=(a_shape, b_shape)``."""
+    if shapes is None:
+        shapes = (tuple(a.shape), tuple(b.shape))
+    a, b, dc = (None if v is None else _contiguous(v) for v in (a, b, dc))
     xp = backend.array_namespace(dc)
-    return call(BinaryBackwardPlan, _descriptor(name, a, b, dc.dtype), like=dc, a=a, b=b,
-                dc=dc, da=xp.empty(a.shape, dc.dtype), db=xp.empty(b.shape, dc.dtype))
+    return call(BinaryBackwardPlan, _descriptor(name, *shapes, dc.dtype), like=dc, a=a, b=b,
+                dc=dc, da=xp.empty(shapes[0], dc.dtype), db=xp.empty(shapes[1], dc.dtype))
 
 
 def bias_add(x: Any, bias: Any) -> Any:

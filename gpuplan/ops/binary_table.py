@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from gpuplan.dtypes import FLOAT_DTYPES, as_dtype, int32, int64
+from gpuplan.dtypes import FLOAT_DTYPES, as_dtype, cuda_name, int32, int64
 
 #: dtype kinds of a row: "f" float, "i" int32/int64, "b" bool.
 FLOAT, INT, BOOL = "f", "i", "b"
@@ -37,6 +37,11 @@ def dtype_kind(dtype: Any) -> str:
     """FLOAT, INT or BOOL: the kind of one of BINARY_DTYPES."""
     d = as_dtype(dtype)
     return FLOAT if d in FLOAT_DTYPES else BOOL if d == BOOL_DTYPE else INT
+
+
+def ctype(dtype: Any) -> str:
+    """The CUDA C element type of one of BINARY_DTYPES."""
+    return "bool" if as_dtype(dtype) == BOOL_DTYPE else cuda_name(dtype)
 
 
 @dataclass(frozen=True)

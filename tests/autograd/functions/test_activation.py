@@ -132,3 +132,75 @@ def test_clamp_semantics_and_errors():
         A.clamp(x, max="1")
     with pytest.raises(ValueError, match="unknown activation 'softplus'"):
         A.unary("softplus", x)
+
+
+# -- clamp with tensor bounds (torch's clamp.Tensor) ---------------------------------------
+
+
+def _ref_clamp_grads(x, lo, hi, dy):
+    """torch's clamp_backward / clamp_backward_min_max, summed to each operand's shape."""
+    x, lo, hi = np.broadcast_arrays(x, lo, hi)
+    gx = np.where((x >= lo) & (x <= hi), dy, 0.0)
+    glo = np.where((x < lo) & (lo < hi), dy, 0.0)
+    ghi = np.where((x > hi) | (hi < lo), dy, 0.0)
+    return gx, glo, ghi
+
+
+def _sum_to(g, shape):
+    lead = g.ndim - len(shape)
+    axes = tuple(range(lead)) + tuple(lead + i for i, e in enumerate(shape)
+                                      if e == 1 and g.shape[lead + i] != 1)
+    return g.sum(axis=axes, keepdims=True).reshape(shape)
+
+
+def test_clamp_tensor_bounds_gradcheck(device):
+    rng = np.random.default_rng(4)
+    x = rng.uniform(-1, 1, (3, 4))
+    lo = rng.uniform(-0.8, -0.1, (4,))
+    hi = rng.uniform(0.1, 0.8, (3, 1))
+    gradcheck_on(device, lambda a, b, c: a.clamp(b, c), x, lo, hi)
+    gradcheck_on(device, lambda a, b: A.clamp(a, min=b), x, lo)
+    gradcheck_on(device, lambda a, c: A.clamp(a, max=c), x, hi)
+    gradcheck_on(device, lambda a, c: A.clamp(a, -0.5, c), x, hi)  # a number and a tensor
+
+
+def test_clamp_tensor_bounds_values_ties_and_crossed_bounds(device):
+    """Ties at a bound route to x; where lo > hi the result is hi and hi gets dy."""
+    x = np.array([[-2.0, 0.5, 3.0, 1.0, 0.0, np.nan]])
+    lo = np.array([0.0, 1.0, 0.0, 1.0, 0.0, 0.0])
+    hi = np.array([[1.0], [0.5]])
+    dy = np.arange(12.0).reshape(2, 6) + 1
+    tx, tlo, thi = (ag.tensor(v, requires_grad=True, device=device) for v in (x, lo, hi))
+    y = ag.clamp(tx, min=tlo, max=thi)
+    want = np.minimum(np.maximum(x, lo), hi)
+    np.testing.assert_array_equal(y.numpy(), want)
+    assert y.shape == (2, 6)
+    y.backward(dy)
+    gx, glo, ghi = _ref_clamp_grads(x, lo, hi, dy)
+    np.testing.assert_array_equal(tx.grad.numpy(), _sum_to(gx, x.shape))
+    np.testing.assert_array_equal(tlo.grad.numpy(), _sum_to(glo, lo.shape))
+    np.testing.assert_array_equal(thi.grad.numpy(), _sum_to(ghi, hi.shape))
+
+
+def test_clamp_tensor_bounds_dtypes_and_ints(device):
+    x = ag.tensor(np.array([1, 7, -3], np.int32), device=device)
+    y = x.clamp(min=ag.tensor(np.array([0, 0, 0], np.int32), device=device), max=5)
+    assert y.dtype == np.int32
+    np.testing.assert_array_equal(y.numpy(), [1, 5, 0])
+    f = ag.tensor(np.array([0.25, 2.0], np.float16), device=device)
+    z = f.clamp(max=ag.tensor(np.array(1.0), device=device))  # a 0-d bound keeps float16
+    assert z.dtype == np.float16 and z.numpy().tolist() == [0.25, 1.0]
+    with pytest.raises(TypeError, match="clamp"):
+        ag.tensor(np.array([True])).clamp(min=ag.tensor(np.array([False])))
+
+
+def test_clamp_tensor_bounds_against_torch():
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(5)
+    x, lo, hi = rng.uniform(-1, 1, (3, 4)), rng.uniform(-1, 0.5, (4,)), rng.uniform(-0.5, 1, (3, 1))
+    tt = [torch.tensor(v, requires_grad=True) for v in (x, lo, hi)]
+    torch.clamp(tt[0], tt[1], tt[2]).backward(torch.ones(3, 4, dtype=torch.float64))
+    ours = [ag.tensor(v, requires_grad=True) for v in (x, lo, hi)]
+    ag.clamp(*ours).backward(np.ones((3, 4)))
+    for o, ref in zip(ours, tt, strict=True):
+        np.testing.assert_allclose(o.grad.numpy(), ref.grad.numpy(), rtol=1e-12)
