@@ -74,8 +74,10 @@ class Function:
         record = record and grad_mode._enabled
         ctx.needs_input_grad = tuple(needs) if record else (False,) * len(args)
         out = cls.forward(ctx, *arrays, **kwargs)
-        if record and ctx.saved:
-            _check_inference_saved(cls, ctx.saved, args)
+        if record and ctx.saved:  # torch's rule: no inference tensor saved for backward
+            for a in args:
+                if isinstance(a, Tensor) and a._inference:
+                    _check_inference_saved(cls, ctx.saved, a)
         if anomaly._enabled:
             anomaly.on_forward(cls, ctx, out, arrays)
         if type(out) is not tuple:
@@ -101,15 +103,13 @@ _INFERENCE_SAVED = ("Inference tensors cannot be saved for backward. To work aro
                     "make a clone to get a normal tensor and use it in autograd.")
 
 
-def _check_inference_saved(cls: type, saved: tuple, args: tuple) -> None:
-    """torch's rule: an op recorded for backward may not save an inference tensor (made
-    under inference_mode) or a view of one; reading one in an op that saves nothing of it
-    is fine. Runs only when recording, one attribute read per Tensor input."""
-    for a in args:
-        if isinstance(a, Tensor) and a._inference:
-            d = a.data
-            if any(s is d or getattr(s, "base", None) is d for s in saved):
-                raise RuntimeError(f"{cls.__name__}: {_INFERENCE_SAVED}")
+def _check_inference_saved(cls: type, saved: tuple, t: Tensor) -> None:
+    """An op recorded for backward may not save the inference tensor `t` (made under
+    inference_mode) or a view of its array; reading it in an op that saves nothing of it is
+    fine (torch's rule). apply() calls this only when recording, for inference inputs."""
+    d = t.data
+    if any(s is d or getattr(s, "base", None) is d for s in saved):
+        raise RuntimeError(f"{cls.__name__}: {_INFERENCE_SAVED}")
 
 
 def _wrap_one(cls: type, ctx: Context, out: Any, parents: list, record: bool) -> Tensor:
