@@ -51,6 +51,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import data as data_mod  # noqa: E402
+import graph_step  # noqa: E402
 import progress as progress_mod  # noqa: E402
 from train_options import OptionError, derive_layout, parse_args, validate  # noqa: E402, F401
 
@@ -86,6 +87,8 @@ def main(argv: list[str] | None = None) -> int:
         if isinstance(ns, OptionError):
             raise ns
         validate(ns, world.size)
+        if ns.cuda_graph and graph_step.refusal(ns, world.size):
+            raise ValueError(graph_step.refusal(ns, world.size))
         corpus = data_mod.load_corpus(ns.data, ns.block_size, vocab_size=ns.vocab_size,
                                       token_dtype=ns.token_dtype, max_bytes=ns.max_bytes)
         ns.codec = corpus.codec.spec  # kept in the checkpoint's args for scripts/generate.py
@@ -138,6 +141,7 @@ class Trainer:
         peak = progress_mod.peak_tflops(name, ns.dtype) if self.device == "cuda" else None
         self.peak = None if peak is None else peak * 1e12 * world.size
         self.device_label = name
+        self.graphed = graph_step.GraphedStep(self) if ns.cuda_graph else None
 
     def resume(self) -> None:
         """Load the checkpoint --resume names (OUT/checkpoint's latest by default); every
@@ -269,17 +273,25 @@ class Trainer:
         for step in range(self.start, stop):
             t0 = time.perf_counter()
             x, y = global_batch(self.corpus.train, ns, [ns.seed, step], self.mesh.dp_rank)
-            loss = self.model.train_step(x, y)
-            gnorm = dist.grad_norm(self.model)
+            # --cuda-graph: this run's first step is eager (the warm-up), then graphs
+            graphed = self.graphed if self.graphed is not None and step > self.start else None
+            if graphed is not None:
+                loss, gnorm = graphed.forward_backward(x, y)
+            else:
+                loss = self.model.train_step(x, y)
+                gnorm = dist.grad_norm(self.model)
             lr = self.sched.get_last_lr()[0]
             verdict = self.nonfinite(step + 1, loss, gnorm)
             if verdict not in (None, "skip"):
                 return self.fail(verdict)
-            if verdict is None:
+            if verdict is None and graphed is not None:
+                graphed.optimizer_step()  # (clipped in the graph; gradients stay static)
+            elif verdict is None:
                 if ns.clip > 0:
                     optim.clip_grads_with_norm_(self.model.parameters(), ns.clip, gnorm)
                 self.opt.step()
-            self.opt.zero_grad()
+            if graphed is None:
+                self.opt.zero_grad()
             self.sched.step()
             steps_since += 1
             prog.step(step + 1, loss, tokens / (time.perf_counter() - t0))
@@ -319,18 +331,23 @@ class Trainer:
                    "history": self.history, "skipped_steps": self.skipped}
         (self.out / "metrics.json").write_text(json.dumps(metrics, indent=1))
         steps = [h["step"] for h in self.history]
-        plotting.write_loss_plot(
-            self.out / "loss.png",
-            {"train": (steps, [h["train_loss"] for h in self.history]),
-             "validation": (steps, [h["val_loss"] for h in self.history])},
-            title=f"{'byte-level ' if self.corpus.unit == 'bytes' else ''}GPT, "
-                  f"{self.n_params / 1e6:.2f}M params",
-            ylabel=f"cross-entropy (nats/{self.corpus.unit[:-1]})")
+        plot = str(self.out / "loss.png")
+        try:
+            plotting.write_loss_plot(
+                self.out / "loss.png",
+                {"train": (steps, [h["train_loss"] for h in self.history]),
+                 "validation": (steps, [h["val_loss"] for h in self.history])},
+                title=f"{'byte-level ' if self.corpus.unit == 'bytes' else ''}GPT, "
+                      f"{self.n_params / 1e6:.2f}M params",
+                ylabel=f"cross-entropy (nats/{self.corpus.unit[:-1]})")
+        except ImportError as exc:  # a --no-deps install (the GPU check's) may lack matplotlib
+            plot = (f"no loss.png ({exc.name} is not installed; scripts/plotting.py "
+                    f"{self.out / 'metrics.jsonl'} draws it)")
         text = sample_text(self.cfg, dense_state, self.ns.sample_tokens, self.ns.seed,
                            self.device, self.corpus.prompt(), codec=self.corpus.codec)
         print(f"sample (temperature 0.8, top-k 40):\n{text}\n", flush=True)
         print(f"wrote {self.out / 'metrics.json'}, {self.out / 'metrics.jsonl'}, "
-              f"{self.out / 'loss.png'} and {self.ckpt}/ (scripts/generate.py --checkpoint "
+              f"{plot} and {self.ckpt}/ (scripts/generate.py --checkpoint "
               f"{self.ckpt})", flush=True)
 
 

@@ -100,6 +100,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="save and stop after this step, as if interrupted")
     ap.add_argument("--sample-tokens", type=int, default=200)
     ap.add_argument("--progress", choices=["auto", "bar", "plain"], default="auto")
+    ap.add_argument("--cuda-graph", action="store_true",
+                    help="capture the training step as CUDA graphs after one eager step "
+                         "(one process, one micro-batch, no dropout; see scripts/graph_step.py)")
     ap.add_argument("--device", choices=["auto", "cpu", "cuda", "emulated"], default="auto",
                     help="auto: the GPU when there is one (or the emulated device under "
                          "GPUPLAN_DEVICE=emulated), else cpu; emulated: every kernel runs on "
