@@ -477,6 +477,14 @@ def step_train(ctx: Context, step: Step) -> None:
     step.detail = _join(", ".join(notes), step.detail if step.status == "failed" else "")
 
 
+def step_graphs(ctx: Context, step: Step) -> None:
+    """CUDA graph capture on the GPU (scripts/check_graphs.py): a captured MLP training step
+    equals eager bit for bit; a GPT step eager vs replayed, times and ratio."""
+    run_step(step, [PY, "scripts/check_graphs.py", "--device", "cuda"], ctx)
+    summary = next((line for line in reversed(step.lines) if line.startswith("graphs: ")), "")
+    step.detail = _join(summary, step.detail if step.status == "failed" else "")
+
+
 def _train_summary(out: Path, tail: list[str]) -> str:
     try:
         hist = json.loads((out / "metrics.json").read_text())["history"]
@@ -583,6 +591,8 @@ STEPS: list[StepSpec] = [
     StepSpec("mpi4", "mpi tests under mpiexec -n 4 (GPU shared by the ranks)", _mpi_pytest_step(4)),
     StepSpec("train", "scripts/train.py on the GPU, 60 steps, under mpiexec -n 2 then -n 4",
              step_train),
+    StepSpec("graphs", "scripts/check_graphs.py: captured training step vs eager (bitwise), "
+             "eager vs replayed step time", step_graphs),
     StepSpec("bench-kernels", "scripts/bench_kernels.py (table added to the report)",
              step_bench_kernels),
     StepSpec("bench-train", "scripts/bench_train.py --model gpt2, bf16 then f32, ours vs "
@@ -595,7 +605,7 @@ GROUPS: dict[str, list[str]] = {
     "gpu-tests": ["gpu-gpuplan", "gpu-other"],
     "unit": ["unit-gpuplan", "unit-autograd", "unit-dist"],
     "mpi": ["mpi2", "mpi4"],
-    "bench": ["bench-kernels", "bench-train", "bench-comm"],
+    "bench": ["graphs", "bench-kernels", "bench-train", "bench-comm"],
 }
 
 
