@@ -36,8 +36,15 @@ class SGD(Optimizer):
                          master_weights)
 
     def step(self) -> None:
+        """One step of every parameter with a gradient. Not under CUDA graph capture: lr,
+        momentum and the first-step flag are kernel arguments a graph would freeze."""
         stepped = []
-        for group, p in self._params_with_grad():
+        for i, (group, p) in enumerate(self._params_with_grad()):
+            if i == 0 and gp.graphs.is_capturing(gp.Stream.for_array(p.data)):
+                raise gp.graphs.GraphCaptureError(
+                    "SGD.step(): cannot be captured in a CUDA graph (its lr and momentum "
+                    "are kernel arguments the graph would freeze at their capture values); "
+                    "capture AdamW/Adam, or run SGD.step() outside the graph")
             state = self._param_state(p)
             buf = None
             if group["momentum"] != 0.0:

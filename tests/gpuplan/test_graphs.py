@@ -124,6 +124,19 @@ def test_state_made_during_capture_and_host_norms_are_refused(accelerator):
             gp.functional.clip_grad_norm_(grads, 0.5, total_norm=3.0)
 
 
+def test_sgd_step_inside_capture_is_refused(accelerator):
+    """SGD's lr is a kernel argument: a captured step would replay a frozen lr."""
+    w = nn.Parameter(ag.Tensor(gp.to_device(np.ones(3, np.float32), accelerator)))
+    w.grad = ag.Tensor(gp.to_device(np.full(3, 0.5, np.float32), accelerator))
+    opt = ag.optim.SGD([w], lr=0.1, momentum=0.9)
+    opt.step()  # eager: fine
+    before = gp.to_host(w.data).copy()
+    with pytest.raises(GraphCaptureError, match="SGD.step"):
+        with gp.graphs.graph(gp.graphs.CUDAGraph()):
+            opt.step()
+    np.testing.assert_array_equal(gp.to_host(w.data), before)
+
+
 def test_capture_step_checks_its_inputs(accelerator):
     x = gp.to_device(np.ones(4, np.float32), accelerator)
     step = gp.graphs.capture_step(lambda a: gp.functional.unary("scale", a, alpha=3.0), x,
