@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from dist.cuda_aware import cuda_aware_mpi
-from dist.mpi_wait import resolve_wait, sleep_until
+from dist.mpi_wait import POLLING_MODES, poll_until, resolve_wait
 from dist.nccl_backend import NcclTransport
 from dist.staging import PinnedBufferCache, stage_to_device, stage_to_host, sync_current_stream
 from dist.watchdog import watched
@@ -60,9 +60,10 @@ class PendingSend:
     def wait(self) -> None:
         if self._requests:
             Request = _mpi().Request
-            if getattr(self._comm, "wait_mode", "spin") == "sleep":
-                watched("isend", self._comm, self._dest, sleep_until,
-                        lambda: Request.Testall(self._requests))
+            mode = getattr(self._comm, "wait_mode", "spin")
+            if mode in POLLING_MODES:
+                watched("isend", self._comm, self._dest, poll_until,
+                        lambda: Request.Testall(self._requests), mode)
             else:
                 watched("isend", self._comm, self._dest, Request.Waitall, self._requests)
         self._requests, self._buffers = [], []
@@ -84,7 +85,7 @@ class Communicator:
         self.mpi_comm = _mpi().COMM_WORLD if mpi_comm is None else mpi_comm
         self._requested = backend
         self._backend = resolve_backend(backend)
-        #: "spin" or "sleep": how this communicator's blocking calls wait (resolve_wait).
+        #: "spin", "yield" or "sleep": how its blocking calls wait (dist.mpi_wait).
         self.wait_mode = resolve_wait()
         #: World rank of each rank of this communicator, and how messages name it.
         self.world_ranks = _world_ranks(self.mpi_comm)
@@ -255,9 +256,9 @@ class Communicator:
     def recv_array(self, source: int, tag: int = 0, device: str | None = None) -> Any:
         """Receive what send_array/isend_array sent, on `device` (default: the sender's)."""
         self._check_rank("recv_array", "source", source)
-        if self.wait_mode == "sleep":  # a matched probe: the header's size is not known
-            message = watched("recv_array", self, source, sleep_until,
-                              lambda: self.mpi_comm.improbe(source, tag))
+        if self.wait_mode in POLLING_MODES:  # a matched probe: the header's size is unknown
+            message = watched("recv_array", self, source, poll_until,
+                              lambda: self.mpi_comm.improbe(source, tag), self.wait_mode)
             shape, dtype, sender_device = message.recv()
         else:
             shape, dtype, sender_device = watched("recv_array", self, source,
@@ -284,16 +285,16 @@ class Communicator:
 
     def _wait(self, blocking: Callable[..., Any], nonblocking: Callable[..., Any], *args: Any,
               **kwargs: Any) -> Any:
-        """blocking(...), or (wait_mode "sleep") nonblocking(...) tested with sleeps."""
-        if self.wait_mode != "sleep" or self.size == 1:
+        """blocking(...), or (yield/sleep wait modes) nonblocking(...) tested until done."""
+        if self.wait_mode not in POLLING_MODES or self.size == 1:
             return blocking(*args, **kwargs)
-        sleep_until(nonblocking(*args, **kwargs).Test)
+        poll_until(nonblocking(*args, **kwargs).Test, self.wait_mode)
 
     def _arrive(self, op: str, peer: int | None) -> None:
-        # mpi4py has no non-blocking pickled collectives: when sleep-waiting, the ranks first
-        # meet in a sleep-waited Ibarrier, so the blocking call that follows barely waits.
-        if self.wait_mode == "sleep" and self.size > 1:
-            watched(op, self, peer, sleep_until, self.mpi_comm.Ibarrier().Test)
+        # mpi4py has no non-blocking pickled collectives: when polling, the ranks first meet
+        # in a polled Ibarrier, so the blocking call that follows barely waits.
+        if self.wait_mode in POLLING_MODES and self.size > 1:
+            watched(op, self, peer, poll_until, self.mpi_comm.Ibarrier().Test, self.wait_mode)
 
     def _exchange(self, op: str, peer: int | None, send: Any, recv: Any,
                   mpi_fn: Callable[[Any, Any], Any],

@@ -121,8 +121,8 @@ def oversubscription_note(env: Mapping[str, str] | None = None,
     if n <= cores:
         return None
     return (f"note: {n} ranks share {cores} core{'s' if cores != 1 else ''} on this node "
-            f"({n / cores:.1f}x oversubscribed): ranks wait for MPI by sleeping between polls "
-            f"(GPUPLAN_MPI_WAIT=auto), each runs 1 BLAS thread; fewer ranks than cores run faster")
+            f"({n / cores:.1f}x oversubscribed): ranks yield the core while they wait for MPI "
+            f"(GPUPLAN_MPI_WAIT=auto), each runs 1 BLAS thread; one rank per core runs faster")
 
 
 def mpi_library() -> str:

@@ -32,8 +32,6 @@ import ctypes
 import functools
 import os
 
-import threadpoolctl
-
 #: glibc mallopt() parameters (malloc.h).
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
 #: The largest mmap threshold glibc accepts on 64-bit (DEFAULT_MMAP_THRESHOLD_MAX).
@@ -104,6 +102,8 @@ def set_blas_threads(n: int) -> bool:
     _budget = int(n)
     if blas_threads() is None:
         return False
+    import threadpoolctl
+
     threadpoolctl.threadpool_limits(limits=int(n), user_api="blas")  # kept: not a `with`
     return True
 
@@ -129,7 +129,12 @@ def _env_threads() -> int:
 
 
 def blas_threads() -> int | None:
-    """Threads of the (first) BLAS loaded in this process, or None if there is none."""
+    """Threads of the (first) BLAS loaded in this process, or None if there is none (or no
+    threadpoolctl: a `pip install --no-deps` machine still runs, with BLAS's own pools)."""
+    try:
+        import threadpoolctl
+    except ImportError:
+        return None
     for pool in threadpoolctl.threadpool_info():
         if pool.get("user_api") == "blas":
             return int(pool["num_threads"])

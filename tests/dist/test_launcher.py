@@ -73,28 +73,35 @@ def test_oversubscription_note_and_blas_threads():
 
 def test_resolve_wait(monkeypatch):
     monkeypatch.delenv(mpi_wait.ENV_WAIT, raising=False)
-    assert mpi_wait.resolve_wait("spin") == "spin"
-    assert mpi_wait.resolve_wait("sleep") == "sleep"
+    for mode in ("spin", "yield", "sleep"):
+        assert mpi_wait.resolve_wait(mode) == mode
     for name in ("MPI_LOCALNRANKS", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "SLURM_STEP_NUM_TASKS"):
         monkeypatch.delenv(name, raising=False)
     assert mpi_wait.resolve_wait() == "spin"  # one process
     monkeypatch.setenv("MPI_LOCALNRANKS", str(launcher.usable_cores() + 1))
-    assert mpi_wait.resolve_wait() == "sleep"
+    assert mpi_wait.resolve_wait() == "yield"
     monkeypatch.setenv(mpi_wait.ENV_WAIT, "spin")
     assert mpi_wait.resolve_wait() == "spin"
-    monkeypatch.setenv(mpi_wait.ENV_WAIT, "yield")
+    monkeypatch.setenv(mpi_wait.ENV_WAIT, "nap")
     with pytest.raises(Unsupported, match="GPUPLAN_MPI_WAIT"):
         mpi_wait.resolve_wait()
 
 
-def test_sleep_until_returns_the_first_true_result_and_sleeps_between_tests():
+@pytest.mark.parametrize("mode", ["yield", "sleep"])
+def test_poll_until_returns_the_first_true_result(monkeypatch, mode):
     results = iter([False, None, 0, "done"])
-    calls = []
+    calls, yields = [], []
+    real_yield = mpi_wait.os.sched_yield
+    monkeypatch.setattr(mpi_wait.os, "sched_yield", lambda: (yields.append(1), real_yield()))
 
     def test():
         calls.append(time.perf_counter())
         return next(results)
 
-    assert mpi_wait.sleep_until(test) == "done"
+    assert mpi_wait.poll_until(test, mode) == "done"
     gaps = [b - a for a, b in zip(calls, calls[1:], strict=False)]
-    assert len(gaps) == 3 and min(gaps) >= mpi_wait._FIRST_PAUSE
+    assert len(gaps) == 3
+    if mode == "yield":
+        assert len(yields) == 3
+    else:
+        assert not yields and min(gaps) >= mpi_wait._FIRST_PAUSE

@@ -1,4 +1,4 @@
-"""Sleep-waiting communicators (GPUPLAN_MPI_WAIT=sleep) give what spinning ones give.
+"""Polling communicators (GPUPLAN_MPI_WAIT=yield|sleep) give what spinning ones give.
 
 Run under mpiexec -n 2 and -n 4 (mpi-marked): every call of the Communicator, once with
 each wait mode, on the same data.
@@ -42,12 +42,13 @@ def _exercise(comm: Communicator) -> list:
 
 
 @mpi
-def test_sleep_wait_matches_spin_wait(world):
+@pytest.mark.parametrize("mode", ["yield", "sleep"])
+def test_polling_waits_match_spin_wait(world, mode):
     if world.size < 2:
         pytest.skip("needs mpiexec -n 2 or more")
-    spin, sleep = Communicator(world.mpi_comm), Communicator(world.mpi_comm)
-    spin.wait_mode, sleep.wait_mode = "spin", "sleep"
-    a, b = _exercise(spin), _exercise(sleep)
+    spin, polled = Communicator(world.mpi_comm), Communicator(world.mpi_comm)
+    spin.wait_mode, polled.wait_mode = "spin", mode
+    a, b = _exercise(spin), _exercise(polled)
     assert len(a) == len(b)
     for got, want in zip(b, a, strict=True):
         if isinstance(want, np.ndarray):

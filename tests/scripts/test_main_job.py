@@ -120,9 +120,9 @@ def test_oversubscription_is_said_once_at_start(tmp_path):
     assert res.returncode == 0, res.stderr
     notes = [line for line in res.stdout.splitlines() if line.startswith("note: ")]
     assert notes == [f"note: {2 * cores} ranks share {cores} core{'s' if cores > 1 else ''} "
-                     f"on this node (2.0x oversubscribed): ranks wait for MPI by sleeping "
-                     f"between polls (GPUPLAN_MPI_WAIT=auto), each runs 1 BLAS thread; fewer "
-                     f"ranks than cores run faster"]
+                     f"on this node (2.0x oversubscribed): ranks yield the core while they wait "
+                     f"for MPI (GPUPLAN_MPI_WAIT=auto), each runs 1 BLAS thread; one rank per "
+                     f"core runs faster"]
     plain = train("--steps", "2", "--out", str(tmp_path / "run2"))
     assert not [line for line in plain.stdout.splitlines() if line.startswith("note: ")]
 
@@ -137,3 +137,17 @@ def test_console_entry_points(name):
     res = subprocess.run([exe, "--help"], capture_output=True, text=True, timeout=60, env=ENV)
     assert res.returncode == 0, res.stderr
     assert res.stdout.startswith(f"usage: {name}")
+
+
+def test_without_matplotlib_the_run_ends_well_and_says_how_to_plot(tmp_path):
+    """A `pip install --no-deps` machine (the GPU check's) may lack matplotlib: the run must
+    not fail at its very end."""
+    blocker = tmp_path / "blocked" / "matplotlib"
+    blocker.mkdir(parents=True)
+    (blocker / "__init__.py").write_text("raise ImportError('blocked', name='matplotlib')\n")
+    res = train("--steps", "2", "--out", str(tmp_path / "run"),
+                env={"PYTHONPATH": f"{blocker.parent}{os.pathsep}{ROOT}"})
+    assert res.returncode == 0, res.stderr
+    assert "no loss.png (matplotlib is not installed; scripts/plotting.py " in res.stdout
+    assert (tmp_path / "run" / "metrics.jsonl").exists()
+    assert not (tmp_path / "run" / "loss.png").exists()
