@@ -8,8 +8,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import safetensors
-import safetensors.numpy
 
 import gpuplan as gp
 from autograd.tensor import Tensor
@@ -66,6 +64,8 @@ def save(state_dict: Mapping[str, Any], path: str | os.PathLike,
         arrays[name] = _host_array(name, value)
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp")
+    import safetensors.numpy  # imported on use: `import autograd` must not need it
+
     safetensors.numpy.save_file(arrays, str(tmp), metadata=meta or None)
     os.replace(tmp, path)  # no half-written file under the final name
 
@@ -88,6 +88,8 @@ def read_safetensors(path: str | os.PathLike, device: str | None = None,
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"autograd.load: no such file: {path}")
+    import safetensors
+
     try:
         with safetensors.safe_open(str(path), framework="np") as f:
             metadata = dict(f.metadata() or {})

@@ -15,7 +15,8 @@ no step failed, 1 when one did, 2 when there is no GPU (nothing is run) or a ste
 unknown.
 
 Run `install` first on a fresh machine (it also installs a carried `.carry/mpich*.whl` when
-there is no mpiexec), then `compile` (fills CuPy's kernel cache, so later steps start warm).
+there is no mpiexec, and every other carried `.carry/*.whl`: safetensors, threadpoolctl,
+tqdm), then `compile` (fills CuPy's kernel cache, so later steps start warm).
 Set GPU_CHECK_COMMIT to the commit being checked when the tree has no .git folder.
 """
 
@@ -363,6 +364,13 @@ def step_install(ctx: Context, step: Step) -> None:
         notes.append(f"{wheel.name} installed" if rc == 0 else f"{wheel.name} NOT installed")
     elif wheel is not None:
         notes.append(f"{wheel.name} not needed")
+    # The GPU machine has no registry: other runtime dependencies it lacks (safetensors,
+    # threadpoolctl, tqdm; downloaded beside the mpich wheel) are carried in .carry/ too.
+    others = sorted(w for w in ROOT.glob(".carry/*.whl") if not w.name.startswith("mpich"))
+    if others:
+        rc = pip_install(step, ctx, ["--no-index", *map(str, others)], append=step.log is not None)
+        names = ", ".join(w.name.split("-")[0] for w in others)
+        notes.append(f"carried {names} installed" if rc == 0 else f"carried {names} NOT installed")
     # No registry: build isolation would try to download setuptools, so use the
     # interpreter's own. PYTHONPATH (set for every step) keeps the others working anyway.
     before = (step.status, step.detail, step.tail)
