@@ -27,7 +27,7 @@ import numpy as np
 from gpuplan import backend
 from gpuplan.dtypes import FLOAT_DTYPES, accumulator, as_dtype, cuda_name
 from gpuplan.dtypes import short_name as sn
-from gpuplan.errors import Unsupported, describe
+from gpuplan.errors import InvalidProblem, Unsupported, describe
 from gpuplan.execute import call
 from gpuplan.nvrtc import CudaModule, cdiv, launch
 from gpuplan.ops import binary_table as table
@@ -63,9 +63,7 @@ _MODULE = CudaModule(
        for i, op in enumerate(BINARY_OPS)
        if op.grad is not None and (o == t or op.reads_operands)
        for w in (0, 1)]
-    + [f"bias_add<{cuda_name(t)}>" for t in FLOAT_DTYPES],
-    enums={"BinaryOp": BINARY_OP_NAMES},
-)
+    + [f"bias_add<{cuda_name(t)}>" for t in FLOAT_DTYPES], enums={"BinaryOp": BINARY_OP_NAMES})
 
 
 def _grid(work: int) -> int:
@@ -391,7 +389,11 @@ def bias_add(x: Any, bias: Any) -> Any:
     """y[..., N] = x[..., N] + bias[N]."""
     n = int(bias.shape[-1]) if bias.ndim else 1
     rows = math.prod(x.shape[:-1]) if x.ndim else 1
-    x2 = backend.ascontiguous(x).reshape(rows, n)
+    try:  # free when right: a bias unlike x's last dim is named, not NumPy's reshape error
+        x2 = backend.ascontiguous(x).reshape(rows, n)
+    except ValueError:
+        raise InvalidProblem(describe("bias_add", "bias", f"shape {x.shape[-1:]} (x's last dim)",
+                                      f"shape {bias.shape}")) from None
     y = call(BiasAddPlan, BiasAddDescriptor(rows, n, x.dtype), like=x, x=x2,
              bias=backend.ascontiguous(bias).reshape(-1))
     return y.reshape(x.shape)

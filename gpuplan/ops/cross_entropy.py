@@ -325,7 +325,10 @@ class CrossEntropyBackwardPlan(BlockBackward, _CrossEntropyBase):
 def cross_entropy(logits: Any, target: Any, *, ignore_index: int = -100,
                   reduction: str = "mean", label_smoothing: float = 0.0) -> tuple[Any, Any]:
     """(loss, lse) of logits [N, V] against target [N]; loss [N] for "none", else 0-d."""
-    n, v = logits.shape
+    try:  # free when right: a wrong rank is named instead of Python's unpacking error
+        n, v = logits.shape
+    except ValueError:
+        raise logits_error("cross_entropy", logits) from None
     desc = CrossEntropyDescriptor(n, v, ignore_index, reduction, label_smoothing, logits.dtype)
     return call(CrossEntropyPlan, desc, like=logits, logits=backend.ascontiguous(logits),
                 target=backend.ascontiguous(target))
@@ -335,17 +338,33 @@ def cross_entropy_backward(logits: Any, target: Any, lse: Any, dloss: Any, *,
                            ignore_index: int = -100, reduction: str = "mean",
                            label_smoothing: float = 0.0) -> Any:
     """dlogits [N, V]; dloss is 0-d ("mean"/"sum") or [N] ("none"), cast to the loss dtype."""
-    n, v = logits.shape
+    try:  # free when right: a wrong rank is named instead of Python's unpacking error
+        n, v = logits.shape
+    except ValueError:
+        raise logits_error("cross_entropy_backward", logits) from None
     desc = CrossEntropyDescriptor(n, v, ignore_index, reduction, label_smoothing, logits.dtype)
     return call(CrossEntropyBackwardPlan, desc, like=logits,
                 logits=backend.ascontiguous(logits), target=backend.ascontiguous(target),
-                lse=backend.ascontiguous(lse), dloss=loss_like(logits, dloss, reduction))
+                lse=backend.ascontiguous(lse),
+                dloss=loss_like("cross_entropy_backward", logits, dloss, reduction))
 
 
-def loss_like(logits: Any, dloss: Any, reduction: str) -> Any:
-    """dloss as a contiguous array of the loss dtype and shape ([N] or 0-d)."""
+def logits_error(op: str, logits: Any) -> InvalidProblem:
+    """The error for logits that are not [N, V] (built only after unpacking their shape
+    failed)."""
+    return InvalidProblem(describe(op, "logits", "a rank-2 array [N, V]",
+                                   f"shape {tuple(logits.shape)}"))
+
+
+def loss_like(op: str, logits: Any, dloss: Any, reduction: str) -> Any:
+    """dloss as a contiguous array of the loss dtype and shape ([N] or 0-d); a dloss of
+    more than one element for a reduced loss is named (op's error), not NumPy's."""
     xp = backend.array_namespace(logits)
     dl = xp.asarray(dloss, dtype=accumulator(logits.dtype))
     if reduction != "none":
-        dl = dl.reshape(())
+        try:
+            dl = dl.reshape(())
+        except ValueError:
+            raise InvalidProblem(describe(op, "dloss", f"one value (reduction {reduction!r})",
+                                          f"shape {tuple(dl.shape)}")) from None
     return dl if dl.flags.c_contiguous else dl.copy()  # ascontiguousarray makes 0-d 1-d

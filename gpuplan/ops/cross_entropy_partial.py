@@ -40,6 +40,7 @@ from gpuplan.ops.cross_entropy import (
     check_targets,
     kernels,
     launch_reduce,
+    logits_error,
     loss_like,
     loss_shape,
     row_threads,
@@ -252,7 +253,10 @@ class CrossEntropyPartialBackwardPlan(BlockBackward, _PartialBase):
 
 def cross_entropy_partial_max(logits: Any) -> Any:
     """row_max [N] of logits [N, V] (accumulator dtype; the block's place does not matter)."""
-    n, v = logits.shape
+    try:
+        n, v = logits.shape
+    except ValueError:
+        raise logits_error("cross_entropy_partial_max", logits) from None
     return call(CrossEntropyPartialMaxPlan,
                 CrossEntropyPartialDescriptor(n, v, 0, max(v, 1), dtype=logits.dtype),
                 like=logits, logits=backend.ascontiguous(logits))
@@ -262,7 +266,10 @@ def cross_entropy_partial(logits: Any, target: Any, row_max: Any, *, vocab_start
                           vocab_total: int, ignore_index: int = -100) -> Any:
     """stats [2, N] of the block starting at vocab_start, given the global row_max [N];
     targets equal to ignore_index contribute no target logit."""
-    n, v = logits.shape
+    try:
+        n, v = logits.shape
+    except ValueError:
+        raise logits_error("cross_entropy_partial", logits) from None
     desc = CrossEntropyPartialDescriptor(n, v, vocab_start, vocab_total, ignore_index,
                                          dtype=logits.dtype)
     return call(CrossEntropyPartialPlan, desc, like=logits, logits=backend.ascontiguous(logits),
@@ -283,9 +290,13 @@ def cross_entropy_partial_backward(logits: Any, target: Any, lse: Any, dloss: An
                                    vocab_start: int, vocab_total: int, ignore_index: int = -100,
                                    reduction: str = "mean") -> Any:
     """dlogits [N, V] of the block starting at vocab_start; dloss as for cross_entropy."""
-    n, v = logits.shape
+    try:
+        n, v = logits.shape
+    except ValueError:
+        raise logits_error("cross_entropy_partial_backward", logits) from None
     desc = CrossEntropyPartialDescriptor(n, v, vocab_start, vocab_total, ignore_index,
                                          reduction, logits.dtype)
     return call(CrossEntropyPartialBackwardPlan, desc, like=logits,
                 logits=backend.ascontiguous(logits), target=backend.ascontiguous(target),
-                lse=backend.ascontiguous(lse), dloss=loss_like(logits, dloss, reduction))
+                lse=backend.ascontiguous(lse),
+                dloss=loss_like("cross_entropy_partial_backward", logits, dloss, reduction))

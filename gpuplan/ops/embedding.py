@@ -18,6 +18,7 @@ import numpy as np
 
 from gpuplan import backend
 from gpuplan.dtypes import FLOAT_DTYPES, accumulator, cuda_name, float32, float64, short_name
+from gpuplan.errors import InvalidProblem, describe
 from gpuplan.execute import call
 from gpuplan.nvrtc import CudaModule, launch, on_stream
 from gpuplan.plan import BackendKind, Candidate, Plan, PlanPreference, host_candidate
@@ -254,7 +255,11 @@ def embedding(weight: Any, indices: Any, index_offset: int = 0) -> Any:
     """out[..., :] = weight[indices[...] - index_offset, :] (zero rows outside the table) for
     indices of any shape: indices.shape + (D,)."""
     flat = indices if indices.ndim == 1 else indices.reshape(-1)
-    v, dim = weight.shape
+    try:  # free when right: a wrong rank is named instead of Python's unpacking error
+        v, dim = weight.shape
+    except ValueError:
+        raise InvalidProblem(describe("embedding", "weight", "a rank-2 array [V, D]",
+                                      f"shape {tuple(weight.shape)}")) from None
     out = call(EmbeddingPlan, _descriptor(EmbeddingDescriptor, v, dim, flat.shape[0],
                                           weight.dtype, index_offset),
                like=weight, weight=weight, indices=flat)

@@ -16,17 +16,17 @@ mean 0 and rstd 1/sqrt(eps).
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import numpy as np
 
-from gpuplan import backend
 from gpuplan.dtypes import FLOAT_DTYPES, accumulator, as_dtype, cuda_name, short_name
 from gpuplan.errors import InvalidProblem, describe
 from gpuplan.execute import call
 from gpuplan.host_pool import block_rows, for_blocks
 from gpuplan.nvrtc import CudaModule, cdiv, launch
+from gpuplan.ops.norm_rows import rows_view as _rows
+from gpuplan.ops.norm_rows import stat_error
 from gpuplan.plan import BackendKind, Candidate, Plan, host_candidate
 from gpuplan.spec import DType, Extent, Flag, In, OpSpec, Out, Real
 from gpuplan.stream import Stream, Workspace
@@ -346,15 +346,6 @@ class RMSNormBackwardPlan(_NormBackwardPlan):
 # -- functional API ------------------------------------------------------------------------
 
 
-def _rows(a: Any) -> Any:
-    """A C-contiguous [rows, dim] view (or copy) of a [..., dim] array."""
-    if not a.flags.c_contiguous:
-        a = backend.ascontiguous(a)
-    if a.ndim == 2:
-        return a
-    return a.reshape(math.prod(a.shape[:-1]), a.shape[-1])
-
-
 def layer_norm(x: Any, weight: Any | None, bias: Any | None,
                eps: float = 1e-5) -> tuple[Any, Any, Any]:
     """LayerNorm over the last axis of x [..., D]: returns (y [..., D], mean [...], rstd [...])."""
@@ -374,9 +365,13 @@ def layer_norm_backward(dy: Any, x: Any, weight: Any | None, mean: Any,
     is always returned (callers ignore it when the forward had no bias)."""
     x2 = _rows(x)
     rows, dim = x2.shape
+    try:  # free when right; a mis-sized statistic is named instead of NumPy's reshape error
+        mean, rstd = mean.reshape(rows), rstd.reshape(rows)
+    except ValueError:
+        raise stat_error("layer_norm_backward", x, "x", mean=mean, rstd=rstd) from None
     desc = LayerNormBackwardDescriptor(rows, dim, weight is not None, True, x.dtype)
     dx, dweight, dbias = call(LayerNormBackwardPlan, desc, like=x, dy=_rows(dy), x=x2,
-                              weight=weight, mean=mean.reshape(rows), rstd=rstd.reshape(rows))
+                              weight=weight, mean=mean, rstd=rstd)
     return dx.reshape(x.shape), dweight, dbias
 
 
@@ -393,7 +388,11 @@ def rms_norm_backward(dy: Any, x: Any, weight: Any | None, rstd: Any) -> tuple[A
     """(dx [..., D], dweight [D] or None) of RMSNorm."""
     x2 = _rows(x)
     rows, dim = x2.shape
+    try:
+        rstd2 = rstd.reshape(rows)
+    except ValueError:
+        raise stat_error("rms_norm_backward", x, "x", rstd=rstd) from None
     desc = RMSNormBackwardDescriptor(rows, dim, weight is not None, x.dtype)
     dx, dweight = call(RMSNormBackwardPlan, desc, like=x, dy=_rows(dy), x=x2, weight=weight,
-                       rstd=rstd.reshape(rows))
+                       rstd=rstd2)
     return dx.reshape(x.shape), dweight

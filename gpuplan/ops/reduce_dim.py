@@ -98,8 +98,7 @@ class ArgSelectPlan(Plan):
     def _check_descriptor(cls, desc: Any) -> None:
         super()._check_descriptor(desc)
         if desc.length == 0 and desc.outer * desc.inner > 0:
-            raise InvalidProblem(describe(cls.op, "length", f"a non-empty dim for {desc.op}",
-                                          0))
+            raise InvalidProblem(describe(cls.op, "length", f"a non-empty dim for {desc.op}", 0))
 
     @classmethod
     def _candidates(cls, desc: Any, stream: Stream) -> list[Candidate]:
@@ -171,8 +170,7 @@ class TopkPlan(Plan):
         d = self.desc
         self._kernel = f"topk_select<{cuda_name(d.dtype)}, {0 if d.largest else 1}>"
         self._grid = max(1, min(d.outer * d.inner, _MAX_GRID))
-        self._extents = (np.int64(d.outer), np.int64(d.length), np.int64(d.inner),
-                         np.int64(d.k))
+        self._extents = (np.int64(d.outer), np.int64(d.length), np.int64(d.inner), np.int64(d.k))
 
     def _run_numpy(self, stream: Stream, ws: Workspace, args: Any) -> None:
         x = args.x.astype(accumulator(self.desc.dtype), copy=False)
@@ -353,10 +351,8 @@ def dim_view(op: str, shape: tuple, dim: int | None) -> tuple[int, int, int]:
 
 
 def _kept(shape: tuple, dim: int | None, keepdim: bool) -> tuple:
-    if dim is None:
+    if dim is None or not shape:
         return (1,) * len(shape) if keepdim else ()
-    if not shape:
-        return ()
     d = int(dim) % len(shape)
     return shape[:d] + ((1,) if keepdim else ()) + shape[d + 1:]
 
@@ -394,7 +390,11 @@ def variance(x: Any, axes: Any = None, keepdims: bool = False, correction: float
 def prod_backward(x: Any, dy: Any, dim: int | None = None) -> Any:
     """dx (x's shape) of y = prod(x, dim) from dy (y's shape, kept dim or not)."""
     o, n, i = dim_view("prod_backward", x.shape, dim)
+    try:  # free when right: a mis-shaped dy is named, not NumPy's reshape error
+        dy = backend.ascontiguous(dy).reshape(o, i)
+    except ValueError:
+        raise InvalidProblem(describe("prod_backward", "dy", f"shape {_kept(x.shape, dim, False)}"
+                                      " (dim kept or not)", f"shape {dy.shape}")) from None
     dx = call(ProdBackwardPlan, ProdBackwardDescriptor(o, n, i, x.dtype), like=x,
-              x=backend.ascontiguous(x).reshape(o, n, i),
-              dy=backend.ascontiguous(dy).reshape(o, i))
+              x=backend.ascontiguous(x).reshape(o, n, i), dy=dy)
     return dx.reshape(x.shape)

@@ -17,19 +17,19 @@ deterministic (gpuplan_norm.cuh's two-stage sums, no atomics).
 
 from __future__ import annotations
 
-import math
 from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 
-from gpuplan import backend
 from gpuplan.dtypes import FLOAT_DTYPES, accumulator, cuda_name
 from gpuplan.execute import call
 from gpuplan.nvrtc import CudaModule, launch
 
 # The LayerNorm family's plans (SKUs, launch geometry, workspace, host math): the fused op
 # computes what the composed one does.
+from gpuplan.ops.norm_rows import rows_view as _rows
+from gpuplan.ops.norm_rows import stat_error
 from gpuplan.ops.normalization import _PG_COLS, _PG_ROWS, _NormBackwardPlan, _NormForwardPlan
 from gpuplan.spec import DType, Extent, Flag, In, OpSpec, Out, Real
 from gpuplan.stream import Stream, Workspace
@@ -161,13 +161,6 @@ class ResidualLayerNormBackwardPlan(_NormBackwardPlan):
 # -- functional API ------------------------------------------------------------------------
 
 
-def _rows(a: Any) -> Any:
-    """A C-contiguous [rows, dim] view (or copy) of a [..., dim] array."""
-    if not a.flags.c_contiguous:
-        a = backend.ascontiguous(a)
-    return a if a.ndim == 2 else a.reshape(math.prod(a.shape[:-1]), a.shape[-1])
-
-
 def residual_layer_norm(x: Any, residual: Any, weight: Any | None, bias: Any | None,
                         eps: float = 1e-5) -> tuple[Any, Any, Any, Any]:
     """(s, y [..., D], mean, rstd [...]) with s = x + residual and y = LayerNorm(s) over the
@@ -189,8 +182,12 @@ def residual_layer_norm_backward(dy: Any, s: Any, weight: Any | None, mean: Any,
     none). dbias = sum of dy over rows is always returned."""
     s2 = _rows(s)
     rows, dim = s2.shape
+    try:  # free when right; a mis-sized statistic is named instead of NumPy's reshape error
+        mean, rstd = mean.reshape(rows), rstd.reshape(rows)
+    except ValueError:
+        raise stat_error("residual_layer_norm_backward", s, "s", mean=mean, rstd=rstd) from None
     desc = ResidualLayerNormBackwardDescriptor(rows, dim, weight is not None, True, s.dtype)
     dx, dweight, dbias = call(ResidualLayerNormBackwardPlan, desc, like=s, dy=_rows(dy), s=s2,
-                              weight=weight, mean=mean.reshape(rows), rstd=rstd.reshape(rows),
+                              weight=weight, mean=mean, rstd=rstd,
                               ds=None if ds is None else _rows(ds))
     return dx.reshape(s.shape), dweight, dbias
