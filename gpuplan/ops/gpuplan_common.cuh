@@ -3,7 +3,29 @@
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
 
+// A kernel's shape or strides over at most 8 collapsed dims, as 8 scalar arguments (launch
+// arguments are by value; see gpuplan.ops.broadcast.dims_launch_args) and back as an array.
+#define GP_DIMS_PARAMS(p)                                                                  \
+    long long p##0, long long p##1, long long p##2, long long p##3, long long p##4,       \
+        long long p##5, long long p##6, long long p##7
+#define GP_DIMS_ARRAY(p) {p##0, p##1, p##2, p##3, p##4, p##5, p##6, p##7}
+
 namespace gp {
+
+// Offset of the o-th kept element (C order over the first nk dims, sizes shp, element
+// strides str): where a reduction over the other dims starts reading.
+__device__ __forceinline__ long long kept_offset(long long o, int nk, const long long* shp,
+                                                 const long long* str) {
+    long long off = 0;
+#pragma unroll
+    for (int d = 7; d >= 0; --d) {
+        if (d < nk) {
+            off += (o % shp[d]) * str[d];
+            o /= shp[d];
+        }
+    }
+    return off;
+}
 
 // Accumulator type: half types accumulate in float, the others in themselves.
 template <typename T> struct acc_type { typedef T type; };

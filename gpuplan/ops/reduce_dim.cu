@@ -135,11 +135,6 @@ __global__ void __launch_bounds__(256) topk_select(const T* __restrict__ x, T* _
     }
 }
 
-#define GP_DIMS_PARAMS(p)                                                                  \
-    long long p##0, long long p##1, long long p##2, long long p##3, long long p##4,       \
-        long long p##5, long long p##6, long long p##7
-#define GP_DIMS_ARRAY(p) {p##0, p##1, p##2, p##3, p##4, p##5, p##6, p##7}
-
 // Variance (STD: its square root) over a strided view: dims [0, nk) kept (output in C
 // order), dims [nk, nk + nr) reduced, element strides st*. A thread per output makes two
 // passes in C order of the reduced dims: mean = sum / n, then sum of (x - mean)^2, divided by
@@ -155,14 +150,7 @@ __global__ void __launch_bounds__(256) variance_general(const T* __restrict__ x,
     const long long str[8] = GP_DIMS_ARRAY(st);
     const long long step = (long long)gridDim.x * blockDim.x;
     for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < n_out; o += step) {
-        long long base = 0, rem = o;
-#pragma unroll
-        for (int d = 7; d >= 0; --d) {
-            if (d < nk) {
-                base += (rem % shp[d]) * str[d];
-                rem /= shp[d];
-            }
-        }
+        const long long base = gp::kept_offset(o, nk, shp, str);
         A sums[2] = {A(0), A(0)};
         for (int pass = 0; pass < 2; ++pass) {
             const A mean = sums[0] / A(n_red);

@@ -170,11 +170,6 @@ __global__ void __launch_bounds__(256) reduce_cols(const Tin* __restrict__ x, To
     }
 }
 
-#define GP_DIMS_PARAMS(p)                                                                  \
-    long long p##0, long long p##1, long long p##2, long long p##3, long long p##4,       \
-        long long p##5, long long p##6, long long p##7
-#define GP_DIMS_ARRAY(p) {p##0, p##1, p##2, p##3, p##4, p##5, p##6, p##7}
-
 // General reduction over a strided view: dims [0, nk) are kept (output in C order), dims
 // [nk, nk + nr) are reduced; shape s*, element strides st*. One thread per output element
 // combines its n_red inputs sequentially in C order of the reduced dims.
@@ -188,14 +183,7 @@ __global__ void __launch_bounds__(256) reduce_general(const Tin* __restrict__ x,
     const long long str[8] = GP_DIMS_ARRAY(st);
     const long long step = (long long)gridDim.x * blockDim.x;
     for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < n_out; o += step) {
-        long long off = 0, rem = o;
-#pragma unroll
-        for (int d = 7; d >= 0; --d) {
-            if (d < nk) {
-                off += (rem % shp[d]) * str[d];
-                rem /= shp[d];
-            }
-        }
+        long long off = gp::kept_offset(o, nk, shp, str);
         long long idx[8] = {0, 0, 0, 0, 0, 0, 0, 0};
         A acc = red_init<OP, A>();
         for (long long r = 0; r < n_red; ++r) {

@@ -8,11 +8,6 @@
 
 namespace {
 
-#define GP_DIMS_PARAMS(p)                                                                  \
-    long long p##0, long long p##1, long long p##2, long long p##3, long long p##4,       \
-        long long p##5, long long p##6, long long p##7
-#define GP_DIMS_ARRAY(p) {p##0, p##1, p##2, p##3, p##4, p##5, p##6, p##7}
-
 // Offsets into cond, a and b of the output element i (C order over the collapsed shape
 // `shp`, element strides, 0 on broadcast dims).
 __device__ __forceinline__ void where_offsets(long long i, int ndim, const long long* shp,
