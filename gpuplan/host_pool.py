@@ -39,8 +39,8 @@ from gpuplan import host
 #: 2-core benchmark machine a second thread made ops of 0.5M elements slower (a [1024, 512]
 #: GELU 0.8 -> 1.0 ms) and sped ops of 4M elements up 1.4-1.9x.
 BLOCK = 65536
-BIG_BLOCK = 524288
-GRAIN = 1 << 20
+BIG_BLOCK = 131072
+GRAIN = 1 << 17
 
 _lock = threading.Lock()
 _workers: list[_Worker] = []
@@ -91,16 +91,17 @@ def parallel_for(n: int, fn: Callable[[int, int], None], grain: int = 1,
             _workers.append(_Worker())
         busy = _workers[: len(bounds) - 2]
         errors = np.geterr()
-        for k, w in enumerate(busy, start=1):
-            w.tasks.put((fn, bounds[k], bounds[k + 1], errors))
         error = None
-        try:
-            fn(bounds[0], bounds[1])
-        except BaseException as exc:  # noqa: BLE001 - the workers must finish first
-            error = exc
-        for w in busy:
-            exc = w.done.get()
-            error = error or exc
+        with host.blas_on_caller():  # the parts may call BLAS: one thread each
+            for k, w in enumerate(busy, start=1):
+                w.tasks.put((fn, bounds[k], bounds[k + 1], errors))
+            try:
+                fn(bounds[0], bounds[1])
+            except BaseException as exc:  # noqa: BLE001 - the workers must finish first
+                error = exc
+            for w in busy:
+                exc = w.done.get()
+                error = error or exc
         if error is not None:
             raise error
     finally:
@@ -131,6 +132,44 @@ def for_blocks(n: int, fn: Callable[[int, int], None], row: int = 1, group: int 
             fn(lo, min(lo + size, stop))
 
     parallel_for(n, part, grain, align=size)
+
+
+#: Multiply-adds a thread needs before a host GEMM is split (~0.1 ms of single-thread sgemm),
+#: and the alignment of the rows or columns of C a split gives each thread (the BLAS
+#: microkernels' tiles divide it, so every element of C is summed in the same order whatever
+#: the split: tests/gpuplan/test_host_pool.py checks the bits for 1, 2 and 3 threads).
+GEMM_GRAIN = 1 << 21
+GEMM_ALIGN = 64
+
+
+def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """out = a @ b (np.matmul, into `out` of the product's shape), with BLAS on its caller's
+    thread (host.blas_on_caller) and the work split over the host threads by batch entries,
+    or by rows or columns of `out`, when each thread gets GEMM_GRAIN multiply-adds.
+
+    Why not the BLAS's own threads: after a call, OpenBLAS's workers spin for a while, and
+    the host ops that follow (split over these threads) then share the cores with spinning
+    threads; with every GEMM on these threads the BLAS workers stay asleep."""
+    m, n, k = out.shape[-2], out.shape[-1], a.shape[-1]
+    batch = out.shape[0] if out.ndim > 2 else 1
+    per_entry = m * n * k
+    with host.blas_on_caller():
+        if host.thread_budget() <= 1 or batch * per_entry < 2 * GEMM_GRAIN:
+            return np.matmul(a, b, out=out)
+        if batch >= host.thread_budget():
+            def entries(lo: int, hi: int) -> None:
+                np.matmul(a[lo:hi] if a.ndim > 2 else a, b[lo:hi] if b.ndim > 2 else b,
+                          out=out[lo:hi])
+            parallel_for(batch, entries, -(-GEMM_GRAIN // max(1, per_entry)))
+        elif m >= n:
+            def rows(lo: int, hi: int) -> None:
+                np.matmul(a[..., lo:hi, :], b, out=out[..., lo:hi, :])
+            parallel_for(m, rows, -(-GEMM_GRAIN // max(1, batch * n * k)), GEMM_ALIGN)
+        else:
+            def cols(lo: int, hi: int) -> None:
+                np.matmul(a, b[..., lo:hi], out=out[..., lo:hi])
+            parallel_for(n, cols, -(-GEMM_GRAIN // max(1, batch * m * k)), GEMM_ALIGN)
+    return out
 
 
 def _forget_workers() -> None:  # a forked child has the pool's list but not its threads

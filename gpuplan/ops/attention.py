@@ -15,6 +15,7 @@ scale and causal are fixed per model: descriptor fields shared by forward and ba
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -24,6 +25,7 @@ from gpuplan.dtypes import FLOAT_DTYPES, HALF_DTYPES, accumulator, as_dtype, cud
 from gpuplan.dtypes import short_name as sn
 from gpuplan.errors import Unsupported, describe
 from gpuplan.execute import call
+from gpuplan.host_pool import parallel_for
 from gpuplan.nvrtc import CudaModule, cdiv, launch
 from gpuplan.plan import BackendKind, Candidate, Plan, host_candidate
 from gpuplan.spec import DType, Extent, Flag, In, OpSpec, Out, Real
@@ -96,10 +98,26 @@ def causal_mask(lq: int, lk: int) -> np.ndarray:
     return np.arange(lk)[None, :] > np.arange(lq)[:, None] + (lk - lq)
 
 
-def host_chunks(desc: Any) -> range:
-    """Batch-entry starts of the host path's chunks: each holds ~4M scores at most."""
-    step = max(1, (1 << 22) // max(1, desc.lq * desc.lk))
-    return range(0, desc.batch, step)
+#: Scores per chunk of the host path (1 MiB of float32, so that a chunk's scores stay in
+#: cache between the passes over them), and the fewest scores worth a second thread: every
+#: NumPy call re-takes the GIL, so threads only pay for calls of ~0.1 ms and more.
+HOST_CHUNK_SCORES = 1 << 18
+HOST_GRAIN_SCORES = 1 << 17
+
+
+def host_chunks(desc: Any, fn: Callable[[int, int], None]) -> None:
+    """fn(b0, b1) over chunks [b0, b1) of the batch entries (HOST_CHUNK_SCORES scores at
+    most, one entry at least), spread over the host threads (gpuplan.host_pool) when each
+    gets HOST_GRAIN_SCORES. Entries are independent, so the bits do not depend on the split."""
+    per_entry = max(1, desc.lq * desc.lk)
+    step = max(1, HOST_CHUNK_SCORES // per_entry)
+    grain = max(step, -(-HOST_GRAIN_SCORES // per_entry))
+
+    def part(start: int, stop: int) -> None:
+        for b0 in range(start, stop, step):
+            fn(b0, min(b0 + step, stop))
+
+    parallel_for(desc.batch, part, grain, align=step)
 
 
 def host_scores(desc: Any, q: np.ndarray, k: np.ndarray, mask: Any) -> np.ndarray:
@@ -215,21 +233,22 @@ class AttentionPlan(_AttentionBase):
             args.lse[...] = -np.inf
             return
         q, k, v = (a.astype(acc, copy=False) for a in (args.q, args.k, args.v))
-        chunks = host_chunks(d)
-        for b0 in chunks:
-            b1 = b0 + chunks.step
+
+        def chunk(b0: int, b1: int) -> None:
             s = host_scores(d, q[b0:b1], k[b0:b1], self._mask)
-            with np.errstate(invalid="ignore", divide="ignore"):
-                m = s.max(axis=-1, keepdims=True)
-                m[np.isneginf(m)] = 0  # fully masked rows (Lq > Lk): all exp(-inf) = 0
-                s -= m
-                np.exp(s, out=s)
-                total = s.sum(axis=-1, keepdims=True)
-                args.lse[b0:b1] = (m + np.log(total))[..., 0]
-                inv = np.where(total > 0, 1 / np.where(total > 0, total, 1), 0)
+            m = s.max(axis=-1, keepdims=True)
+            m[np.isneginf(m)] = 0  # fully masked rows (Lq > Lk): all exp(-inf) = 0
+            s -= m
+            np.exp(s, out=s)
+            total = s.sum(axis=-1, keepdims=True)
+            args.lse[b0:b1] = (m + np.log(total))[..., 0]
+            inv = np.where(total > 0, 1 / np.where(total > 0, total, 1), 0)
             o = np.matmul(s, v[b0:b1])
             o *= inv
             args.o[b0:b1] = o
+
+        with np.errstate(invalid="ignore", divide="ignore"):
+            host_chunks(d, chunk)
 
     def _run_device(self, stream: Stream, ws: Workspace, args: Any) -> None:
         vec = self._tc and all(backend.data_ptr(a) % 16 == 0 for a in (args.q, args.k, args.v))

@@ -151,9 +151,8 @@ class AttentionBackwardPlan(_AttentionBase):
         q, k, v, o, lse, dout = (a.astype(acc, copy=False)
                                  for a in (args.q, args.k, args.v, args.o, args.lse, args.dout))
         sc = acc.type(d.scale)
-        chunks = host_chunks(d)
-        for b0 in chunks:
-            b1 = b0 + chunks.step
+
+        def chunk(b0: int, b1: int) -> None:
             qc, kc, vc, doc = q[b0:b1], k[b0:b1], v[b0:b1], dout[b0:b1]
             s = host_scores(d, qc, kc, self._mask)
             # Fully masked rows have lse = -inf and every score -inf: P = 0 there.
@@ -168,6 +167,8 @@ class AttentionBackwardPlan(_AttentionBase):
             ds *= sc
             args.dq[b0:b1] = np.matmul(ds, kc)
             args.dk[b0:b1] = np.matmul(np.swapaxes(ds, -1, -2), qc)
+
+        host_chunks(d, chunk)
 
     def _run_device(self, stream: Stream, ws: Workspace, args: Any) -> None:
         d = self.desc

@@ -26,11 +26,12 @@ from typing import Any
 
 import numpy as np
 
-from gpuplan import backend
+from gpuplan import backend, host_pool
 from gpuplan.dtypes import FLOAT_DTYPES, HALF_DTYPES, accumulator, as_dtype, cuda_name, float64
 from gpuplan.dtypes import short_name as sn
 from gpuplan.errors import InvalidProblem, Unsupported, describe
 from gpuplan.execute import call
+from gpuplan.host_pool import for_blocks
 from gpuplan.nvrtc import cdiv, launch
 from gpuplan.ops.gemm_sku import (
     EPILOGUE_MODULE,
@@ -104,6 +105,23 @@ GemmDescriptor.a_shape, GemmDescriptor.b_shape, GemmDescriptor.c_shape = (
 GemmArgs = SPEC.args(
     "GemmArgs", "a, b, c (written; read when beta != 0), bias [N] when has_bias, preact (the "
     "pre-activation, c's shape) when save_preact; alpha, beta run-time reals.")
+
+
+def _bias_act_blocks(forward32: Any, preact: np.ndarray, bias: np.ndarray | None,
+                     out: np.ndarray) -> None:
+    """preact += bias, out = f(preact) over blocks of rows (gpuplan.host_pool.for_blocks):
+    each block's passes run on cache-resident rows, spread over the host threads."""
+    n = preact.shape[-1]
+    rows, dst = preact.reshape(-1, n), out.reshape(-1, n)
+
+    def block(lo: int, hi: int) -> None:
+        x = rows[lo:hi]
+        if bias is not None:
+            x += bias
+        forward32(x, dst[lo:hi], np.empty_like(x), np.empty_like(x))
+
+    with np.errstate(over="ignore", invalid="ignore"):
+        for_blocks(rows.shape[0], block, n)
 
 
 class GemmPlan(Plan):
@@ -207,15 +225,25 @@ class GemmPlan(Plan):
         if d.trans_b:
             b = np.swapaxes(b, -1, -2)
             b = np.ascontiguousarray(b) if b.ndim > 2 else b
+        act = self._act
+        if (act is not None and act.forward32 is not None and args.preact is not None
+                and beta == 0 and acc == np.float32 and args.preact.dtype == acc):
+            # f32 with a saved pre-activation: BLAS writes it, then bias and the activation
+            # run a cache-sized block at a time into C (the same roundings as below).
+            v = host_pool.matmul(a, b, args.preact)
+            if alpha != 1:
+                v *= acc.type(alpha)
+            _bias_act_blocks(act.forward32, v, args.bias if d.has_bias else None, args.c)
+            return
         if beta == 0 and acc == args.c.dtype:
             # f32/f64: BLAS writes C directly; the same roundings as below, no temporaries.
-            v = np.matmul(a, b, out=args.c)
+            v = host_pool.matmul(a, b, args.c)
             if alpha != 1:
                 v *= acc.type(alpha)
             if d.has_bias:
                 v += args.bias
         else:
-            v = np.matmul(a, b)
+            v = host_pool.matmul(a, b, np.empty(args.c.shape, acc))
             if alpha != 1:
                 v *= acc.type(alpha)
             if beta != 0:

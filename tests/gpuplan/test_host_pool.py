@@ -10,6 +10,7 @@ import pytest
 
 import gpuplan as gp
 from gpuplan import host, host_pool
+from gpuplan.ops import attention
 from gpuplan.testing import random
 
 F = gp.functional
@@ -22,6 +23,8 @@ def threads(monkeypatch):
     monkeypatch.setattr(host_pool, "BLOCK", 2048)
     monkeypatch.setattr(host_pool, "BIG_BLOCK", 8192)
     monkeypatch.setattr(host_pool, "GRAIN", 4096)
+    monkeypatch.setattr(attention, "HOST_CHUNK_SCORES", 4096)
+    monkeypatch.setattr(attention, "HOST_GRAIN_SCORES", 4096)
 
     def use(n: int) -> None:
         monkeypatch.setattr(host, "thread_budget", lambda: n)
@@ -124,7 +127,15 @@ def _host_ops(dtype):
     target = np.random.default_rng(8).integers(0, 77, 3000)
     target[::7] = -100
     _, lse = F.cross_entropy(logits, target)
+    q, do = random((24, 64, 32), dtype, seed=9), random((24, 64, 32), dtype, seed=10)
+    k, v = random((24, 80, 32), dtype, seed=11), random((24, 80, 32), dtype, seed=12)
+    o, att_lse = F.attention(q, k, v, scale=0.2, causal=True)
+    a, bmat = random((700, 40), dtype, seed=13), random((40, 96), dtype, seed=14)
     return {
+        "attention": lambda: F.attention(q, k, v, scale=0.2, causal=True),
+        "attention_backward": lambda: F.attention_backward(q, k, v, o, att_lse, do, scale=0.2,
+                                                           causal=True),
+        "gemm_bias_gelu": lambda: F.matmul(a, bmat, bias=w, epilogue="gelu", save_preact=True),
         "gelu": lambda: F.unary("gelu", x),
         "gelu_backward": lambda: F.unary_backward("gelu", x, dy),
         "silu": lambda: F.unary("silu", x),
@@ -137,6 +148,18 @@ def _host_ops(dtype):
         "cross_entropy_backward": lambda: F.cross_entropy_backward(
             logits, target, lse, np.float32(0.5), label_smoothing=0.1),
     }
+
+
+def test_blas_runs_on_one_thread_inside_a_split_op_and_is_restored_after(threads):
+    threads(2)
+    pools = host._blas_pools()
+    if not pools:
+        pytest.skip("threadpoolctl finds no BLAS")
+    before = [p.get_num_threads() for p in pools]
+    seen = []
+    host_pool.parallel_for(20, lambda lo, hi: seen.append(pools[0].get_num_threads()), grain=10)
+    assert seen == [1, 1]
+    assert [p.get_num_threads() for p in pools] == before
 
 
 def _bits(out):
