@@ -35,9 +35,9 @@ from gpuplan import host
 #: Elements per block of `for_blocks`: BLOCK (256 KiB of float32: a block's operands and
 #: scratch stay in L2) on one thread; BIG_BLOCK when split, which needs GRAIN elements per
 #: thread. Every NumPy call re-takes the GIL, and handing the GIL between threads costs
-#: several microseconds (more on a VM), so a split op needs calls of ~0.1 ms or more; on the
-#: 2-core benchmark machine a second thread made ops of 0.5M elements slower (a [1024, 512]
-#: GELU 0.8 -> 1.0 ms) and sped ops of 4M elements up 1.4-1.9x.
+#: several microseconds (more on a VM), so a split op needs calls of ~50 us or more: on the
+#: 2-core benchmark machine a [1024, 512] chain of NumPy passes ran 0.85 ms on one thread,
+#: 0.62 ms on two in 64K-element blocks and 1.45 ms on two in 16K-element blocks.
 BLOCK = 65536
 BIG_BLOCK = 131072
 GRAIN = 1 << 17
@@ -170,6 +170,24 @@ def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> np.ndarray:
                 np.matmul(a, b[..., lo:hi], out=out[..., lo:hi])
             parallel_for(n, cols, -(-GEMM_GRAIN // max(1, batch * m * k)), GEMM_ALIGN)
     return out
+
+
+def bias_activation(forward32: Callable[..., None], preact: np.ndarray, bias: np.ndarray | None,
+                     out: np.ndarray) -> None:
+    """preact += bias[n] (bias may be None), out = forward32(preact) over blocks of rows of
+    a [..., n] float32 array (the host GEMM epilogue): each block's passes run on
+    cache-resident rows, spread over the host threads."""
+    n = preact.shape[-1]
+    rows, dst = preact.reshape(-1, n), out.reshape(-1, n)
+
+    def block(lo: int, hi: int) -> None:
+        x = rows[lo:hi]
+        if bias is not None:
+            x += bias
+        forward32(x, dst[lo:hi], np.empty_like(x), np.empty_like(x))
+
+    with np.errstate(over="ignore", invalid="ignore"):
+        for_blocks(rows.shape[0], block, n)
 
 
 def _forget_workers() -> None:  # a forked child has the pool's list but not its threads

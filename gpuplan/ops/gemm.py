@@ -31,7 +31,6 @@ from gpuplan.dtypes import FLOAT_DTYPES, HALF_DTYPES, accumulator, as_dtype, cud
 from gpuplan.dtypes import short_name as sn
 from gpuplan.errors import InvalidProblem, Unsupported, describe
 from gpuplan.execute import call
-from gpuplan.host_pool import for_blocks
 from gpuplan.nvrtc import cdiv, launch
 from gpuplan.ops.gemm_sku import (
     EPILOGUE_MODULE,
@@ -105,23 +104,6 @@ GemmDescriptor.a_shape, GemmDescriptor.b_shape, GemmDescriptor.c_shape = (
 GemmArgs = SPEC.args(
     "GemmArgs", "a, b, c (written; read when beta != 0), bias [N] when has_bias, preact (the "
     "pre-activation, c's shape) when save_preact; alpha, beta run-time reals.")
-
-
-def _bias_act_blocks(forward32: Any, preact: np.ndarray, bias: np.ndarray | None,
-                     out: np.ndarray) -> None:
-    """preact += bias, out = f(preact) over blocks of rows (gpuplan.host_pool.for_blocks):
-    each block's passes run on cache-resident rows, spread over the host threads."""
-    n = preact.shape[-1]
-    rows, dst = preact.reshape(-1, n), out.reshape(-1, n)
-
-    def block(lo: int, hi: int) -> None:
-        x = rows[lo:hi]
-        if bias is not None:
-            x += bias
-        forward32(x, dst[lo:hi], np.empty_like(x), np.empty_like(x))
-
-    with np.errstate(over="ignore", invalid="ignore"):
-        for_blocks(rows.shape[0], block, n)
 
 
 class GemmPlan(Plan):
@@ -233,7 +215,7 @@ class GemmPlan(Plan):
             v = host_pool.matmul(a, b, args.preact)
             if alpha != 1:
                 v *= acc.type(alpha)
-            _bias_act_blocks(act.forward32, v, args.bias if d.has_bias else None, args.c)
+            host_pool.bias_activation(act.forward32, v, args.bias if d.has_bias else None, args.c)
             return
         if beta == 0 and acc == args.c.dtype:
             # f32/f64: BLAS writes C directly; the same roundings as below, no temporaries.
