@@ -147,8 +147,8 @@ class LinearGelu(Function):
     """Y = gelu(P), P = X @ W + b, in one GEMM: the activation runs in its epilogue, which
     also writes P when a gradient is needed (saved; nothing extra otherwise).
 
-    dP = gelu'(P) * dY (gp unary_backward, the activation family's backward), then dX, dW,
-    db as for Linear from dP. ``name``: "gelu" (erf) or "gelu_tanh".
+    dP = gelu'(P) * dY (gp unary_backward, the activation family's backward, given Y too),
+    then dX, dW, db as for Linear from dP. ``name``: "gelu" (erf) or "gelu_tanh".
     """
 
     @staticmethod
@@ -161,13 +161,16 @@ class LinearGelu(Function):
             y = y.reshape(w.shape[1:])
             pre = None if pre is None else pre.reshape(w.shape[1:])
         ctx.name = name
-        ctx.save_for_backward(x, w, pre)
+        # y too: the host f32 gelu backward takes Phi = y / P from it instead of erf (the
+        # next op, the MLP's projection, holds y for its own backward anyway).
+        ctx.save_for_backward(x, w, pre, y if save else None)
         return y
 
     @staticmethod
     def backward(ctx, dy):
-        x, w, pre = ctx.saved
-        return _linear_grads(ctx.needs_input_grad, x, w, F.unary_backward(ctx.name, pre, dy))
+        x, w, pre, y = ctx.saved
+        return _linear_grads(ctx.needs_input_grad, x, w,
+                             F.unary_backward(ctx.name, pre, dy, y=y))
 
 
 def linear_gelu(x: Tensor, weight: Tensor, bias: Any = None, approximate: str = "none"

@@ -150,6 +150,29 @@ def test_unary_forward_and_backward(device, dtype, op, n):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n", SIZES)
+def test_gelu_backward_given_the_forward_output(device, dtype, n):
+    """With y = gelu(x) given, the host f32 SKU takes Phi = y / x (no erf); every SKU meets
+    the float64 reference as without y, also at x = +-0, tiny and large |x|."""
+    x = random((n,), dtype, low=-7, high=7)
+    x[: min(n, 6)] = np.array([0.0, -0.0, 1e-30, -1e-30, -30.0, 30.0])[: min(n, 6)]
+    dy = random((n,), dtype, seed=1)
+    y = gp.functional.unary("gelu", on(device, x))
+    dx = on(device, np.full((n,), 7, dtype))
+    run_plan(gp.UnaryBackwardPlan, gp.UnaryBackwardDescriptor("gelu", n, dtype),
+             gp.UnaryBackwardArgs(on(device, x), on(device, dy), dx, y), device)
+    assert_close(dx, f64(dy) * ref_derivative("gelu", x), dtype, scale=4)
+    if n:  # Phi(0) = 1/2 exactly, not 0 / 0
+        assert gp.to_host(dx)[0] == (dy[0] * np.asarray(0.5, dtype)).astype(dtype)
+
+
+def test_gelu_backward_refuses_a_misshaped_output():
+    x = np.ones((4, 3), np.float32)
+    with pytest.raises(gp.InvalidProblem, match="unary_backward.*'y'"):
+        gp.functional.unary_backward("gelu", x, x, y=np.ones((3, 4), np.float32))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_unaligned_views_match_aligned(device, dtype):
     """Offset views take the scalar path on the GPU; results equal the packed path's."""
     n = 1000
