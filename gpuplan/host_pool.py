@@ -135,9 +135,11 @@ def for_blocks(n: int, fn: Callable[[int, int], None], row: int = 1, group: int 
 
 
 #: Multiply-adds a thread needs before a host GEMM is split (~0.1 ms of single-thread sgemm),
-#: and the alignment of the rows or columns of C a split gives each thread (the BLAS
-#: microkernels' tiles divide it, so every element of C is summed in the same order whatever
-#: the split: tests/gpuplan/test_host_pool.py checks the bits for 1, 2 and 3 threads).
+#: and the alignment of the rows or columns of C a split gives each thread. Both keep the
+#: bits independent of the split: the BLAS microkernels' tiles divide the alignment, and
+#: each part stays above OpenBLAS's small-matrix kernel (1M multiply-adds on AVX-512, which
+#: sums in another order), so every part runs the kernel the whole product would
+#: (tests/gpuplan/test_host_pool.py checks the bits for 1, 2 and 3 threads).
 GEMM_GRAIN = 1 << 21
 GEMM_ALIGN = 64
 

@@ -162,6 +162,52 @@ def test_blas_runs_on_one_thread_inside_a_split_op_and_is_restored_after(threads
     assert [p.get_num_threads() for p in pools] == before
 
 
+def _gemm_cases(dtype):
+    """GEMMs that split by rows, by columns, by batch entries and by rows of a batch, with
+    the real GEMM_GRAIN: parts stay above OpenBLAS's small-matrix kernel (1M multiply-adds
+    on AVX-512), whose different summation order would change bits with the split."""
+    r = lambda shape, seed: random(shape, dtype, seed=seed)  # noqa: E731
+    return {
+        "rows": lambda: F.matmul(r((1500, 64), 20), r((64, 96), 21)),
+        "rows_trans": lambda: F.matmul(r((64, 1500), 22), r((96, 64), 23), trans_a=True,
+                                       trans_b=True),
+        "cols": lambda: F.matmul(r((40, 64), 24), r((64, 3000), 25)),
+        "batch": lambda: F.matmul(r((8, 100, 64), 26), r((8, 64, 120), 27)),
+        "batch_rows": lambda: F.matmul(r((2, 1200, 64), 28), r((64, 50), 29), alpha=0.5),
+        "bias": lambda: F.matmul(r((700, 64), 30), r((64, 200), 31), bias=r((200,), 32)),
+    }
+
+
+@pytest.mark.parametrize("dtype", [np.float32, gp.bfloat16, np.float64])
+def test_split_gemms_are_bit_identical_for_any_thread_count_and_equal_numpy(threads, dtype):
+    cases = _gemm_cases(dtype)
+    results = {}
+    for n in (1, 2, 3):
+        threads(n)
+        results[n] = {name: _bits(op()) for name, op in cases.items()}
+    for name in cases:
+        assert results[1][name] == results[2][name] == results[3][name], name
+    if dtype != gp.bfloat16:  # f32/f64: the same bits as one NumPy matmul
+        threads(2)
+        a, b = random((1500, 64), dtype, seed=20), random((64, 96), dtype, seed=21)
+        assert _bits(F.matmul(a, b)) == _bits(np.matmul(a, b))
+
+
+def test_split_gemm_really_splits(threads, monkeypatch):
+    threads(2)
+    calls = []
+    real = np.matmul
+
+    def spy(a, b, out=None):
+        calls.append(out.shape)
+        return real(a, b, out=out)
+
+    monkeypatch.setattr(host_pool.np, "matmul", spy)
+    host_pool.matmul(np.ones((1500, 64), np.float32), np.ones((64, 96), np.float32),
+                     np.empty((1500, 96), np.float32))
+    assert sorted(calls) == [(732, 96), (768, 96)]  # rows split at a multiple of 64
+
+
 def _bits(out):
     outs = out if isinstance(out, tuple) else (out,)
     return [np.asarray(o).tobytes() for o in outs if o is not None]
