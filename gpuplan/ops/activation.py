@@ -96,13 +96,7 @@ _F32_INV_SQRT_2PI, _F32_MINUS_HALF = np.float32(_INV_SQRT_2PI), np.float32(-0.5)
 def _gelu_grad_f32(x, dy, dx, s1, s2):
     """dx = dy * (Phi(x) + x phi(x)) on one float32 block (s1, s2: scratch)."""
     normal_cdf_f32(x, dx, s1, s2)
-    np.multiply(x, x, out=s1)
-    s1 *= _F32_MINUS_HALF
-    np.exp(s1, out=s1)
-    s1 *= x
-    s1 *= _F32_INV_SQRT_2PI  # x phi(x)
-    dx += s1
-    dx *= dy
+    _add_x_pdf_times_dy(x, dy, dx, s1)
 
 
 def _gelu_grad_y32(x, dy, y, dx, s1, s2):
@@ -110,8 +104,14 @@ def _gelu_grad_y32(x, dy, y, dx, s1, s2):
     forward's output y = x Phi(x) (Phi(0) = 1/2): no erf, ~10 passes instead of ~35. Phi
     comes back within an ulp or so of the forward's own (y is one rounding of x Phi)."""
     np.divide(y, x, out=dx)
-    np.equal(x, _F32_ZERO, out=s2.view(np.bool_)[: x.size].reshape(x.shape))
-    np.copyto(dx, _F32_HALF, where=s2.view(np.bool_)[: x.size].reshape(x.shape))
+    zero = s2.view(np.bool_)[: x.size].reshape(x.shape)
+    np.equal(x, _F32_ZERO, out=zero)
+    np.copyto(dx, _F32_HALF, where=zero)
+    _add_x_pdf_times_dy(x, dy, dx, s1)
+
+
+def _add_x_pdf_times_dy(x, dy, dx, s1):
+    """dx = (dx + x phi(x)) * dy, dx holding Phi(x) (s1: scratch)."""
     np.multiply(x, x, out=s1)
     s1 *= _F32_MINUS_HALF
     np.exp(s1, out=s1)
