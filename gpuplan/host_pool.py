@@ -142,6 +142,10 @@ def for_blocks(n: int, fn: Callable[[int, int], None], row: int = 1, group: int 
 #: (tests/gpuplan/test_host_pool.py checks the bits for 1, 2 and 3 threads).
 GEMM_GRAIN = 1 << 21
 GEMM_ALIGN = 64
+#: Multiply-adds per product below which OpenBLAS stays on its caller's thread by itself
+#: (its threshold is 4 x 65536 by default; 65536 is its floor): such a GEMM skips the ~4 us
+#: of switching the BLAS pool, which would double a small plan call.
+BLAS_SERIAL = 1 << 16
 
 
 def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> np.ndarray:
@@ -155,6 +159,8 @@ def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> np.ndarray:
     m, n, k = out.shape[-2], out.shape[-1], a.shape[-1]
     batch = out.shape[0] if out.ndim > 2 else 1
     per_entry = m * n * k
+    if per_entry < BLAS_SERIAL:
+        return np.matmul(a, b, out=out)
     with host.blas_on_caller():
         if host.thread_budget() <= 1 or batch * per_entry < 2 * GEMM_GRAIN:
             return np.matmul(a, b, out=out)
