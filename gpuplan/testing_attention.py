@@ -1,5 +1,6 @@
 """float64 reference of the attention family (tests and kernel cases), from the definitions:
-o = softmax(scale * q k^T [causal mask]) v and its gradients by the chain rule through P.
+o = softmax(scale * q k^T [causal mask]) v and its gradients by the chain rule through P,
+optionally with dropout multipliers on P (keep / (1 - p), `dropout_multipliers`).
 (Beside gpuplan.testing, which holds the other families' references.)"""
 
 from __future__ import annotations
@@ -10,7 +11,17 @@ import numpy as np
 
 from gpuplan.testing import f64
 
-__all__ = ["attention_reference", "attention_backward_reference"]
+__all__ = ["attention_reference", "attention_backward_reference", "dropout_multipliers"]
+
+
+def dropout_multipliers(shape: tuple[int, ...], p: float, seed: int, offset: int = 0
+                        ) -> np.ndarray:
+    """keep / (1 - p) in float64 over `shape` (C order), keep the dropout plan's bits for
+    (p, seed, offset); 0 everywhere when p == 1."""
+    from gpuplan.ops.dropout import keep_mask_host
+
+    keep = keep_mask_host(int(np.prod(shape)), p, seed, offset).reshape(shape)
+    return np.where(keep, 0.0 if p >= 1 else 1.0 / (1.0 - p), 0.0)
 
 
 def _attention_probs(q: Any, k: Any, scale: float, causal: bool) -> tuple[np.ndarray, ...]:
@@ -28,19 +39,27 @@ def _attention_probs(q: Any, k: Any, scale: float, causal: bool) -> tuple[np.nda
     return e / np.where(total > 0, total, 1), lse
 
 
-def attention_reference(q: Any, k: Any, v: Any, scale: float, causal: bool
-                        ) -> tuple[np.ndarray, np.ndarray]:
-    """(o, lse) of attention in float64: o = P v (q [B, Lq, D], k, v [B, Lk, D])."""
+def attention_reference(q: Any, k: Any, v: Any, scale: float, causal: bool,
+                        drop: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(o, lse) of attention in float64: o = (P * drop) v (q [B, Lq, D], k, v [B, Lk, D];
+    drop [B, Lq, Lk] dropout multipliers, None for none); lse is the undropped softmax's."""
     p, lse = _attention_probs(q, k, scale, causal)
-    return p @ f64(v), lse
+    return (p if drop is None else p * drop) @ f64(v), lse
 
 
 def attention_backward_reference(q: Any, k: Any, v: Any, dout: Any, scale: float,
-                                 causal: bool) -> tuple[np.ndarray, ...]:
-    """(dq, dk, dv) in float64 by the chain rule through P: dv = P^T dO, dP = dO v^T,
-    dS = scale P (dP - rowsum(dP P)), dq = dS k, dk = dS^T q."""
+                                 causal: bool, drop: np.ndarray | None = None
+                                 ) -> tuple[np.ndarray, ...]:
+    """(dq, dk, dv) in float64 by the chain rule through P (and Pd = P * drop with dropout
+    multipliers): dv = Pd^T dO, dP = (dO v^T) * drop, dS = scale P (dP - rowsum(dP P)),
+    dq = dS k, dk = dS^T q."""
     p, _ = _attention_probs(q, k, scale, causal)
     dout = f64(dout)
     dp = dout @ np.swapaxes(f64(v), -1, -2)
+    if drop is not None:
+        dp = dp * drop
+        dv = np.swapaxes(p * drop, -1, -2) @ dout
+    else:
+        dv = np.swapaxes(p, -1, -2) @ dout
     ds = scale * p * (dp - (dp * p).sum(axis=-1, keepdims=True))
-    return ds @ f64(k), np.swapaxes(ds, -1, -2) @ f64(q), np.swapaxes(p, -1, -2) @ dout
+    return ds @ f64(k), np.swapaxes(ds, -1, -2) @ f64(q), dv

@@ -1,9 +1,9 @@
 """Scaled dot-product attention: the fused attention plans (FlashAttention-2 style: no
-[Lq, Lk] buffer, backward recomputes P from the saved log-sum-exp), or, where they do not
-apply (a value width unlike the query width, or a head_dim over the device kernels' limit),
-the composed matmul -> softmax -> matmul; with an attention mask or dropout, the same
-composed from autograd Functions (mask add and dropout between softmax and the second
-matmul)."""
+[Lq, Lk] buffer, backward recomputes P from the saved log-sum-exp; dropout drawn inside from
+the dropout stream), or, where they do not apply (a value width unlike the query width, or a
+head_dim over the device kernels' limit), the composed matmul -> softmax -> matmul; with an
+attention mask, or dropout where the fused plans do not apply, the same composed from
+autograd Functions (mask add and dropout between softmax and the second matmul)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from typing import Any
 
 import gpuplan as gp
 import gpuplan.functional as F
+from autograd import random
 from autograd.function import Function
 from autograd.functions.dropout import dropout
 from autograd.functions.matmul import matmul
@@ -30,13 +31,15 @@ class ScaledDotProductAttention(Function):
     """O = softmax(scale * Q K^T [causal mask]) V over [..., L, D] (batch dims folded), by
     the fused plans: forward saves Q, K, V, O and the per-row log-sum-exp; backward gets
     dQ, dK, dV from them (gpuplan.ops.attention_backward: dS = P (dO V^T - rowsum(dO O)),
-    dQ = scale dS K, dK = scale dS^T Q, dV = P^T dO, P recomputed tile by tile)."""
+    dQ = scale dS K, dK = scale dS^T Q, dV = P^T dO, P recomputed tile by tile). With
+    dropout > 0 the probabilities are dropped inside the plans by the keep bits of (seed,
+    offset) over the [B, Lq, Lk] probabilities, which backward regenerates."""
 
     @staticmethod
-    def forward(ctx, q, k, v, scale, causal):
+    def forward(ctx, q, k, v, scale, causal, dropout=0.0, seed=0, offset=0):
         q3, k3, v3 = _fold(q), _fold(k), _fold(v)
-        o, lse = F.attention(q3, k3, v3, scale=scale, causal=causal)
-        ctx.scale, ctx.causal = scale, causal
+        ctx.kw = dict(scale=scale, causal=causal, dropout=dropout, seed=seed, offset=offset)
+        o, lse = F.attention(q3, k3, v3, **ctx.kw)
         ctx.save_for_backward(q3, k3, v3, o, lse)
         ctx.shapes = (q.shape, k.shape, v.shape)
         return o.reshape(q.shape)
@@ -44,8 +47,7 @@ class ScaledDotProductAttention(Function):
     @staticmethod
     def backward(ctx, dout):
         q3, k3, v3, o, lse = ctx.saved
-        grads = F.attention_backward(q3, k3, v3, o, lse, _fold(dout), scale=ctx.scale,
-                                     causal=ctx.causal)
+        grads = F.attention_backward(q3, k3, v3, o, lse, _fold(dout), **ctx.kw)
         return tuple(g.reshape(shape) if need else None for g, shape, need in
                      zip(grads, ctx.shapes, ctx.needs_input_grad, strict=True))
 
@@ -123,8 +125,9 @@ def attention_weights(q: Tensor, k: Tensor, attn_mask: Any = None, dropout_p: fl
                       scale: float | None = None, is_causal: bool = False) -> Tensor:
     """The attention probabilities [..., Lq, Lk]: softmax(scale Q K^T + mask), then dropout
     (if dropout_p > 0), from autograd Functions (matmul, scale, broadcasting add, softmax
-    and dropout plans): the fused plans take neither a mask nor dropout, and callers such
-    as MultiheadAttention(need_weights=True) need the probabilities themselves."""
+    and dropout plans): the fused plans take no mask, and callers such as
+    MultiheadAttention(need_weights=True) need the probabilities themselves. The dropout
+    mask is the one the fused plans draw from the same generator state."""
     s = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     scores = matmul(q, transpose(k, -2, -1))
     if attn_mask is None:
@@ -148,9 +151,11 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, attn_mask: Any
     float (added to the scaled scores); a query row whose every key is masked (-inf) gets
     zero probabilities, hence a zero output, as torch's sdpa (NaN if the float mask
     requires grad). ``dropout_p``
-    drops attention probabilities (always, as torch's functional form: pass 0.0 in eval).
-    Without mask and dropout: fused plans when Dv == Dh <= 128 (every device, so results
-    agree across devices), the composed ops otherwise; with either, the composed ops.
+    drops attention probabilities (always, as torch's functional form: pass 0.0 in eval),
+    drawing (seed, offset) for Lq * Lk elements per batch entry from autograd.random's
+    default generator: the fused and the composed paths drop the same entries.
+    Without a mask: fused plans when Dv == Dh <= 128 (every device, so results agree across
+    devices), dropout included; the composed ops otherwise and with a mask.
     """
     if q.ndim < 3 or k.ndim != q.ndim or v.ndim != q.ndim:
         raise ValueError(f"scaled_dot_product_attention: q, k, v must share a rank >= 3, "
@@ -167,9 +172,15 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, attn_mask: Any
         raise ValueError("scaled_dot_product_attention: give attn_mask or is_causal=True, "
                          "not both (as torch)")
     s = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
-    if attn_mask is not None or dropout_p > 0.0:
+    fused = v.shape[-1] == q.shape[-1] <= MAX_HEAD_DIM
+    if attn_mask is not None or (dropout_p > 0.0 and not fused):
         return matmul(attention_weights(q, k, attn_mask, float(dropout_p), s, bool(is_causal)),
                       v)
-    fused = v.shape[-1] == q.shape[-1] <= MAX_HEAD_DIM
+    if dropout_p > 0.0:
+        seed, offset = random.default_generator.next_seed_offset(
+            math.prod(q.shape[:-1]) * k.shape[-2])
+        return ScaledDotProductAttention.apply(q, k, v, scale=s, causal=bool(is_causal),
+                                               dropout=float(dropout_p), seed=seed,
+                                               offset=offset)
     fn = ScaledDotProductAttention if fused else ComposedAttention
     return fn.apply(q, k, v, scale=s, causal=bool(is_causal))

@@ -54,7 +54,9 @@ class CausalSelfAttention(Module):
     ``[q heads | k heads | v heads]`` (head h of q = columns ``h*Dh:(h+1)*Dh``), so a
     tensor-parallel split over heads is a column slice of each third;
     ``y = proj(concat_h softmax(q_h k_h^T / sqrt(Dh) + causal mask) v_h)``. Dropout acts on
-    the block's output only (``F.scaled_dot_product_attention`` has no attention dropout).
+    the block's output only, not on the attention probabilities: a tensor-parallel shard holds
+    a subset of the heads, and its probabilities would take other dropout bits than one
+    process's, breaking the layout equivalence.
 
     The number of heads is read from the width of ``qkv``'s output (``3 H Dh``), so a
     ``qkv``/``proj`` pair holding whole heads only (a tensor-parallel shard whose columns are

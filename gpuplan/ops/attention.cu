@@ -4,10 +4,15 @@
 // for query i when causal and j > i + (Lk - Lq); a row with every key masked gets o = 0 and
 // lse = -inf. Grid: one CTA per (query tile, batch entry), blockIdx.x = tile + q_tiles * b.
 // Every output is written by one thread, sums run in a fixed order: deterministic.
+// Dropout (p_drop > 0) drops probability (i, j) of batch entry b with the Philox keep bit of
+// flat element (b * Lq + i) * Lk + j under (seed, rng_offset) (gpuplan_philox.cuh), the mask
+// the dropout plan draws over the [B, Lq, Lk] probabilities: O = (P * keep * drop_scale) V,
+// while lse is the undropped softmax's.
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
 #include "gpuplan_rows.cuh"
 #include "gpuplan_mma.cuh"
+#include "gpuplan_philox.cuh"
 
 namespace attn {
 using gp::exp_;
@@ -46,7 +51,8 @@ attention_forward_simt(const T* __restrict__ q, const T* __restrict__ k,
                        const T* __restrict__ v, T* __restrict__ o,
                        typename gp::acc_type<T>::type* __restrict__ lse, long long lq,
                        long long lk, long long dim, long long q_tiles, double scale,
-                       int causal) {
+                       int causal, unsigned long long seed, unsigned long long rng_offset,
+                       float p_drop, typename gp::acc_type<T>::type drop_scale) {
     using A = typename gp::acc_type<T>::type;
     const int d = static_cast<int>(dim), tiles = static_cast<int>(q_tiles);
     extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -104,6 +110,10 @@ attention_forward_simt(const T* __restrict__ q, const T* __restrict__ k,
             l[r] = l[r] * alpha + p;
 #pragma unroll
             for (int c = 0; c < C; ++c) acc[r][c] *= alpha;
+            if (p_drop > 0.0f && p != A(0)) {
+                const auto e = static_cast<unsigned long long>((b * lq + i) * lk + j);
+                p = gp::keep_one(e, seed, rng_offset, p_drop) ? p * drop_scale : A(0);
+            }
             pw[r * BK + lane] = p;
         }
         __syncwarp();
@@ -169,7 +179,9 @@ template <typename T, int D, bool VEC>
 __global__ void __launch_bounds__(TC_THREADS)
 attention_forward_tc(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
                      T* __restrict__ o, float* __restrict__ lse, long long lq, long long lk,
-                     long long d, long long q_tiles, double scale, int causal) {
+                     long long d, long long q_tiles, double scale, int causal,
+                     unsigned long long seed, unsigned long long rng_offset, float p_drop,
+                     float drop_scale) {
     constexpr int LD = D + 8, TILE = TC_BQ * LD, NT = TC_BK / 8, DT = D / 8;
     extern __shared__ __align__(16) unsigned char smem_raw[];
     T* sq = reinterpret_cast<T*>(smem_raw);
@@ -268,6 +280,16 @@ attention_forward_tc(const T* __restrict__ q, const T* __restrict__ k, const T* 
                 }
             m[h] = mn;
             l[h] = l[h] * alpha + sum;
+            if (p_drop > 0.0f) {  // O takes the dropped probabilities; l the undropped ones
+                const auto row = static_cast<unsigned long long>((b * lq + i) * lk + k0);
+#pragma unroll
+                for (int n = 0; n < NT; ++n) {
+                    bool keep0, keep1;
+                    gp::keep_pair(row + n * 8 + 2 * t, seed, rng_offset, p_drop, keep0, keep1);
+                    s[n][2 * h] = keep0 ? s[n][2 * h] * drop_scale : 0.0f;
+                    s[n][2 * h + 1] = keep1 ? s[n][2 * h + 1] * drop_scale : 0.0f;
+                }
+            }
 #pragma unroll
             for (int n = 0; n < DT; ++n) {
                 acc[n][2 * h] *= alpha;

@@ -11,6 +11,15 @@ The kernels tile Q by rows and stream K/V tiles through shared memory with an on
 (running max and sum), so no [Lq, Lk] buffer is ever materialised; `lse` (f32, f64 for f64)
 is saved for the backward (attention_backward.py), which recomputes P from Q, K and lse.
 scale and causal are fixed per model: descriptor fields shared by forward and backward.
+
+Dropout (field `dropout` = p > 0) drops probability (i, j) of entry b with the keep bit of
+flat element (b * Lq + i) * Lk + j of the dropout plan's Philox stream under the call's
+(seed, offset) (gpuplan.ops.dropout): exactly the mask `dropout` would draw over the
+[B, Lq, Lk] probabilities, so the fused and composed paths drop the same entries:
+
+    O[b, i] = sum_j keep_bij * drop_scale * P[b, i, j] V[b, j],   drop_scale = 1 / (1 - p)
+
+lse stays the undropped softmax's; the backward regenerates the bits from (seed, offset).
 """
 
 from __future__ import annotations
@@ -27,8 +36,9 @@ from gpuplan.errors import Unsupported, describe
 from gpuplan.execute import call
 from gpuplan.host_pool import parallel_for
 from gpuplan.nvrtc import CudaModule, cdiv, launch
+from gpuplan.ops.dropout import drop_scale, keep_mask_host
 from gpuplan.plan import BackendKind, Candidate, Plan, host_candidate
-from gpuplan.spec import DType, Extent, Flag, In, OpSpec, Out, Real
+from gpuplan.spec import DType, Extent, Flag, In, OpSpec, Out, Real, Scalar
 from gpuplan.stream import Stream, Workspace
 
 __all__ = ["AttentionDescriptor", "AttentionArgs", "AttentionPlan"]
@@ -77,20 +87,25 @@ def lse_dtype(desc: Any) -> np.dtype:
 
 
 FIELDS = (Extent("batch"), Extent("lq"), Extent("lk"), Extent("head_dim"), Real("scale"),
-          Flag("causal", default=False), DType("dtype", FLOAT_DTYPES, default=np.float32))
+          Flag("causal", default=False), DType("dtype", FLOAT_DTYPES, default=np.float32),
+          Real("dropout", lo=0.0, hi=1.0, default=0.0))
+#: the dropout stream of a call (as the dropout plan's): used only when dropout > 0.
+RNG = (Scalar("seed", 0, "int", lo=0, hi=2**64, hi_open=True),
+       Scalar("offset", 0, "int", lo=0, hi=2**64, hi_open=True))
 Q_SHAPE, KV_SHAPE, LSE_SHAPE = ("batch", "lq", "head_dim"), ("batch", "lk", "head_dim"), (
     "batch", "lq")
 FORWARD = OpSpec(
     "attention", fields=FIELDS,
     operands=(In("q", Q_SHAPE), In("k", KV_SHAPE), In("v", KV_SHAPE), Out("o", Q_SHAPE),
-              Out("lse", LSE_SHAPE, lse_dtype)))
+              Out("lse", LSE_SHAPE, lse_dtype)), scalars=RNG)
 AttentionDescriptor = FORWARD.descriptor(
     "AttentionDescriptor", "softmax(scale * Q K^T [causal mask]) V over `batch` entries of "
     "q [lq, head_dim], k, v [lk, head_dim]; causal masks key j for query i when "
-    "j > i + (lk - lq). Forward and backward share it.")
+    "j > i + (lk - lq); dropout drops probabilities with that probability. Forward and "
+    "backward share it.")
 AttentionArgs = FORWARD.args(
     "AttentionArgs", "q [B, Lq, D], k, v [B, Lk, D] in; o [B, Lq, D] and lse [B, Lq] (f32; "
-    "f64 for f64) written.")
+    "f64 for f64) written; seed, offset: the dropout stream (dropout > 0 only).")
 
 
 def causal_mask(lq: int, lk: int) -> np.ndarray:
@@ -118,6 +133,16 @@ def host_chunks(desc: Any, fn: Callable[[int, int], None]) -> None:
             fn(b0, min(b0 + step, stop))
 
     parallel_for(desc.batch, part, grain, align=step)
+
+
+def host_drop(desc: Any, args: Any, b0: int, b1: int, dtype: Any) -> np.ndarray:
+    """The dropout multipliers [b1 - b0, lq, lk] of batch entries [b0, b1) in `dtype`:
+    drop_scale where kept, 0 where dropped (the keep bits of the call's seed and offset)."""
+    per = desc.lq * desc.lk
+    keep = keep_mask_host((b1 - b0) * per, desc.dropout, int(args.seed), int(args.offset),
+                          start=b0 * per)
+    scale = np.dtype(dtype).type(drop_scale(desc.dropout, dtype))
+    return np.where(keep, scale, np.dtype(dtype).type(0)).reshape(b1 - b0, desc.lq, desc.lk)
 
 
 def host_scores(desc: Any, q: np.ndarray, k: np.ndarray, mask: Any) -> np.ndarray:
@@ -165,6 +190,12 @@ class _AttentionBase(Plan):
         self._chunks = simt_chunks(d.head_dim) if d.head_dim <= MAX_HEAD_DIM else 0
         self._tc = self._cand.variant == "tensor_core"
         self._scalars = (np.float64(d.scale), np.int32(d.causal))
+        self._p_drop = np.float32(d.dropout)
+        self._drop_scale = drop_scale(d.dropout, d.dtype)
+
+    def _rng(self, args: Any) -> tuple[Any, ...]:
+        """The kernels' trailing dropout arguments (seed, offset, p, drop_scale)."""
+        return (np.uint64(args.seed), np.uint64(args.offset), self._p_drop, self._drop_scale)
 
 
 _SMEM_SET: dict[int, Any] = {}
@@ -242,6 +273,8 @@ class AttentionPlan(_AttentionBase):
             np.exp(s, out=s)
             total = s.sum(axis=-1, keepdims=True)
             args.lse[b0:b1] = (m + np.log(total))[..., 0]
+            if d.dropout > 0:
+                s *= host_drop(d, args, b0, b1, acc)
             inv = np.where(total > 0, 1 / np.where(total > 0, total, 1), 0)
             o = np.matmul(s, v[b0:b1])
             o *= inv
@@ -255,7 +288,8 @@ class AttentionPlan(_AttentionBase):
         fn = _MODULE.function(self._kernels[vec], stream.device_id)
         allow_smem(fn, self._smem)
         launch(stream, fn, self._grid, self._block,
-               (args.q, args.k, args.v, args.o, args.lse) + self._consts + self._scalars,
+               (args.q, args.k, args.v, args.o, args.lse) + self._consts + self._scalars
+               + self._rng(args),
                shared_mem=self._smem)
 
     _run_simt = _run_tensor_core = _run_device
@@ -269,10 +303,12 @@ def contiguous(*arrays: Any) -> list[Any]:
     return [a if a.flags.c_contiguous else backend.ascontiguous(a) for a in arrays]
 
 
-def attention(q: Any, k: Any, v: Any, *, scale: float, causal: bool = False) -> tuple[Any, Any]:
+def attention(q: Any, k: Any, v: Any, *, scale: float, causal: bool = False,
+              dropout: float = 0.0, seed: int = 0, offset: int = 0) -> tuple[Any, Any]:
     """(o [B, Lq, D], lse [B, Lq]) of q [B, Lq, D], k, v [B, Lk, D] (strided inputs are
-    copied; shapes and dtypes are checked by the plan)."""
+    copied; shapes and dtypes are checked by the plan); dropout > 0 drops probabilities with
+    the Philox stream (seed, offset) as `dropout` over [B, Lq, Lk] would."""
     q, k, v = contiguous(q, k, v)
     desc = AttentionDescriptor(q.shape[0], q.shape[1], k.shape[1], q.shape[-1], scale, causal,
-                               q.dtype)
-    return call(AttentionPlan, desc, like=q, q=q, k=k, v=v)
+                               q.dtype, dropout)
+    return call(AttentionPlan, desc, like=q, q=q, k=k, v=v, seed=seed, offset=offset)

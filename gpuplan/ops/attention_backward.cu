@@ -8,9 +8,13 @@
 // P is recomputed tile by tile; no [Lq, Lk] buffer. dk/dv: one CTA per 16-key tile looping
 // over query tiles; dq: one CTA per 16-query tile looping over key tiles. Each output is
 // written once by one thread, sums in a fixed order, no atomics: deterministic.
+// Dropout (p_drop > 0, the forward's keep bits, attention.cu): with m_ij = keep_ij * drop_scale,
+// dv_j = sum_i m_ij P_ij dout_i and dS_ij = P_ij (m_ij dP_ij - delta_i); delta is unchanged
+// (the forward's o already holds the dropped probabilities).
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
 #include "gpuplan_rows.cuh"
+#include "gpuplan_philox.cuh"
 
 namespace attn {
 using gp::exp_;
@@ -108,7 +112,9 @@ attention_backward_dkdv_simt(const T* __restrict__ q, const T* __restrict__ k,
                              const typename gp::acc_type<T>::type* __restrict__ lse,
                              const typename gp::acc_type<T>::type* __restrict__ delta,
                              T* __restrict__ dk, T* __restrict__ dv, long long lq, long long lk,
-                             long long dim, long long k_tiles, double scale, int causal) {
+                             long long dim, long long k_tiles, double scale, int causal,
+                             unsigned long long seed, unsigned long long rng_offset,
+                             float p_drop, typename gp::acc_type<T>::type drop_scale) {
     using A = typename gp::acc_type<T>::type;
     extern __shared__ __align__(16) unsigned char smem_raw[];
     const int d = static_cast<int>(dim), tiles = static_cast<int>(k_tiles);
@@ -159,8 +165,13 @@ attention_backward_dkdv_simt(const T* __restrict__ q, const T* __restrict__ k,
             const long long j = k0 + warp * ROWS + r;
             const bool valid = i < lq && j < lk && (!causal || j <= i + offset);
             const A p = valid ? exp_(s[r] * sc - slse[lane]) : A(0);
-            pw[r * BS + lane] = p;
-            dsw[r * BS + lane] = p * (dp[r] - sdelta[lane]);
+            A mul = A(1);
+            if (p_drop > 0.0f && p != A(0)) {
+                const auto e = static_cast<unsigned long long>((b * lq + i) * lk + j);
+                mul = gp::keep_one(e, seed, rng_offset, p_drop) ? drop_scale : A(0);
+            }
+            pw[r * BS + lane] = p * mul;
+            dsw[r * BS + lane] = p * (dp[r] * mul - sdelta[lane]);
         }
         __syncwarp();
         accumulate<A, C>(gv, pw, sdo, d + 1, d, lane);
@@ -182,7 +193,9 @@ attention_backward_dq_simt(const T* __restrict__ q, const T* __restrict__ k,
                            const typename gp::acc_type<T>::type* __restrict__ lse,
                            const typename gp::acc_type<T>::type* __restrict__ delta,
                            T* __restrict__ dq, long long lq, long long lk, long long dim,
-                           long long q_tiles, double scale, int causal) {
+                           long long q_tiles, double scale, int causal,
+                           unsigned long long seed, unsigned long long rng_offset, float p_drop,
+                           typename gp::acc_type<T>::type drop_scale) {
     using A = typename gp::acc_type<T>::type;
     extern __shared__ __align__(16) unsigned char smem_raw[];
     const int d = static_cast<int>(dim), tiles = static_cast<int>(q_tiles);
@@ -233,7 +246,12 @@ attention_backward_dq_simt(const T* __restrict__ q, const T* __restrict__ k,
             const long long i = iw + r;
             const bool valid = i < lq && j < lk && (!causal || j <= i + offset);
             const A p = valid ? exp_(s[r] * sc - lse_r[r]) : A(0);
-            dsw[r * BS + lane] = p * (dp[r] - delta_r[r]);
+            A mul = A(1);
+            if (p_drop > 0.0f && p != A(0)) {
+                const auto e = static_cast<unsigned long long>((b * lq + i) * lk + j);
+                mul = gp::keep_one(e, seed, rng_offset, p_drop) ? drop_scale : A(0);
+            }
+            dsw[r * BS + lane] = p * (dp[r] * mul - delta_r[r]);
         }
         __syncwarp();
         accumulate<A, C>(gq, dsw, sk, d + 1, d, lane);

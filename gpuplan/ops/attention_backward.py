@@ -11,6 +11,10 @@ The device SKUs compute delta first (workspace: [B, Lq] accumulators), then dk a
 CTA per key tile looping over the query tiles, then dq with one CTA per query tile looping
 over the key tiles: every gradient element is written by one thread, no atomics, so the
 result is deterministic (`PlanPreference(deterministic=True)` selects them).
+
+With dropout (the forward's keep bits regenerated from seed and offset, m_ij = keep_ij /
+(1 - p)): dv_j = sum_i m_ij P_ij dout_i and dS_ij = P_ij (m_ij dout_i . v_j - delta_i); delta
+is unchanged, since o already holds the dropped probabilities.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from gpuplan.ops.attention import (
     KV_SHAPE,
     LSE_SHAPE,
     Q_SHAPE,
+    RNG,
     SIMT_CHUNKS,
     SIMT_THREADS,
     TC_HEAD_DIMS,
@@ -37,6 +42,7 @@ from gpuplan.ops.attention import (
     allow_smem,
     contiguous,
     host_chunks,
+    host_drop,
     host_scores,
     lse_dtype,
     simt_smem,
@@ -84,13 +90,13 @@ BACKWARD = OpSpec(
     "attention_backward", fields=FIELDS,
     operands=(In("q", Q_SHAPE), In("k", KV_SHAPE), In("v", KV_SHAPE), In("o", Q_SHAPE),
               In("lse", LSE_SHAPE, lse_dtype), In("dout", Q_SHAPE), Out("dq", Q_SHAPE),
-              Out("dk", KV_SHAPE), Out("dv", KV_SHAPE)))
+              Out("dk", KV_SHAPE), Out("dv", KV_SHAPE)), scalars=RNG)
 #: forward and backward share the descriptor (same fields).
 AttentionBackwardDescriptor = AttentionDescriptor
 BACKWARD.descriptor_cls = AttentionDescriptor
 AttentionBackwardArgs = BACKWARD.args(
     "AttentionBackwardArgs", "q, k, v, o (the forward output), lse (the forward's), dout "
-    "[B, Lq, D] in; dq [B, Lq, D], dk, dv [B, Lk, D] written.")
+    "[B, Lq, D] in; dq [B, Lq, D], dk, dv [B, Lk, D] written; seed, offset: the forward's.")
 
 
 class AttentionBackwardPlan(_AttentionBase):
@@ -159,9 +165,13 @@ class AttentionBackwardPlan(_AttentionBase):
             lse_c = np.where(np.isneginf(lse[b0:b1]), 0, lse[b0:b1])
             s -= lse_c[..., None]
             p = np.exp(s, out=s)
-            args.dv[b0:b1] = np.matmul(np.swapaxes(p, -1, -2), doc)
+            mul = host_drop(d, args, b0, b1, acc) if d.dropout > 0 else None
+            pd = p if mul is None else p * mul
+            args.dv[b0:b1] = np.matmul(np.swapaxes(pd, -1, -2), doc)
             delta = np.einsum("bid,bid->bi", doc, o[b0:b1])
             ds = np.matmul(doc, np.swapaxes(vc, -1, -2))
+            if mul is not None:
+                ds *= mul
             ds -= delta[..., None]
             ds *= p
             ds *= sc
@@ -188,7 +198,8 @@ class AttentionBackwardPlan(_AttentionBase):
                 continue
             fn = self._module.function(name, stream.device_id)
             allow_smem(fn, self._smem[i])
-            launch(stream, fn, grid, self._block, arrays + self._consts[i] + self._scalars,
+            launch(stream, fn, grid, self._block,
+                   arrays + self._consts[i] + self._scalars + self._rng(args),
                    shared_mem=self._smem[i])
 
     _run_simt = _run_tensor_core = _run_device
@@ -198,10 +209,13 @@ class AttentionBackwardPlan(_AttentionBase):
 
 
 def attention_backward(q: Any, k: Any, v: Any, o: Any, lse: Any, dout: Any, *, scale: float,
-                       causal: bool = False) -> tuple[Any, Any, Any]:
-    """(dq, dk, dv) of `attention(q, k, v, scale=scale, causal=causal)` = (o, lse) for the
-    output gradient dout [B, Lq, D] (strided inputs are copied; checked by the plan)."""
+                       causal: bool = False, dropout: float = 0.0, seed: int = 0,
+                       offset: int = 0) -> tuple[Any, Any, Any]:
+    """(dq, dk, dv) of `attention(q, k, v, scale=scale, causal=causal, dropout=dropout,
+    seed=seed, offset=offset)` = (o, lse) for the output gradient dout [B, Lq, D] (strided
+    inputs are copied; checked by the plan)."""
     q, k, v, o, lse, dout = contiguous(q, k, v, o, lse, dout)
     desc = AttentionDescriptor(q.shape[0], q.shape[1], k.shape[1], q.shape[-1], scale, causal,
-                               q.dtype)
-    return call(AttentionBackwardPlan, desc, like=q, q=q, k=k, v=v, o=o, lse=lse, dout=dout)
+                               q.dtype, dropout)
+    return call(AttentionBackwardPlan, desc, like=q, q=q, k=k, v=v, o=o, lse=lse, dout=dout,
+                seed=seed, offset=offset)

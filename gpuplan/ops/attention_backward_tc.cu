@@ -8,11 +8,13 @@
 //         S = Q K^T, dP = dO V^T, dS elementwise, dQ += dS K.
 // Streamed tiles are double-buffered (cp.async when VEC: 16-byte aligned bases). Shared
 // tiles are row-major [rows][D + 8] (ldmatrix rows in distinct banks). Each output element
-// is written once, sums in a fixed order, no atomics: deterministic.
+// is written once, sums in a fixed order, no atomics: deterministic. Dropout (p_drop > 0) as
+// in attention_backward.cu: P scaled by keep * drop_scale for dV, dP by it inside dS.
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
 #include "gpuplan_rows.cuh"
 #include "gpuplan_mma.cuh"
+#include "gpuplan_philox.cuh"
 
 namespace attn {
 using gp::exp_;
@@ -118,7 +120,9 @@ attention_backward_dkdv_tc(const T* __restrict__ q, const T* __restrict__ k,
                            const T* __restrict__ v, const T* __restrict__ dout,
                            const float* __restrict__ lse, const float* __restrict__ delta,
                            T* __restrict__ dk, T* __restrict__ dv, long long lq, long long lk,
-                           long long d, long long k_tiles, double scale, int causal) {
+                           long long d, long long k_tiles, double scale, int causal,
+                           unsigned long long seed, unsigned long long rng_offset, float p_drop,
+                           float drop_scale) {
     constexpr int LD = D + 8, BS = D == 128 ? 32 : 64, NT = BS / 8, DT = D / 8;
     constexpr int OWNED = BO * LD, STREAMED = BS * LD;
     extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -186,8 +190,13 @@ attention_backward_dkdv_tc(const T* __restrict__ q, const T* __restrict__ k,
                 const long long i = i0 + col, j = j_g + 8 * (e >> 1);
                 const bool valid = i < lq && j < lk && (!causal || j <= i + offset);
                 const float p = valid ? exp_(s[n][e] * sc - slse[buf * BS + col]) : 0.0f;
-                s[n][e] = p;
-                dp[n][e] = p * (dp[n][e] - sdelta[buf * BS + col]);
+                float mul = 1.0f;
+                if (p_drop > 0.0f && p != 0.0f) {
+                    const auto el = static_cast<unsigned long long>((b * lq + i) * lk + j);
+                    mul = gp::keep_one(el, seed, rng_offset, p_drop) ? drop_scale : 0.0f;
+                }
+                s[n][e] = p * mul;
+                dp[n][e] = p * (dp[n][e] * mul - sdelta[buf * BS + col]);
             }
         mma_acc_nn<T, D, NT>(gv, s, do_base, lane);
         mma_acc_nn<T, D, NT>(gk, dp, q_base, lane);
@@ -204,7 +213,8 @@ attention_backward_dq_tc(const T* __restrict__ q, const T* __restrict__ k,
                          const T* __restrict__ v, const T* __restrict__ dout,
                          const float* __restrict__ lse, const float* __restrict__ delta,
                          T* __restrict__ dq, long long lq, long long lk, long long d,
-                         long long q_tiles, double scale, int causal) {
+                         long long q_tiles, double scale, int causal, unsigned long long seed,
+                         unsigned long long rng_offset, float p_drop, float drop_scale) {
     constexpr int LD = D + 8, BS = 64, NT = BS / 8, DT = D / 8;
     constexpr int OWNED = BO * LD, STREAMED = BS * LD;
     extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -268,12 +278,22 @@ attention_backward_dq_tc(const T* __restrict__ q, const T* __restrict__ k,
 #pragma unroll
         for (int n = 0; n < NT; ++n)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int h = e >> 1;
-                const long long i = i_g + 8 * h, j = k0 + n * 8 + 2 * t + (e & 1);
-                const bool valid = i < lq && j < lk && (!causal || j <= i + offset);
-                const float p = valid ? exp_(s[n][e] * sc - lse_h[h]) : 0.0f;
-                s[n][e] = p * (dp[n][e] - delta_h[h]);
+            for (int h = 0; h < 2; ++h) {
+                const long long i = i_g + 8 * h, j0 = k0 + n * 8 + 2 * t;
+                bool keep[2] = {true, true};
+                if (p_drop > 0.0f) {
+                    const auto el = static_cast<unsigned long long>((b * lq + i) * lk + j0);
+                    gp::keep_pair(el, seed, rng_offset, p_drop, keep[0], keep[1]);
+                }
+#pragma unroll
+                for (int x = 0; x < 2; ++x) {
+                    const int e = 2 * h + x;
+                    const long long j = j0 + x;
+                    const bool valid = i < lq && j < lk && (!causal || j <= i + offset);
+                    const float p = valid ? exp_(s[n][e] * sc - lse_h[h]) : 0.0f;
+                    const float mul = p_drop > 0.0f ? (keep[x] ? drop_scale : 0.0f) : 1.0f;
+                    s[n][e] = p * (dp[n][e] * mul - delta_h[h]);
+                }
             }
         mma_acc_nn<T, D, NT>(gq, s, k_base, lane);
         __syncthreads();

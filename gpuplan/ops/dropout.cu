@@ -1,55 +1,16 @@
-// Dropout kernels driven by the counter-based Philox4x32-10 generator (Salmon et al., SC'11,
-// as in Random123 and cuRAND). T: float, double, __half, __nv_bfloat16.
-//
-// Mapping (identical to gpuplan/ops/dropout.py, which reproduces these bits on the host):
-//   key     = (lo32(seed), hi32(seed))
-//   counter = (lo32(j), hi32(j), 0, 0) with j = offset + i / 4 (mod 2^64)
-//   word    = philox4x32_10(counter, key)[i % 4]
-//   u       = float(word >> 8) * 2^-24          (exact: a 24-bit integer times a power of 2)
-//   keep    = u >= float32(p)
-// One thread draws one counter and handles its four elements, so the generator runs once per
-// four elements and the mask never depends on the launch shape.
+// Dropout kernels driven by the counter-based Philox4x32-10 generator and keep rule of
+// gpuplan_philox.cuh (identical to gpuplan/ops/dropout.py, which reproduces these bits on the
+// host). T: float, double, __half, __nv_bfloat16. One thread draws one counter and handles its
+// four elements, so the generator runs once per four elements and the mask never depends on
+// the launch shape.
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
-#include "gpuplan_common.cuh"
+#include "gpuplan_philox.cuh"
 
 namespace {
-
-struct Philox4 {
-    unsigned int v[4];
-};
-
-__device__ __forceinline__ Philox4 philox4x32_10(unsigned long long j, unsigned long long seed) {
-    const unsigned int M0 = 0xD2511F53u, M1 = 0xCD9E8D57u;
-    const unsigned int W0 = 0x9E3779B9u, W1 = 0xBB67AE85u;
-    unsigned int c0 = static_cast<unsigned int>(j), c1 = static_cast<unsigned int>(j >> 32);
-    unsigned int c2 = 0u, c3 = 0u;
-    unsigned int k0 = static_cast<unsigned int>(seed), k1 = static_cast<unsigned int>(seed >> 32);
-#pragma unroll
-    for (int r = 0; r < 10; ++r) {
-        if (r > 0) {
-            k0 += W0;
-            k1 += W1;
-        }
-        const unsigned int hi0 = __umulhi(M0, c0), lo0 = M0 * c0;
-        const unsigned int hi1 = __umulhi(M1, c2), lo1 = M1 * c2;
-        const unsigned int n0 = hi1 ^ c1 ^ k0, n2 = hi0 ^ c3 ^ k1;
-        c0 = n0;
-        c1 = lo1;
-        c2 = n2;
-        c3 = lo0;
-    }
-    Philox4 out;
-    out.v[0] = c0;
-    out.v[1] = c1;
-    out.v[2] = c2;
-    out.v[3] = c3;
-    return out;
-}
-
-__device__ __forceinline__ bool keep_element(unsigned int word, float p) {
-    return static_cast<float>(word >> 8) * 0x1p-24f >= p;
-}
+using gp::keep_element;
+using gp::Philox4;
+using gp::philox4x32_10;
 
 // Four consecutive elements moved with one (or, for double, two) vector memory operations.
 template <typename T>

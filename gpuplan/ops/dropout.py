@@ -93,23 +93,24 @@ def philox_counters(numel: int) -> int:
     return cdiv(int(numel), 4)
 
 
-def keep_mask_host(n: int, p: float, seed: int, offset: int = 0) -> np.ndarray:
-    """The keep mask [n] bool on the host, exactly as the kernels compute it."""
+def keep_mask_host(n: int, p: float, seed: int, offset: int = 0, start: int = 0) -> np.ndarray:
+    """The keep mask [n] bool of elements [start, start + n) on the host, exactly as the
+    kernels compute it."""
     mask = np.empty(n, dtype=np.bool_)
     p32 = np.float32(p)
     key = (seed & _U32, seed >> 32)
-    groups = philox_counters(n)
-    for g0 in range(0, groups, _HOST_CHUNK):
+    first, groups = start // 4, cdiv(start + n, 4)  # counters covering the elements
+    for g0 in range(first, groups, _HOST_CHUNK):
         g1 = min(groups, g0 + _HOST_CHUNK)
         j = (np.arange(g0, g1, dtype=np.uint64) + np.uint64(offset))  # wraps mod 2**64
         words = philox4x32_10(j, key).reshape(-1)
         u = (words >> np.uint32(8)).astype(np.float32) * np.float32(2.0**-24)
-        lo, hi = 4 * g0, min(n, 4 * g1)
-        mask[lo:hi] = (u >= p32)[: hi - lo]
+        lo, hi = max(start, 4 * g0), min(start + n, 4 * g1)
+        mask[lo - start:hi - start] = (u >= p32)[lo - 4 * g0:hi - 4 * g0]
     return mask
 
 
-def _scale(p: float, dtype: Any) -> np.floating:
+def drop_scale(p: float, dtype: Any) -> np.floating:
     """1 / (1 - p) rounded once to the kernel's scale type (0 when p == 1: all dropped)."""
     s = 0.0 if p >= 1.0 else 1.0 / (1.0 - p)
     return np.float64(s) if as_dtype(dtype) == float64 else np.float32(s)
@@ -192,7 +193,7 @@ class DropoutPlan(_RandomPlan):
         super()._prepare()
         dtype = self.desc.dtype
         self._acc = accumulator(dtype)
-        self._scale = _scale(self._p, dtype)
+        self._scale = drop_scale(self._p, dtype)
         self._kernel = f"dropout_apply<{cuda_name(dtype)}>"
 
     def _run_numpy(self, stream: Stream, ws: Workspace, args: Any) -> None:

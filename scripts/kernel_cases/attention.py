@@ -1,8 +1,9 @@
 """Fused attention forward on the emulated device (SIMT kernels for every dtype and head-dim
 chunk count, tensor-core kernels for f16/bf16 head_dim 64/128 with cp.async and scalar tile
-loads) against the float64 definition (gpuplan.testing_attention.attention_reference) on
-the same rounded inputs. The backward's cases (attention_backward*.py) reuse the helpers
-here."""
+loads), with and without dropout, against the float64 definition
+(gpuplan.testing_attention.attention_reference, dropout multipliers from the dropout plan's
+host bits) on the same rounded inputs. The backward's cases (attention_backward*.py) reuse
+the helpers here."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import numpy as np
 
 import gpuplan as gp
 from gpuplan.dtypes import HALF_DTYPES
-from gpuplan.testing_attention import attention_reference
+from gpuplan.testing_attention import attention_reference, dropout_multipliers
 from kernel_cases.common import DTYPES, Case, check, dtype_id, emu, f64, random, run_emulated
 
 SCALE = 0.35
@@ -25,6 +26,12 @@ SIMT = [(2, 5, 7, 20, True), (1, 1, 1, 1, False), (2, 9, 4, 20, True), (1, 4, 0,
 TC = [(2, 70, 130, 64, True, True), (1, 64, 64, 64, False, True), (1, 80, 30, 64, True, True),
       (1, 65, 97, 128, True, True), (1, 33, 70, 64, True, False),
       (1, 40, 20, 128, False, False), (1, 20, 150, 128, False, False)]
+# Dropout: (batch, lq, lk, head_dim, causal, p). Odd lk (a row's elements straddle Philox
+# counters, so the kernels' paired draws split), lq != lk, several tiles, p = 1 (all dropped).
+DROP_P, DROP_SEED, DROP_OFFSET = 0.3, 0x1234_5678_9ABC_DEF0, 2**64 - 3  # offset wraps
+SIMT_DROP = [(2, 9, 13, 20, True, DROP_P), (1, 33, 40, 48, False, DROP_P),
+             (1, 5, 7, 20, False, 1.0)]
+TC_DROP = [(2, 70, 67, 64, True, DROP_P), (1, 33, 70, 128, False, DROP_P)]
 
 
 def place(a: np.ndarray, aligned: bool = True):
@@ -49,20 +56,26 @@ def variant_of(dim: int, dtype) -> str:
     return "tensor_core" if dtype in HALF_DTYPES and dim in (64, 128) else "simt"
 
 
+def drop_of(b: int, lq: int, lk: int, p: float):
+    """The dropout multipliers of the cases' stream, or None when p == 0."""
+    return dropout_multipliers((b, lq, lk), p, DROP_SEED, DROP_OFFSET) if p else None
+
+
 def forward(dtype, b: int, lq: int, lk: int, dim: int, causal: bool,
-            aligned: bool = True) -> None:
+            aligned: bool = True, p: float = 0.0) -> None:
     q, k, v, _ = operands(b, lq, lk, dim, dtype, seed=1)
-    desc = gp.AttentionDescriptor(b, lq, lk, dim, SCALE, causal, dtype)
+    desc = gp.AttentionDescriptor(b, lq, lk, dim, SCALE, causal, dtype, p)
     lse_t = np.float64 if dtype == np.float64 else np.float32
     o, lse = emu(np.full((b, lq, dim), 7, dtype)), emu(np.full((b, lq), 7, lse_t))
     plan = run_emulated(gp.AttentionPlan, desc,
-                        gp.AttentionArgs(*(place(a, aligned) for a in (q, k, v)), o, lse))
+                        gp.AttentionArgs(*(place(a, aligned) for a in (q, k, v)), o, lse,
+                                         DROP_SEED, DROP_OFFSET))
     assert plan.sku().variant == variant_of(dim, dtype), plan.sku()
-    ref_o, ref_lse = attention_reference(q, k, v, SCALE, causal)
+    ref_o, ref_lse = attention_reference(q, k, v, SCALE, causal, drop_of(b, lq, lk, p))
     masked = np.isneginf(ref_lse)  # queries that see no key: lse -inf, o = 0 exactly
     np.testing.assert_array_equal(np.isneginf(f64(lse)), masked, err_msg="attention lse -inf")
     np.testing.assert_array_equal(f64(o)[masked], 0.0, err_msg="attention masked rows")
-    what = f"attention {b}x{lq}x{lk}x{dim}{' causal' if causal else ''}"
+    what = f"attention {b}x{lq}x{lk}x{dim}{' causal' if causal else ''} p={p}"
     check(o, ref_o, dtype, what + " o", scale=4.0)
     check(f64(lse)[~masked], ref_lse[~masked], lse_t, what + " lse", scale=4.0)
 
@@ -72,9 +85,21 @@ def _name(kind: str, dtype, b, lq, lk, dim, causal, aligned=True) -> str:
             f"{'' if aligned else ' unaligned'} [{dtype_id(dtype)}]")
 
 
+def drop_name(kind: str, dtype, b, lq, lk, dim, causal, p) -> str:
+    return _name(kind, dtype, b, lq, lk, dim, causal) + f" dropout {p}"
+
+
+def drop_case(dtype, b, lq, lk, dim, causal, p) -> None:
+    forward(dtype, b, lq, lk, dim, causal, True, p)
+
+
 CASES = (
     [Case(_name("attention", t, *shape), lambda t=t, s=shape: forward(t, *s))
      for t in DTYPES for shape in SIMT]
     + [Case(_name("attention", t, *shape), lambda t=t, s=shape: forward(t, *s))
        for t in HALF_DTYPES for shape in TC]
+    + [Case(drop_name("attention", t, *shape), lambda t=t, s=shape: drop_case(t, *s))
+       for t in DTYPES for shape in SIMT_DROP]
+    + [Case(drop_name("attention", t, *shape), lambda t=t, s=shape: drop_case(t, *s))
+       for t in HALF_DTYPES for shape in TC_DROP]
 )

@@ -91,3 +91,49 @@ def test_fused_matches_composed(device, dtype):
         results.append([out.numpy()] + [t.grad.numpy() for t in ts])
     for fused, composed in zip(*results, strict=True):
         assert_close(fused, f64(composed), dtype, scale=8)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_fused_dropout_matches_composed(device, dtype, monkeypatch):
+    """dropout_p > 0 without a mask runs the fused plans, which drop the same entries as the
+    composed softmax -> dropout -> matmul from the same generator state (the mask over
+    [..., Lq, Lk] is the dropout plan's) and advance the generator as far: values and
+    gradients agree (head_dim 64: the tensor-core kernels for f16/bf16 on a device)."""
+    import gpuplan.functional as gf
+    from autograd.functions.attention import attention_weights
+
+    calls = []
+    fused_plan = gf.attention
+    monkeypatch.setattr(gf, "attention", lambda *a, **kw: calls.append(kw) or fused_plan(*a, **kw))
+    arrays = [_x(2, 2, n, 64, seed=30 + i).astype(dtype) for i, n in enumerate((19, 23, 23))]
+    paths = (lambda q, k, v: F.scaled_dot_product_attention(q, k, v, dropout_p=0.3,
+                                                            is_causal=True),
+             lambda q, k, v: attention_weights(q, k, None, 0.3, 0.125, True) @ v)
+    results, offsets = [], []
+    for fn in paths:
+        ag.manual_seed(21)
+        ts = [ag.tensor(a, requires_grad=True, device=device) for a in arrays]
+        out = fn(*ts)
+        out.backward(ag.tensor(np.ones(out.shape, dtype), device=device))
+        results.append([out.numpy()] + [t.grad.numpy() for t in ts])
+        offsets.append(ag.random.default_generator.get_state())
+    assert [c["dropout"] for c in calls] == [0.3]  # the first path took the fused plans
+    assert offsets[0] == offsets[1] == (21, 2 * 2 * 19 * 23)
+    for fused, composed in zip(*results, strict=True):
+        assert_close(fused, f64(composed), dtype, scale=16)
+    ag.manual_seed(21)
+    undropped = F.scaled_dot_product_attention(*(ag.tensor(a, device=device) for a in arrays),
+                                               is_causal=True).numpy()
+    assert not np.allclose(results[0][0], undropped)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_fused_dropout_gradcheck(device, causal):
+    """The fused plans with dropout are their forward's gradient (the seed reset per
+    evaluation, so every evaluation drops the same entries)."""
+    def fn(a, b, c):
+        ag.manual_seed(4)
+        return F.scaled_dot_product_attention(a, b, c, dropout_p=0.35, is_causal=causal)
+
+    q, k, v = _x(1, 2, 4, 3, seed=14), _x(1, 2, 5, 3, seed=15), _x(1, 2, 5, 3, seed=16)
+    gradcheck_on(device, fn, q, k, v)

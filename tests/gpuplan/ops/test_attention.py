@@ -1,5 +1,6 @@
 """Fused attention plans (forward and backward) against the float64 definition, on the host
-and the device: every dtype, odd lengths, Lq != Lk both ways, causal and not, every SKU."""
+and the device: every dtype, odd lengths, Lq != Lk both ways, causal and not, with and
+without dropout, every SKU."""
 
 from __future__ import annotations
 
@@ -10,8 +11,12 @@ import autograd as ag
 import gpuplan as gp
 from gpuplan.dtypes import HALF_DTYPES
 from gpuplan.spec_check import check_plan
-from gpuplan.testing_attention import attention_backward_reference, attention_reference
-from tests.plan_testing import DTYPES, f64, on, random, stream_for, tol
+from gpuplan.testing_attention import (
+    attention_backward_reference,
+    attention_reference,
+    dropout_multipliers,
+)
+from tests.plan_testing import DTYPES, assert_close, f64, on, random, stream_for, tol
 
 SCALE = 0.4
 # (batch, lq, lk, head_dim, causal): a single element; odd lengths with lq < lk and lq > lk
@@ -33,10 +38,10 @@ def _lse_dtype(dtype):
     return np.float64 if dtype == np.float64 else np.float32
 
 
-def _grad_close(got, ref, dtype, what=""):
+def _grad_close(got, ref, dtype, what="", scale=8.0):
     """8x the dtype's tolerance, atol relative to the largest |gradient| (each entry sums
     up to L terms as large as the largest entries; see the kernel cases)."""
-    rtol, atol = tol(dtype, 8.0)
+    rtol, atol = tol(dtype, scale)
     atol *= max(1.0, float(np.abs(ref).max(initial=0.0)))
     np.testing.assert_allclose(f64(got), ref, rtol=rtol, atol=atol, err_msg=what)
 
@@ -186,3 +191,87 @@ def test_empty_extents(device, b, lq, lk, dim):
     np.testing.assert_array_equal(gp.to_host(dq), 0.0)
     np.testing.assert_array_equal(gp.to_host(dk), 0.0)
     np.testing.assert_array_equal(gp.to_host(dv), 0.0 if lq == 0 else float(lq) / max(lk, 1))
+
+
+# (batch, lq, lk, head_dim, causal): dropout shapes: odd lk (a row's scores straddle Philox
+# counters), lq > lk causal (rows that see no key), the tensor-core sizes on a device.
+DROP_SHAPES = [(2, 5, 7, 20, True), (1, 9, 4, 8, True), (2, 19, 23, 64, False),
+               (1, 33, 70, 128, True)]
+DROP_SEED, DROP_OFFSET = 2**63 + 12345, 77
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("b,lq,lk,dim,causal", DROP_SHAPES)
+@pytest.mark.parametrize("p", [0.25, 1.0])
+def test_dropout_forward_and_backward(device, dtype, b, lq, lk, dim, causal, p):
+    """o and the gradients equal the float64 chain rule through the dropout plan's keep bits
+    over [b, lq, lk] (keep / (1 - p) multiplying P); lse is the undropped softmax's."""
+    q, k, v, dout = (random((b, n, dim), dtype, seed=30 + i, low=-2, high=2)
+                     for i, n in enumerate((lq, lk, lk, lq)))
+    drop = dropout_multipliers((b, lq, lk), p, DROP_SEED, DROP_OFFSET)
+    kw = dict(scale=SCALE, causal=causal, dropout=p, seed=DROP_SEED, offset=DROP_OFFSET)
+    o, lse = gp.functional.attention(*(on(device, a) for a in (q, k, v)), **kw)
+    ref_o, ref_lse = attention_reference(q, k, v, SCALE, causal, drop)
+    assert_close(o, ref_o, dtype, scale=4)
+    seen = np.isfinite(ref_lse)
+    assert_close(gp.to_host(lse)[seen], ref_lse[seen], _lse_dtype(dtype), scale=4)
+    if p == 1.0:
+        np.testing.assert_array_equal(gp.to_host(o), 0.0)
+    grads = gp.functional.attention_backward(*(on(device, a) for a in (q, k, v)), o, lse,
+                                             on(device, dout), **kw)
+    refs = attention_backward_reference(q, k, v, dout, SCALE, causal, drop)
+    # 16x: delta = dout . o takes the forward's rounded o, whose error the 1 / (1 - p) of the
+    # kept probabilities enlarges (bf16: up to ~0.9% of the largest |dk|).
+    for name, got, ref in zip(("dq", "dk", "dv"), grads, refs, strict=True):
+        _grad_close(got, ref, dtype, name, scale=16.0)
+
+
+def test_dropout_stream_and_arguments(device):
+    """p = 0 gives the undropped bits whatever the stream; another seed or offset drops other
+    entries; the descriptor and the stream reject values out of range, writing nothing."""
+    q, k, v = (on(device, random((2, 6, 8), np.float32, seed=40 + i)) for i in range(3))
+    plain = gp.to_host(gp.functional.attention(q, k, v, scale=SCALE)[0])
+    zero = gp.functional.attention(q, k, v, scale=SCALE, dropout=0.0, seed=5, offset=9)[0]
+    np.testing.assert_array_equal(gp.to_host(zero), plain)
+    outs = [gp.to_host(gp.functional.attention(q, k, v, scale=SCALE, dropout=0.5, seed=s,
+                                               offset=o)[0]) for s, o in ((1, 0), (2, 0),
+                                                                          (1, 72))]
+    assert not np.array_equal(outs[0], outs[1]) and not np.array_equal(outs[0], outs[2])
+    with pytest.raises(gp.InvalidProblem, match="argument 'dropout'"):
+        gp.functional.attention(q, k, v, scale=SCALE, dropout=1.5)
+    o = on(device, np.full((2, 6, 8), 7, np.float32))
+    lse = on(device, np.full((2, 6), 7, np.float32))
+    stream = stream_for(device)
+    plan = gp.AttentionPlan.select(stream, gp.AttentionDescriptor(2, 6, 6, 8, SCALE,
+                                                                  dropout=0.5))
+    for name, bad in (("seed", -1), ("seed", 2**64), ("offset", 2**64), ("seed", 1.5)):
+        kw = {"seed": 1, "offset": 0, name: bad}
+        with pytest.raises(gp.InvalidProblem, match=f"argument '{name}'"):
+            plan.run(stream, None, gp.AttentionArgs(q, k, v, o, lse, **kw))
+    np.testing.assert_array_equal(gp.to_host(o), 7.0)
+    np.testing.assert_array_equal(gp.to_host(lse), 7.0)
+
+
+class _FusedDrop(ag.Function):
+    """The attention plans with dropout (a fixed stream) as an autograd Function."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, causal):
+        ctx.kw = dict(scale=SCALE, causal=causal, dropout=0.4, seed=DROP_SEED,
+                      offset=DROP_OFFSET)
+        o, lse = gp.functional.attention(q, k, v, **ctx.kw)
+        ctx.save_for_backward(q, k, v, o, lse)
+        return o
+
+    @staticmethod
+    def backward(ctx, dout):
+        return gp.functional.attention_backward(*ctx.saved, dout, **ctx.kw)
+
+
+@pytest.mark.parametrize("lq,lk,causal", [(4, 4, True), (5, 3, True), (3, 5, False)])
+def test_dropout_gradcheck(lq, lk, causal):
+    """The host plans with dropout are their forward's gradient (the mask fixed by the
+    stream, so every evaluation drops the same entries)."""
+    rng = np.random.default_rng(lq * 10 + lk + 1)
+    ts = [ag.tensor(rng.uniform(-1, 1, (2, n, 3)), requires_grad=True) for n in (lq, lk, lk)]
+    assert ag.gradcheck(lambda q, k, v: _FusedDrop.apply(q, k, v, causal=causal), ts)
