@@ -36,9 +36,10 @@ class ScaledDotProductAttention(Function):
     offset) over the [B, Lq, Lk] probabilities, which backward regenerates."""
 
     @staticmethod
-    def forward(ctx, q, k, v, scale, causal, dropout=0.0, seed=0, offset=0):
+    def forward(ctx, q, k, v, scale, causal, dropout=0.0, seed=0, offset=0, heads=None):
         q3, k3, v3 = _fold(q), _fold(k), _fold(v)
-        ctx.kw = dict(scale=scale, causal=causal, dropout=dropout, seed=seed, offset=offset)
+        ctx.kw = dict(scale=scale, causal=causal, dropout=dropout, seed=seed, offset=offset,
+                      heads=heads)
         o, lse = F.attention(q3, k3, v3, **ctx.kw)
         ctx.save_for_backward(q3, k3, v3, o, lse)
         ctx.shapes = (q.shape, k.shape, v.shape)
@@ -184,3 +185,28 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, attn_mask: Any
                                                offset=offset)
     fn = ScaledDotProductAttention if fused else ComposedAttention
     return fn.apply(q, k, v, scale=s, causal=bool(is_causal))
+
+
+def head_sharded_attention(q: Tensor, k: Tensor, v: Tensor, *, dropout_p: float,
+                           is_causal: bool, total_heads: int, first_head: int) -> Tensor:
+    """scaled_dot_product_attention of q, k, v [..., H, L, Dh] (default scale) holding heads
+    [first_head, first_head + H) of a tensor of `total_heads` heads (a tensor-parallel
+    shard), whose attention dropout drops exactly the entries one process holding every head
+    drops there, and advances the default generator as far (by the full tensor's
+    probabilities): layouts then agree bit for bit. Runs the fused plans (a device needs
+    Dv == Dh <= 128 for them; the host takes any Dh == Dv)."""
+    heads = q.shape[-3] if q.ndim >= 4 else 0
+    if not (q.ndim >= 4 and 0 <= first_head and first_head + heads <= total_heads):
+        raise ValueError(f"head_sharded_attention: q must be [..., H, L, Dh] with "
+                         f"first_head + H <= total_heads, given shape {q.shape}, first_head "
+                         f"{first_head}, total_heads {total_heads}")
+    if v.shape[-1] != q.shape[-1] or (q.device != "cpu" and q.shape[-1] > MAX_HEAD_DIM):
+        raise ValueError(f"head_sharded_attention: needs the fused plans: Dv == Dh (<= "
+                         f"{MAX_HEAD_DIM} on a device), given q {q.shape}, v {v.shape} on "
+                         f"{q.device}")
+    count = math.prod(q.shape[:-3]) * total_heads * q.shape[-2] * k.shape[-2]
+    seed, offset = random.default_generator.next_seed_offset(count)
+    return ScaledDotProductAttention.apply(
+        q, k, v, scale=1.0 / math.sqrt(q.shape[-1]), causal=bool(is_causal),
+        dropout=float(dropout_p), seed=seed, offset=offset,
+        heads=(heads, int(total_heads), int(first_head)))

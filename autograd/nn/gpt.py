@@ -12,6 +12,7 @@ import numpy as np
 
 import autograd as ag
 import gpuplan as gp
+from autograd.functions.attention import head_sharded_attention
 from autograd.nn import functional as F
 from autograd.nn.layers import GELU, Dropout, Embedding, LayerNorm, Linear
 from autograd.nn.module import Module, ModuleList
@@ -28,6 +29,8 @@ class GPTConfig:
     n_head: int
     n_embd: int
     dropout: float = 0.0
+    #: dropout of the attention probabilities; None: ``dropout`` (nanoGPT's rule)
+    attn_dropout: float | None = None
     bias: bool = True
     tie_weights: bool = True
     dtype: Any = np.float32
@@ -41,6 +44,10 @@ class GPTConfig:
         if self.n_embd % self.n_head:
             raise ValueError(f"GPTConfig: n_embd ({self.n_embd}) must be divisible by n_head "
                              f"({self.n_head})")
+        for name in ("dropout", "attn_dropout"):
+            p = getattr(self, name)
+            if p is not None and not 0.0 <= p <= 1.0:
+                raise ValueError(f"GPTConfig: {name} must lie in [0, 1], given {p}")
         if self.activation not in _APPROXIMATE:
             raise ValueError(f"GPTConfig: activation must be one of {sorted(_APPROXIMATE)}, "
                              f"given {self.activation!r}")
@@ -53,10 +60,10 @@ class CausalSelfAttention(Module):
     """``qkv = x @ W_qkv + b`` with ``W_qkv [C, 3C]`` whose columns are
     ``[q heads | k heads | v heads]`` (head h of q = columns ``h*Dh:(h+1)*Dh``), so a
     tensor-parallel split over heads is a column slice of each third;
-    ``y = proj(concat_h softmax(q_h k_h^T / sqrt(Dh) + causal mask) v_h)``. Dropout acts on
-    the block's output only, not on the attention probabilities: a tensor-parallel shard holds
-    a subset of the heads, and its probabilities would take other dropout bits than one
-    process's, breaking the layout equivalence.
+    ``y = proj(concat_h softmax(q_h k_h^T / sqrt(Dh) + causal mask) v_h)``. In training,
+    ``config.attn_dropout`` drops attention probabilities (inside the fused attention plans)
+    and ``config.dropout`` the block's output. A tensor-parallel shard (``first_head`` set by
+    the sharding) drops the entries one process drops for its heads, so the layouts agree.
 
     The number of heads is read from the width of ``qkv``'s output (``3 H Dh``), so a
     ``qkv``/``proj`` pair holding whole heads only (a tensor-parallel shard whose columns are
@@ -66,6 +73,8 @@ class CausalSelfAttention(Module):
         super().__init__()
         self.n_head = cfg.n_head
         self.head_dim = cfg.n_embd // cfg.n_head
+        self.attn_dropout = cfg.dropout if cfg.attn_dropout is None else cfg.attn_dropout
+        self.first_head = 0  # of the heads this layer holds (a tensor-parallel shard's)
         self.qkv = Linear(cfg.n_embd, 3 * cfg.n_embd, bias=cfg.bias, dtype=cfg.dtype, seed=0)
         self.proj = Linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias, dtype=cfg.dtype, seed=0)
         self.resid_drop = Dropout(cfg.dropout)
@@ -77,7 +86,12 @@ class CausalSelfAttention(Module):
         H, Dh = width // self.head_dim, self.head_dim
         q, k, v = ag.split(qkv, width, dim=-1)
         q, k, v = (t.reshape(B, T, H, Dh).transpose(1, 2) for t in (q, k, v))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # [B, H, T, Dh]
+        p = self.attn_dropout if self.training else 0.0
+        if p > 0.0 and H != self.n_head:
+            y = head_sharded_attention(q, k, v, dropout_p=p, is_causal=True,
+                                       total_heads=self.n_head, first_head=self.first_head)
+        else:
+            y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
         y = y.transpose(1, 2).reshape(B, T, width)
         return self.resid_drop(self.proj(y))
 

@@ -92,10 +92,13 @@ def config_from_gpt2(hf: dict[str, Any], where: str = "config.json", **overrides
                         ("add_cross_attention", False)):
         if bool(hf.get(field, want)) != want:
             raise bad(field, str(want).lower())
+    resid = float(hf.get("resid_pdrop", 0.0))
+    attn = float(hf.get("attn_pdrop", resid))
     fields = dict(vocab_size=int(hf.get("vocab_size", 50257)),
                   block_size=int(hf.get("n_positions", hf.get("n_ctx", 1024))),
                   n_layer=int(hf.get("n_layer", 12)), n_head=int(hf.get("n_head", 12)),
-                  n_embd=n_embd, dropout=float(hf.get("resid_pdrop", 0.0)),
+                  n_embd=n_embd, dropout=resid,
+                  attn_dropout=None if attn == resid else attn,  # None: as dropout
                   tie_weights=bool(hf.get("tie_word_embeddings", True)),
                   activation="gelu_tanh" if act in _TANH else "gelu")
     fields.update(overrides)
@@ -118,7 +121,8 @@ def gpt2_config_json(config: GPTConfig, dtype: Any = None) -> dict[str, Any]:
         "n_ctx": config.block_size, "n_embd": config.n_embd, "n_layer": config.n_layer,
         "n_head": config.n_head, "n_inner": None, "layer_norm_epsilon": _LN_EPS,
         "resid_pdrop": config.dropout, "embd_pdrop": config.dropout,
-        "attn_pdrop": 0.0,  # nn.GPT has no attention dropout
+        "attn_pdrop": (config.dropout if config.attn_dropout is None
+                       else config.attn_dropout),
         "initializer_range": 0.02, "scale_attn_weights": True,
         "scale_attn_by_inverse_layer_idx": False, "reorder_and_upcast_attn": False,
         "tie_word_embeddings": config.tie_weights, "use_cache": True,

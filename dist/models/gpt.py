@@ -138,6 +138,8 @@ def _shard_block(block: Block, config: GPTConfig, tp: TensorParallelConfig) -> N
         p.data = np.ascontiguousarray(gp.to_host(p.data)[..., order])
     attn.qkv = ColumnParallelLinear.from_dense(attn.qkv, config=tp, gather_output=False)
     attn.proj = RowParallelLinear.from_dense(attn.proj, config=tp, input_is_parallel=True)
+    # This rank's heads in the full model's order: its attention dropout draws their bits.
+    attn.first_head = tp.rank * (config.n_head // tp.size)
     mlp.fc = ColumnParallelLinear.from_dense(mlp.fc, config=tp, gather_output=False)
     mlp.proj = RowParallelLinear.from_dense(mlp.proj, config=tp, input_is_parallel=True)
 

@@ -5,9 +5,10 @@
 // lse = -inf. Grid: one CTA per (query tile, batch entry), blockIdx.x = tile + q_tiles * b.
 // Every output is written by one thread, sums run in a fixed order: deterministic.
 // Dropout (p_drop > 0) drops probability (i, j) of batch entry b with the Philox keep bit of
-// flat element (b * Lq + i) * Lk + j under (seed, rng_offset) (gpuplan_philox.cuh), the mask
-// the dropout plan draws over the [B, Lq, Lk] probabilities: O = (P * keep * drop_scale) V,
-// while lse is the undropped softmax's.
+// flat element (e * Lq + i) * Lk + j under (seed, rng_offset) (gpuplan_philox.cuh), the mask
+// the dropout plan draws over [B, Lq, Lk] probabilities: O = (P * keep * drop_scale) V,
+// while lse is the undropped softmax's. e = drop_entry(b, drop_group, drop_stride,
+// drop_shift): b itself, or for a tensor-parallel shard the entry of one process's batch.
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
 #include "gpuplan_rows.cuh"
@@ -52,7 +53,8 @@ attention_forward_simt(const T* __restrict__ q, const T* __restrict__ k,
                        typename gp::acc_type<T>::type* __restrict__ lse, long long lq,
                        long long lk, long long dim, long long q_tiles, double scale,
                        int causal, unsigned long long seed, unsigned long long rng_offset,
-                       float p_drop, typename gp::acc_type<T>::type drop_scale) {
+                       float p_drop, typename gp::acc_type<T>::type drop_scale,
+                       long long drop_group, long long drop_stride, long long drop_shift) {
     using A = typename gp::acc_type<T>::type;
     const int d = static_cast<int>(dim), tiles = static_cast<int>(q_tiles);
     extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -111,7 +113,8 @@ attention_forward_simt(const T* __restrict__ q, const T* __restrict__ k,
 #pragma unroll
             for (int c = 0; c < C; ++c) acc[r][c] *= alpha;
             if (p_drop > 0.0f && p != A(0)) {
-                const auto e = static_cast<unsigned long long>((b * lq + i) * lk + j);
+                const long long eb = gp::drop_entry(b, drop_group, drop_stride, drop_shift);
+                const auto e = static_cast<unsigned long long>((eb * lq + i) * lk + j);
                 p = gp::keep_one(e, seed, rng_offset, p_drop) ? p * drop_scale : A(0);
             }
             pw[r * BK + lane] = p;
@@ -181,7 +184,8 @@ attention_forward_tc(const T* __restrict__ q, const T* __restrict__ k, const T* 
                      T* __restrict__ o, float* __restrict__ lse, long long lq, long long lk,
                      long long d, long long q_tiles, double scale, int causal,
                      unsigned long long seed, unsigned long long rng_offset, float p_drop,
-                     float drop_scale) {
+                     float drop_scale, long long drop_group, long long drop_stride,
+                     long long drop_shift) {
     constexpr int LD = D + 8, TILE = TC_BQ * LD, NT = TC_BK / 8, DT = D / 8;
     extern __shared__ __align__(16) unsigned char smem_raw[];
     T* sq = reinterpret_cast<T*>(smem_raw);
@@ -281,7 +285,8 @@ attention_forward_tc(const T* __restrict__ q, const T* __restrict__ k, const T* 
             m[h] = mn;
             l[h] = l[h] * alpha + sum;
             if (p_drop > 0.0f) {  // O takes the dropped probabilities; l the undropped ones
-                const auto row = static_cast<unsigned long long>((b * lq + i) * lk + k0);
+                const long long eb = gp::drop_entry(b, drop_group, drop_stride, drop_shift);
+                const auto row = static_cast<unsigned long long>((eb * lq + i) * lk + k0);
 #pragma unroll
                 for (int n = 0; n < NT; ++n) {
                     bool keep0, keep1;

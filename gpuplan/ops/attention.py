@@ -20,6 +20,10 @@ flat element (b * Lq + i) * Lk + j of the dropout plan's Philox stream under the
     O[b, i] = sum_j keep_bij * drop_scale * P[b, i, j] V[b, j],   drop_scale = 1 / (1 - p)
 
 lse stays the undropped softmax's; the backward regenerates the bits from (seed, offset).
+A tensor-parallel shard whose batch holds `drop_heads` of every `drop_total_heads` heads of
+one process's [outer, total_heads] batch, from head `drop_first_head` on, draws that
+process's bits for them: entry b reads as entry (b // heads) * total_heads + first_head +
+b % heads (the defaults 1, 1, 0 give b).
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ import numpy as np
 from gpuplan import backend
 from gpuplan.dtypes import FLOAT_DTYPES, HALF_DTYPES, accumulator, as_dtype, cuda_name, float64
 from gpuplan.dtypes import short_name as sn
-from gpuplan.errors import Unsupported, describe
+from gpuplan.errors import InvalidProblem, Unsupported, describe
 from gpuplan.execute import call
 from gpuplan.host_pool import parallel_for
 from gpuplan.nvrtc import CudaModule, cdiv, launch
@@ -89,9 +93,13 @@ def lse_dtype(desc: Any) -> np.dtype:
 FIELDS = (Extent("batch"), Extent("lq"), Extent("lk"), Extent("head_dim"), Real("scale"),
           Flag("causal", default=False), DType("dtype", FLOAT_DTYPES, default=np.float32),
           Real("dropout", lo=0.0, hi=1.0, default=0.0))
-#: the dropout stream of a call (as the dropout plan's): used only when dropout > 0.
+#: the dropout stream of a call (as the dropout plan's) and the head layout of its entries:
+#: used only when dropout > 0.
 RNG = (Scalar("seed", 0, "int", lo=0, hi=2**64, hi_open=True),
-       Scalar("offset", 0, "int", lo=0, hi=2**64, hi_open=True))
+       Scalar("offset", 0, "int", lo=0, hi=2**64, hi_open=True),
+       Scalar("drop_heads", 1, "int", lo=1, hi=2**31 - 1),
+       Scalar("drop_total_heads", 1, "int", lo=1, hi=2**31 - 1),
+       Scalar("drop_first_head", 0, "int", lo=0, hi=2**31 - 1))
 Q_SHAPE, KV_SHAPE, LSE_SHAPE = ("batch", "lq", "head_dim"), ("batch", "lk", "head_dim"), (
     "batch", "lq")
 FORWARD = OpSpec(
@@ -105,7 +113,8 @@ AttentionDescriptor = FORWARD.descriptor(
     "backward share it.")
 AttentionArgs = FORWARD.args(
     "AttentionArgs", "q [B, Lq, D], k, v [B, Lk, D] in; o [B, Lq, D] and lse [B, Lq] (f32; "
-    "f64 for f64) written; seed, offset: the dropout stream (dropout > 0 only).")
+    "f64 for f64) written; seed, offset: the dropout stream, drop_heads, drop_total_heads, "
+    "drop_first_head: the batch's head layout in it (dropout > 0 only).")
 
 
 def causal_mask(lq: int, lk: int) -> np.ndarray:
@@ -135,12 +144,31 @@ def host_chunks(desc: Any, fn: Callable[[int, int], None]) -> None:
     parallel_for(desc.batch, part, grain, align=step)
 
 
+def drop_entries(args: Any, b0: int, b1: int) -> list[tuple[int, int]]:
+    """(first, count) runs of consecutive dropout entries of batch entries [b0, b1) under the
+    call's head layout (module docstring)."""
+    group, stride, shift = (int(args.drop_heads), int(args.drop_total_heads),
+                            int(args.drop_first_head))
+    runs: list[tuple[int, int]] = []
+    b = b0
+    while b < b1:
+        stop = min(b1, (b // group + 1) * group)
+        first = (b // group) * stride + shift + b % group
+        if runs and runs[-1][0] + runs[-1][1] == first:
+            runs[-1] = (runs[-1][0], runs[-1][1] + stop - b)
+        else:
+            runs.append((first, stop - b))
+        b = stop
+    return runs
+
+
 def host_drop(desc: Any, args: Any, b0: int, b1: int, dtype: Any) -> np.ndarray:
     """The dropout multipliers [b1 - b0, lq, lk] of batch entries [b0, b1) in `dtype`:
     drop_scale where kept, 0 where dropped (the keep bits of the call's seed and offset)."""
     per = desc.lq * desc.lk
-    keep = keep_mask_host((b1 - b0) * per, desc.dropout, int(args.seed), int(args.offset),
-                          start=b0 * per)
+    keep = np.concatenate([
+        keep_mask_host(count * per, desc.dropout, int(args.seed), int(args.offset),
+                       start=first * per) for first, count in drop_entries(args, b0, b1)])
     scale = np.dtype(dtype).type(drop_scale(desc.dropout, dtype))
     return np.where(keep, scale, np.dtype(dtype).type(0)).reshape(b1 - b0, desc.lq, desc.lk)
 
@@ -193,9 +221,22 @@ class _AttentionBase(Plan):
         self._p_drop = np.float32(d.dropout)
         self._drop_scale = drop_scale(d.dropout, d.dtype)
 
+    def _check_args(self, args: Any) -> None:
+        heads, total, first = args.drop_heads, args.drop_total_heads, args.drop_first_head
+        if first + heads > total:
+            raise InvalidProblem(describe(
+                self.op, "drop_first_head", f"<= drop_total_heads - drop_heads "
+                f"({total} - {heads})", first))
+        if self.desc.batch % heads:
+            raise InvalidProblem(describe(self.op, "drop_heads",
+                                          f"a divisor of batch ({self.desc.batch})", heads))
+
     def _rng(self, args: Any) -> tuple[Any, ...]:
-        """The kernels' trailing dropout arguments (seed, offset, p, drop_scale)."""
-        return (np.uint64(args.seed), np.uint64(args.offset), self._p_drop, self._drop_scale)
+        """The kernels' trailing dropout arguments (seed, offset, p, drop_scale, head
+        layout)."""
+        return (np.uint64(args.seed), np.uint64(args.offset), self._p_drop, self._drop_scale,
+                np.int64(args.drop_heads), np.int64(args.drop_total_heads),
+                np.int64(args.drop_first_head))
 
 
 _SMEM_SET: dict[int, Any] = {}
@@ -303,12 +344,22 @@ def contiguous(*arrays: Any) -> list[Any]:
     return [a if a.flags.c_contiguous else backend.ascontiguous(a) for a in arrays]
 
 
+def drop_layout(heads: tuple[int, int, int] | None) -> dict[str, int]:
+    """The head-layout scalars of `heads` = (drop_heads, drop_total_heads, drop_first_head),
+    None for the identity."""
+    h = (1, 1, 0) if heads is None else heads
+    return dict(drop_heads=h[0], drop_total_heads=h[1], drop_first_head=h[2])
+
+
 def attention(q: Any, k: Any, v: Any, *, scale: float, causal: bool = False,
-              dropout: float = 0.0, seed: int = 0, offset: int = 0) -> tuple[Any, Any]:
+              dropout: float = 0.0, seed: int = 0, offset: int = 0,
+              heads: tuple[int, int, int] | None = None) -> tuple[Any, Any]:
     """(o [B, Lq, D], lse [B, Lq]) of q [B, Lq, D], k, v [B, Lk, D] (strided inputs are
     copied; shapes and dtypes are checked by the plan); dropout > 0 drops probabilities with
-    the Philox stream (seed, offset) as `dropout` over [B, Lq, Lk] would."""
+    the Philox stream (seed, offset) as `dropout` over [B, Lq, Lk] would (`heads`: the
+    batch's head layout, module docstring)."""
     q, k, v = contiguous(q, k, v)
     desc = AttentionDescriptor(q.shape[0], q.shape[1], k.shape[1], q.shape[-1], scale, causal,
                                q.dtype, dropout)
-    return call(AttentionPlan, desc, like=q, q=q, k=k, v=v, seed=seed, offset=offset)
+    return call(AttentionPlan, desc, like=q, q=q, k=k, v=v, seed=seed, offset=offset,
+                **drop_layout(heads))

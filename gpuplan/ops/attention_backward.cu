@@ -114,7 +114,8 @@ attention_backward_dkdv_simt(const T* __restrict__ q, const T* __restrict__ k,
                              T* __restrict__ dk, T* __restrict__ dv, long long lq, long long lk,
                              long long dim, long long k_tiles, double scale, int causal,
                              unsigned long long seed, unsigned long long rng_offset,
-                             float p_drop, typename gp::acc_type<T>::type drop_scale) {
+                             float p_drop, typename gp::acc_type<T>::type drop_scale,
+                             long long drop_group, long long drop_stride, long long drop_shift) {
     using A = typename gp::acc_type<T>::type;
     extern __shared__ __align__(16) unsigned char smem_raw[];
     const int d = static_cast<int>(dim), tiles = static_cast<int>(k_tiles);
@@ -167,7 +168,8 @@ attention_backward_dkdv_simt(const T* __restrict__ q, const T* __restrict__ k,
             const A p = valid ? exp_(s[r] * sc - slse[lane]) : A(0);
             A mul = A(1);
             if (p_drop > 0.0f && p != A(0)) {
-                const auto e = static_cast<unsigned long long>((b * lq + i) * lk + j);
+                const long long eb = gp::drop_entry(b, drop_group, drop_stride, drop_shift);
+                const auto e = static_cast<unsigned long long>((eb * lq + i) * lk + j);
                 mul = gp::keep_one(e, seed, rng_offset, p_drop) ? drop_scale : A(0);
             }
             pw[r * BS + lane] = p * mul;
@@ -195,7 +197,8 @@ attention_backward_dq_simt(const T* __restrict__ q, const T* __restrict__ k,
                            T* __restrict__ dq, long long lq, long long lk, long long dim,
                            long long q_tiles, double scale, int causal,
                            unsigned long long seed, unsigned long long rng_offset, float p_drop,
-                           typename gp::acc_type<T>::type drop_scale) {
+                           typename gp::acc_type<T>::type drop_scale,
+                           long long drop_group, long long drop_stride, long long drop_shift) {
     using A = typename gp::acc_type<T>::type;
     extern __shared__ __align__(16) unsigned char smem_raw[];
     const int d = static_cast<int>(dim), tiles = static_cast<int>(q_tiles);
@@ -248,7 +251,8 @@ attention_backward_dq_simt(const T* __restrict__ q, const T* __restrict__ k,
             const A p = valid ? exp_(s[r] * sc - lse_r[r]) : A(0);
             A mul = A(1);
             if (p_drop > 0.0f && p != A(0)) {
-                const auto e = static_cast<unsigned long long>((b * lq + i) * lk + j);
+                const long long eb = gp::drop_entry(b, drop_group, drop_stride, drop_shift);
+                const auto e = static_cast<unsigned long long>((eb * lq + i) * lk + j);
                 mul = gp::keep_one(e, seed, rng_offset, p_drop) ? drop_scale : A(0);
             }
             dsw[r * BS + lane] = p * (dp[r] * mul - delta_r[r]);

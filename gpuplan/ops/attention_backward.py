@@ -41,6 +41,7 @@ from gpuplan.ops.attention import (
     _AttentionBase,
     allow_smem,
     contiguous,
+    drop_layout,
     host_chunks,
     host_drop,
     host_scores,
@@ -96,7 +97,8 @@ AttentionBackwardDescriptor = AttentionDescriptor
 BACKWARD.descriptor_cls = AttentionDescriptor
 AttentionBackwardArgs = BACKWARD.args(
     "AttentionBackwardArgs", "q, k, v, o (the forward output), lse (the forward's), dout "
-    "[B, Lq, D] in; dq [B, Lq, D], dk, dv [B, Lk, D] written; seed, offset: the forward's.")
+    "[B, Lq, D] in; dq [B, Lq, D], dk, dv [B, Lk, D] written; seed, offset and the head "
+    "layout: the forward's.")
 
 
 class AttentionBackwardPlan(_AttentionBase):
@@ -210,12 +212,13 @@ class AttentionBackwardPlan(_AttentionBase):
 
 def attention_backward(q: Any, k: Any, v: Any, o: Any, lse: Any, dout: Any, *, scale: float,
                        causal: bool = False, dropout: float = 0.0, seed: int = 0,
-                       offset: int = 0) -> tuple[Any, Any, Any]:
+                       offset: int = 0, heads: tuple[int, int, int] | None = None
+                       ) -> tuple[Any, Any, Any]:
     """(dq, dk, dv) of `attention(q, k, v, scale=scale, causal=causal, dropout=dropout,
-    seed=seed, offset=offset)` = (o, lse) for the output gradient dout [B, Lq, D] (strided
-    inputs are copied; checked by the plan)."""
+    seed=seed, offset=offset, heads=heads)` = (o, lse) for the output gradient dout
+    [B, Lq, D] (strided inputs are copied; checked by the plan)."""
     q, k, v, o, lse, dout = contiguous(q, k, v, o, lse, dout)
     desc = AttentionDescriptor(q.shape[0], q.shape[1], k.shape[1], q.shape[-1], scale, causal,
                                q.dtype, dropout)
     return call(AttentionBackwardPlan, desc, like=q, q=q, k=k, v=v, o=o, lse=lse, dout=dout,
-                seed=seed, offset=offset)
+                seed=seed, offset=offset, **drop_layout(heads))

@@ -122,7 +122,8 @@ attention_backward_dkdv_tc(const T* __restrict__ q, const T* __restrict__ k,
                            T* __restrict__ dk, T* __restrict__ dv, long long lq, long long lk,
                            long long d, long long k_tiles, double scale, int causal,
                            unsigned long long seed, unsigned long long rng_offset, float p_drop,
-                           float drop_scale) {
+                           float drop_scale, long long drop_group, long long drop_stride,
+                           long long drop_shift) {
     constexpr int LD = D + 8, BS = D == 128 ? 32 : 64, NT = BS / 8, DT = D / 8;
     constexpr int OWNED = BO * LD, STREAMED = BS * LD;
     extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -192,7 +193,8 @@ attention_backward_dkdv_tc(const T* __restrict__ q, const T* __restrict__ k,
                 const float p = valid ? exp_(s[n][e] * sc - slse[buf * BS + col]) : 0.0f;
                 float mul = 1.0f;
                 if (p_drop > 0.0f && p != 0.0f) {
-                    const auto el = static_cast<unsigned long long>((b * lq + i) * lk + j);
+                    const long long eb = gp::drop_entry(b, drop_group, drop_stride, drop_shift);
+                    const auto el = static_cast<unsigned long long>((eb * lq + i) * lk + j);
                     mul = gp::keep_one(el, seed, rng_offset, p_drop) ? drop_scale : 0.0f;
                 }
                 s[n][e] = p * mul;
@@ -214,7 +216,8 @@ attention_backward_dq_tc(const T* __restrict__ q, const T* __restrict__ k,
                          const float* __restrict__ lse, const float* __restrict__ delta,
                          T* __restrict__ dq, long long lq, long long lk, long long d,
                          long long q_tiles, double scale, int causal, unsigned long long seed,
-                         unsigned long long rng_offset, float p_drop, float drop_scale) {
+                         unsigned long long rng_offset, float p_drop, float drop_scale,
+                         long long drop_group, long long drop_stride, long long drop_shift) {
     constexpr int LD = D + 8, BS = 64, NT = BS / 8, DT = D / 8;
     constexpr int OWNED = BO * LD, STREAMED = BS * LD;
     extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -282,7 +285,8 @@ attention_backward_dq_tc(const T* __restrict__ q, const T* __restrict__ k,
                 const long long i = i_g + 8 * h, j0 = k0 + n * 8 + 2 * t;
                 bool keep[2] = {true, true};
                 if (p_drop > 0.0f) {
-                    const auto el = static_cast<unsigned long long>((b * lq + i) * lk + j0);
+                    const long long eb = gp::drop_entry(b, drop_group, drop_stride, drop_shift);
+                    const auto el = static_cast<unsigned long long>((eb * lq + i) * lk + j0);
                     gp::keep_pair(el, seed, rng_offset, p_drop, keep[0], keep[1]);
                 }
 #pragma unroll

@@ -76,4 +76,14 @@ __device__ __forceinline__ bool keep_one(unsigned long long i, unsigned long lon
                                     static_cast<unsigned int>(i & 3u)), p);
 }
 
+// The dropout entry of batch entry b of a batch that holds `group` of every `stride` entries
+// of the full tensor's, from entry `shift` on: (b / group) * stride + shift + b % group. A
+// tensor-parallel shard's [outer, heads] attention batch is so laid in the [outer,
+// total_heads] batch of one process (group = heads, stride = total_heads, shift = its first
+// head), and draws that process's bits; (1, 1, 0) is the identity.
+__device__ __forceinline__ long long drop_entry(long long b, long long group, long long stride,
+                                                long long shift) {
+    return (b / group) * stride + shift + b % group;
+}
+
 }  // namespace gp

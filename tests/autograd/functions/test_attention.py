@@ -137,3 +137,17 @@ def test_fused_dropout_gradcheck(device, causal):
 
     q, k, v = _x(1, 2, 4, 3, seed=14), _x(1, 2, 5, 3, seed=15), _x(1, 2, 5, 3, seed=16)
     gradcheck_on(device, fn, q, k, v)
+
+
+def test_head_sharded_attention_errors():
+    from autograd.functions.attention import head_sharded_attention
+
+    q = ag.tensor(_x(1, 2, 3, 4))
+    kw = dict(dropout_p=0.2, is_causal=True)
+    with pytest.raises(ValueError, match="first_head \\+ H <= total_heads"):
+        head_sharded_attention(q, q, q, total_heads=3, first_head=2, **kw)
+    with pytest.raises(ValueError, match="\\[..., H, L, Dh\\]"):
+        head_sharded_attention(q[0], q[0], q[0], total_heads=2, first_head=0, **kw)
+    with pytest.raises(ValueError, match="Dv == Dh"):
+        head_sharded_attention(q, q, ag.tensor(_x(1, 2, 3, 5)), total_heads=2, first_head=0,
+                               **kw)

@@ -189,6 +189,24 @@ def test_dropout_only_in_training_mode():
     assert not np.allclose(host(dropped(idx)), host(plain(idx)))
 
 
+def test_attention_dropout_acts_in_training_only():
+    """attn_dropout drops attention probabilities (dropout 0 elsewhere) in training only;
+    None means dropout's value; out-of-range values are refused."""
+    base = dict(SMALL, dtype=np.float64, seed=2)
+    plain = nn.GPT(nn.GPTConfig(**base))
+    dropped = nn.GPT(nn.GPTConfig(**base, attn_dropout=0.3))
+    assert dropped.blocks[0].attn.attn_dropout == 0.3
+    assert nn.GPT(nn.GPTConfig(**base, dropout=0.1)).blocks[0].attn.attn_dropout == 0.1
+    idx, _ = batch(plain.config, 2, 8)
+    dropped.eval()
+    np.testing.assert_array_equal(host(dropped(idx)), host(plain(idx)))
+    dropped.train()
+    assert not np.allclose(host(dropped(idx)), host(plain(idx)))
+    for bad in (-0.1, 1.5):
+        with pytest.raises(ValueError, match="attn_dropout"):
+            nn.GPTConfig(**base, attn_dropout=bad)
+
+
 def test_sequence_longer_than_block_size_is_rejected():
     model = nn.GPT(nn.GPTConfig(**SMALL))
     with pytest.raises(ValueError, match="block_size"):
@@ -240,6 +258,40 @@ def test_attention_runs_on_a_subset_of_whole_heads():
             share.proj.bias.data[...] = dense.proj.bias.data
         total = total + host(share(x))
     np.testing.assert_allclose(total, host(dense(x)), rtol=1e-12, atol=1e-14)
+
+
+def test_head_subset_with_attention_dropout_draws_the_dense_masks():
+    """In training with attention dropout, a layer holding heads [first_head, ...) only
+    drops the entries the dense layer drops for those heads (and advances the generator as
+    far): the shares still sum to the dense output."""
+    cfg = nn.GPTConfig(vocab_size=5, block_size=8, n_layer=1, n_head=4, n_embd=8,
+                       attn_dropout=0.4, dtype=np.float64, seed=3)
+    dense = nn.GPT(cfg).blocks[0].attn
+    C, Dh = cfg.n_embd, cfg.n_embd // cfg.n_head
+    x = ag.tensor(np.random.default_rng(0).standard_normal((2, 8, C)))
+    ag.manual_seed(8)
+    want = host(dense(x))
+    dense_state = ag.random.default_generator.get_state()
+    total = 0.0
+    for heads in ([0, 1], [2], [3]):
+        cols = np.concatenate([np.arange(part * C + h * Dh, part * C + (h + 1) * Dh)
+                               for part in range(3) for h in heads])
+        rows = np.concatenate([np.arange(h * Dh, (h + 1) * Dh) for h in heads])
+        share = type(dense)(cfg)
+        share.first_head = heads[0]
+        share.qkv = nn.Linear(C, len(cols), dtype=np.float64)
+        share.qkv.weight.data[...] = dense.qkv.weight.data[:, cols]
+        share.qkv.bias.data[...] = dense.qkv.bias.data[cols]
+        share.proj = nn.Linear(len(rows), C, bias=heads[0] == 0, dtype=np.float64)
+        share.proj.weight.data[...] = dense.proj.weight.data[rows]
+        if share.proj.bias is not None:
+            share.proj.bias.data[...] = dense.proj.bias.data
+        ag.manual_seed(8)
+        total = total + host(share(x))
+        assert ag.random.default_generator.get_state() == dense_state
+    np.testing.assert_allclose(total, want, rtol=1e-12, atol=1e-14)
+    ag.manual_seed(9)
+    assert not np.allclose(host(dense(x)), want)  # another seed: other masks
 
 
 # -- training ---------------------------------------------------------------------------------

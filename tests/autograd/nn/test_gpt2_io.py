@@ -219,3 +219,18 @@ def test_logits_match_transformers(tmp_path):
     with torch.no_grad():
         got = again(torch.from_numpy(idx)).logits.double().numpy()
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_dropout_fields_map_to_gpt2_pdrops():
+    """resid/embd_pdrop carry dropout and attn_pdrop the attention dropout (dropout's value
+    when attn_dropout is None); reading gives back the same config."""
+    from autograd.nn import gpt2_io
+
+    for options, attn in ((dict(dropout=0.1), 0.1), (dict(dropout=0.1, attn_dropout=0.25), 0.25),
+                          (dict(attn_dropout=0.2), 0.2)):
+        cfg = nn.GPTConfig(**SMALL, **options)
+        hf = gpt2_io.gpt2_config_json(cfg)
+        assert (hf["resid_pdrop"], hf["embd_pdrop"], hf["attn_pdrop"]) == (
+            cfg.dropout, cfg.dropout, attn)
+        assert gpt2_io.config_from_gpt2(hf) == nn.GPTConfig(
+            **SMALL, **options, activation=cfg.activation)

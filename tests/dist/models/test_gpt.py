@@ -163,10 +163,14 @@ def test_untied_head_layout_matches_single_process(world, layout):
 
 
 @pytest.mark.mpi
-def test_tensor_parallel_dropout_masks_agree_with_the_dense_model(world):
-    """Dropout acts on replicated activations only: with the same default seed on every
-    TP rank, a TP model with dropout gives exactly the dense model's loss and gradients."""
-    cfg = nn.GPTConfig(**{**CFG, "dropout": 0.3})
+@pytest.mark.parametrize("drop", [{"dropout": 0.3}, {"attn_dropout": 0.3}],
+                         ids=["all", "attention-only"])
+def test_tensor_parallel_dropout_masks_agree_with_the_dense_model(world, drop):
+    """With the same default seed on every TP rank, a TP model with dropout gives exactly
+    the dense model's loss and gradients: replicated activations draw the same masks, and
+    each rank's attention probabilities (its heads) draw the dense model's bits for those
+    heads (the fused plans' head layout)."""
+    cfg = nn.GPTConfig(**{**CFG, **drop})
     x, y = batch(2)
     saved = ag.random.default_generator.get_state()
     try:
@@ -178,7 +182,8 @@ def test_tensor_parallel_dropout_masks_agree_with_the_dense_model(world):
         check_against_dense(pg, dense)
         ag.random.manual_seed(11)
         plain = nn.GPT(nn.GPTConfig(**CFG)).loss(x, y).item()
-        assert abs(plain - loss) > 1e-3  # dropout really acted
+        # dropout really acted (attention dropout alone moves this small model's loss ~1e-4)
+        assert abs(plain - loss) > 1e-5
     finally:
         ag.random.default_generator.set_state(saved)
 

@@ -275,3 +275,37 @@ def test_dropout_gradcheck(lq, lk, causal):
     rng = np.random.default_rng(lq * 10 + lk + 1)
     ts = [ag.tensor(rng.uniform(-1, 1, (2, n, 3)), requires_grad=True) for n in (lq, lk, lk)]
     assert ag.gradcheck(lambda q, k, v: _FusedDrop.apply(q, k, v, causal=causal), ts)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+@pytest.mark.parametrize("heads,first", [(2, 0), (2, 2), (1, 3), (3, 1)])
+def test_dropout_head_shard_draws_the_full_batch_bits(device, dtype, heads, first):
+    """A shard holding heads [first, first + heads) of every outer entry (a tensor-parallel
+    rank's attention batch), given that head layout, drops exactly the entries one process
+    drops there: its o and gradients are bit-identical to the full batch's slices (f16 with
+    head_dim 64: the tensor-core kernels on a device)."""
+    outer, total, lq, lk, dim = 2, 4, 7, 9, 64
+    full = [random((outer, total, n, dim), dtype, seed=50 + i) for i, n in
+            enumerate((lq, lk, lk, lq))]
+    kw = dict(scale=SCALE, causal=True, dropout=0.4, seed=99, offset=5)
+
+    def run(arrays, layout):
+        folded = [on(device, a.reshape(-1, *a.shape[2:])) for a in arrays]
+        o, lse = gp.functional.attention(*folded[:3], heads=layout, **kw)
+        grads = gp.functional.attention_backward(*folded[:3], o, lse, folded[3], heads=layout,
+                                                 **kw)
+        return [gp.to_host(x).reshape(outer, -1, *x.shape[1:]) for x in (o, lse, *grads)]
+
+    whole = run(full, None)
+    shard = run([a[:, first:first + heads] for a in full], (heads, total, first))
+    for got, want in zip(shard, whole, strict=True):
+        np.testing.assert_array_equal(got, want[:, first:first + heads])
+
+
+def test_dropout_head_layout_errors():
+    q = np.ones((4, 3, 8), np.float32)
+    for heads, match in (((3, 4, 0), "argument 'drop_heads'"),
+                         ((2, 4, 3), "argument 'drop_first_head'"),
+                         ((0, 4, 0), "argument 'drop_heads'")):
+        with pytest.raises(gp.InvalidProblem, match=match):
+            gp.functional.attention(q, q, q, scale=1.0, dropout=0.5, heads=heads)
