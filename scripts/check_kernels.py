@@ -120,7 +120,8 @@ def execute(mods: list, families: list[str], quiet: bool, device: str) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--arch", nargs="+", default=["80", "90"])
+    ap.add_argument("--arch", nargs="+", default=["80", "90"],
+                    help="compute capabilities: 80 90 (or sm_80 sm_90)")
     ap.add_argument("--module", action="append", default=None,
                     help="only modules whose file stem contains this")
     ap.add_argument("--quiet", action="store_true", help="print only the summary and failures")
@@ -129,6 +130,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", choices=["emulated", "cuda"], default="emulated",
                     help="with --execute: where the instances run (cuda: on a GPU)")
     ns = ap.parse_args(argv)
+    ns.arch = [a.removeprefix("sm_") for a in ns.arch]
+    bad = [a for a in ns.arch if not a.isdigit()]
+    if bad:
+        ap.error(f"--arch: compute capabilities such as 80 or sm_90, given {' '.join(bad)}")
 
     import gpuplan  # noqa: F401 - imports every family, which declares its CudaModule
     from gpuplan.nvrtc import registry

@@ -38,9 +38,11 @@ def refusal(ns: Any, world_size: int) -> str | None:
         return (f"--cuda-graph: one micro-batch per step (given --micro-batches "
                 f"{ns.micro_batches}: the pipeline runner reads each micro-batch's loss on "
                 f"the host)")
-    if ns.dropout > 0:
-        return (f"--cuda-graph: --dropout 0 only (given {ns.dropout}: dropout seeds are "
-                f"per-step host values that a graph would replay unchanged)")
+    attn = ns.dropout if getattr(ns, "attn_dropout", None) is None else ns.attn_dropout
+    if ns.dropout > 0 or attn > 0:
+        return (f"--cuda-graph: --dropout 0 and --attn-dropout 0 only (given {ns.dropout}, "
+                f"{attn}: dropout seeds are per-step host values that a graph would replay "
+                f"unchanged)")
     return None
 
 

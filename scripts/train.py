@@ -119,7 +119,8 @@ class Trainer:
         dist.model_parallel_seed(ns.seed, tp_rank=self.mesh.tp_rank, pp_rank=self.mesh.pp_rank)
         self.cfg = nn.GPTConfig(vocab_size=corpus.vocab_size, block_size=ns.block_size,
                                 n_layer=ns.n_layer, n_head=ns.n_head, n_embd=ns.n_embd,
-                                dropout=ns.dropout, dtype=np.float32, seed=ns.seed,
+                                dropout=ns.dropout, attn_dropout=ns.attn_dropout,
+                                dtype=np.float32, seed=ns.seed,
                                 activation=ns.activation)
         self.model = ParallelGPT(self.cfg, self.mesh, num_micro_batches=ns.micro_batches,
                                  schedule=ns.schedule, device=self.device,

@@ -63,6 +63,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--n-embd", type=int, default=96)
     ap.add_argument("--block-size", type=int, default=64, help="sequence length")
     ap.add_argument("--dropout", type=float, default=0.0)
+    ap.add_argument("--attn-dropout", type=float, default=None,
+                    help="dropout of the attention probabilities (default: --dropout)")
     ap.add_argument("--batch-size", type=int, default=16, help="global batch (sequences)")
     ap.add_argument("--micro-batches", type=int, default=None,
                     help="pipeline micro-batches per step (default: 2 * pp, or 1)")
@@ -268,6 +270,8 @@ def validate(ns: argparse.Namespace, world_size: int) -> None:
         raise OptionError(f"--warmup {ns.warmup} must lie in [0, --steps {ns.steps}]")
     if not 0.0 <= ns.dropout < 1.0:
         raise OptionError(f"--dropout must lie in [0, 1), given {ns.dropout}")
+    if ns.attn_dropout is not None and not 0.0 <= ns.attn_dropout < 1.0:
+        raise OptionError(f"--attn-dropout must lie in [0, 1), given {ns.attn_dropout}")
     if ns.data is not None and not Path(ns.data).exists():
         raise OptionError(f"--data: no such file or folder: {ns.data}")
     _check_out(ns.out)

@@ -46,7 +46,8 @@ def test_cuda_graph_run_matches_the_eager_run_on_the_emulated_device(tmp_path):
 
 def test_what_cannot_be_captured_is_one_error_line(tmp_path):
     cases = [(1, ["--device", "cpu"], "--cuda-graph: needs a device"),
-             (1, ["--device", "emulated", "--dropout", "0.1"], "--dropout 0 only"),
+             (1, ["--device", "emulated", "--dropout", "0.1"], "--dropout 0 and"),
+             (1, ["--device", "emulated", "--attn-dropout", "0.1"], "--attn-dropout 0 only"),
              (1, ["--device", "emulated", "--micro-batches", "2"], "one micro-batch"),
              (2, ["--device", "emulated", "--tp", "2"], "single-process runs only (2 ranks")]
     results = run_many([(n, [*TINY, "--steps", "2", "--cuda-graph", *extra,
