@@ -1,7 +1,9 @@
 """Fused causal attention benchmarks (forward and backward; GPT-2-small heads: batch 8 x
 12 heads, T = 1024, head_dim 64, and head_dim 128) vs the composed CuPy path (matmul,
-masked softmax, matmul, materialising the [T, T] scores). Written without a GPU: no
-results yet (the kernels' correctness was checked on the emulated device only)."""
+masked softmax, matmul, materialising the [T, T] scores), and vs PyTorch's
+scaled_dot_product_attention on the same buffers and stream (FlashAttention backend for
+f16/bf16, torch's choice for f32) where torch with CUDA is importable. Written without a GPU:
+no results yet (the kernels' correctness was checked on the emulated device only)."""
 
 from __future__ import annotations
 
@@ -53,6 +55,58 @@ def _composed_forward(st: dict) -> None:
         cp.matmul(s.astype(st["q"].dtype), st["v"])
 
 
+def _torch_views(st: dict) -> tuple:
+    """(torch, q, k, v as [8, 12, T, D] torch tensors sharing the CuPy buffers, the SDPA
+    backends to allow), made once per state; bf16 crosses DLPack as uint16."""
+    if "torch_qkv" not in st:
+        import torch
+        from torch.nn.attention import SDPBackend
+
+        def view(a):
+            if a.dtype == gp.bfloat16:
+                return torch.from_dlpack(a.view(np.uint16)).view(torch.bfloat16)
+            return torch.from_dlpack(a)
+
+        qkv = [view(st[n]).reshape(8, 12, T, st["dim"]) for n in ("q", "k", "v")]
+        half = st["q"].dtype != np.float32
+        backends = [SDPBackend.FLASH_ATTENTION] if half else [
+            SDPBackend.CUDNN_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+        st["torch_qkv"] = (torch, *qkv, backends)
+    return st["torch_qkv"]
+
+
+def _torch_forward(st: dict) -> None:
+    """torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True) on the
+    current CuPy stream."""
+    import cupy as cp
+
+    torch, q, k, v, backends = _torch_views(st)
+    from torch.nn.attention import sdpa_kernel
+
+    with torch.cuda.ExternalStream(cp.cuda.get_current_stream().ptr), sdpa_kernel(backends):
+        torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+def _torch_backward(st: dict) -> None:
+    """torch SDPA's backward only: the forward graph is built once (kept), each call
+    backpropagates a fixed dout into fresh gradients."""
+    import cupy as cp
+
+    torch, q, k, v, backends = _torch_views(st)
+    from torch.nn.attention import sdpa_kernel
+
+    with torch.cuda.ExternalStream(cp.cuda.get_current_stream().ptr), sdpa_kernel(backends):
+        if "torch_out" not in st:
+            for t in (q, k, v):
+                t.requires_grad_(True)
+            st["torch_out"] = torch.nn.functional.scaled_dot_product_attention(
+                q, k, v, is_causal=True)
+            st["torch_dout"] = torch.ones_like(st["torch_out"])
+        for t in (q, k, v):
+            t.grad = None
+        st["torch_out"].backward(st["torch_dout"], retain_graph=True)
+
+
 def _flops(passes: float):
     """passes x 2 flops x B x T x T x D, halved for the causal mask."""
     return lambda st: int(passes * 2 * B * T * T * st["dim"] / 2)
@@ -67,7 +121,11 @@ for _dt, _dims in ((gp.bfloat16, (64, 128)), (np.dtype(np.float16), (64,)),
             Case(f"attention_causal_{_tag}_{B}x{T}x{_d}", _forward_setup(_dt, _d),
                  run_plan_state, flops=_flops(2), baseline=_composed_forward,
                  baseline_name="cupy composed"),
+            Case(f"attention_causal_{_tag}_{B}x{T}x{_d}_vs_torch", _forward_setup(_dt, _d),
+                 run_plan_state, flops=_flops(2), baseline=_torch_forward,
+                 baseline_name="torch sdpa"),
             # backward: S and dP recomputed, then dV, dK (dk/dv pass) and S, dP, dQ (dq pass)
             Case(f"attention_causal_bwd_{_tag}_{B}x{T}x{_d}", _backward_setup(_dt, _d),
-                 run_plan_state, flops=_flops(7)),
+                 run_plan_state, flops=_flops(7), baseline=_torch_backward,
+                 baseline_name="torch sdpa backward"),
         ]
