@@ -234,6 +234,24 @@ def test_forward_is_embed_blocks_logits_and_forward_stage_splits_it(tie):
     np.testing.assert_array_equal(host(model.forward_stage(x, first=False)), want)
 
 
+def _head_share(dense, cfg, heads):
+    """An attention layer holding `heads` of `dense` only: the [q | k | v] columns of those
+    heads in qkv, the matching rows of proj (its bias on the share holding head 0)."""
+    C, Dh = cfg.n_embd, cfg.n_embd // cfg.n_head
+    cols = np.concatenate([np.arange(part * C + h * Dh, part * C + (h + 1) * Dh)
+                           for part in range(3) for h in heads])
+    rows = np.concatenate([np.arange(h * Dh, (h + 1) * Dh) for h in heads])
+    share = type(dense)(cfg)
+    share.qkv = nn.Linear(C, len(cols), dtype=np.float64)
+    share.qkv.weight.data[...] = dense.qkv.weight.data[:, cols]
+    share.qkv.bias.data[...] = dense.qkv.bias.data[cols]
+    share.proj = nn.Linear(len(rows), C, bias=heads[0] == 0, dtype=np.float64)
+    share.proj.weight.data[...] = dense.proj.weight.data[rows]
+    if share.proj.bias is not None:
+        share.proj.bias.data[...] = dense.proj.bias.data
+    return share
+
+
 def test_attention_runs_on_a_subset_of_whole_heads():
     """A qkv/proj pair holding some heads only ([q | k | v] columns of those heads, the
     matching proj rows) gives their share of the output: over a split of the heads (proj
@@ -241,22 +259,10 @@ def test_attention_runs_on_a_subset_of_whole_heads():
     cfg = nn.GPTConfig(vocab_size=5, block_size=8, n_layer=1, n_head=4, n_embd=8,
                        dtype=np.float64, seed=3)
     dense = nn.GPT(cfg).blocks[0].attn
-    C, Dh = cfg.n_embd, cfg.n_embd // cfg.n_head
-    x = ag.tensor(np.random.default_rng(0).standard_normal((2, 8, C)))
+    x = ag.tensor(np.random.default_rng(0).standard_normal((2, 8, cfg.n_embd)))
     total = 0.0
     for heads in ([0], [1, 2, 3]):
-        cols = np.concatenate([np.arange(part * C + h * Dh, part * C + (h + 1) * Dh)
-                               for part in range(3) for h in heads])
-        rows = np.concatenate([np.arange(h * Dh, (h + 1) * Dh) for h in heads])
-        share = type(dense)(cfg)
-        share.qkv = nn.Linear(C, len(cols), dtype=np.float64)
-        share.qkv.weight.data[...] = dense.qkv.weight.data[:, cols]
-        share.qkv.bias.data[...] = dense.qkv.bias.data[cols]
-        share.proj = nn.Linear(len(rows), C, bias=heads[0] == 0, dtype=np.float64)
-        share.proj.weight.data[...] = dense.proj.weight.data[rows]
-        if share.proj.bias is not None:
-            share.proj.bias.data[...] = dense.proj.bias.data
-        total = total + host(share(x))
+        total = total + host(_head_share(dense, cfg, heads)(x))
     np.testing.assert_allclose(total, host(dense(x)), rtol=1e-12, atol=1e-14)
 
 
@@ -267,25 +273,14 @@ def test_head_subset_with_attention_dropout_draws_the_dense_masks():
     cfg = nn.GPTConfig(vocab_size=5, block_size=8, n_layer=1, n_head=4, n_embd=8,
                        attn_dropout=0.4, dtype=np.float64, seed=3)
     dense = nn.GPT(cfg).blocks[0].attn
-    C, Dh = cfg.n_embd, cfg.n_embd // cfg.n_head
-    x = ag.tensor(np.random.default_rng(0).standard_normal((2, 8, C)))
+    x = ag.tensor(np.random.default_rng(0).standard_normal((2, 8, cfg.n_embd)))
     ag.manual_seed(8)
     want = host(dense(x))
     dense_state = ag.random.default_generator.get_state()
     total = 0.0
     for heads in ([0, 1], [2], [3]):
-        cols = np.concatenate([np.arange(part * C + h * Dh, part * C + (h + 1) * Dh)
-                               for part in range(3) for h in heads])
-        rows = np.concatenate([np.arange(h * Dh, (h + 1) * Dh) for h in heads])
-        share = type(dense)(cfg)
+        share = _head_share(dense, cfg, heads)
         share.first_head = heads[0]
-        share.qkv = nn.Linear(C, len(cols), dtype=np.float64)
-        share.qkv.weight.data[...] = dense.qkv.weight.data[:, cols]
-        share.qkv.bias.data[...] = dense.qkv.bias.data[cols]
-        share.proj = nn.Linear(len(rows), C, bias=heads[0] == 0, dtype=np.float64)
-        share.proj.weight.data[...] = dense.proj.weight.data[rows]
-        if share.proj.bias is not None:
-            share.proj.bias.data[...] = dense.proj.bias.data
         ag.manual_seed(8)
         total = total + host(share(x))
         assert ag.random.default_generator.get_state() == dense_state
