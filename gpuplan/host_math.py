@@ -174,8 +174,10 @@ def _phi_coefficients() -> tuple[tuple, tuple]:
             tuple(np.float32(c) for c in reversed(q[:-1])))
 
 
-_PHI_P, _PHI_Q = _phi_coefficients()
-_PHI_CLIP = np.float32(5.7)
+#: normal_cdf_f32's constants (also the compiled kernels', gpuplan.host_kernels): P' and Q'
+#: (float32, highest power first, Q' monic without its leading 1) and the clip point.
+PHI_P, PHI_Q = _phi_coefficients()
+PHI_CLIP = np.float32(5.7)
 _ZERO32, _ONE32, _HALF32 = np.float32(0), np.float32(1), np.float32(0.5)
 
 
@@ -185,9 +187,9 @@ def normal_cdf_f32(x: np.ndarray, out: np.ndarray, s1: np.ndarray, s2: np.ndarra
     0 <= Phi <= 1; Phi(-inf) = 0, Phi(inf) = 1, Phi(nan) = nan). x, out and the scratch s1, s2
     are float32 arrays of one shape; out, s1, s2 are overwritten (out may not be x). Returns
     out."""
-    np.clip(x, -_PHI_CLIP, _PHI_CLIP, out=s1)  # c (NaN stays NaN)
+    np.clip(x, -PHI_CLIP, PHI_CLIP, out=s1)  # c (NaN stays NaN)
     np.multiply(s1, s1, out=s2)                  # u = c^2
-    p, q = _PHI_P, _PHI_Q
+    p, q = PHI_P, PHI_Q
     np.multiply(s2, p[0], out=out)
     for coef in p[1:-1]:
         out += coef

@@ -181,15 +181,19 @@ def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> np.ndarray:
 
 
 def bias_activation(forward32: Callable[..., None], preact: np.ndarray, bias: np.ndarray | None,
-                     out: np.ndarray) -> None:
+                    out: np.ndarray, bias_forward32: Callable[..., None] | None = None) -> None:
     """preact += bias[n] (bias may be None), out = forward32(preact) over blocks of rows of
     a [..., n] float32 array (the host GEMM epilogue): each block's passes run on
-    cache-resident rows, spread over the host threads."""
+    cache-resident rows, spread over the host threads. bias_forward32(p, bias, y), when
+    given, does both on a block (the activation's one-pass form)."""
     n = preact.shape[-1]
     rows, dst = preact.reshape(-1, n), out.reshape(-1, n)
 
     def block(lo: int, hi: int) -> None:
         x = rows[lo:hi]
+        if bias_forward32 is not None:
+            bias_forward32(x, bias, dst[lo:hi])
+            return
         if bias is not None:
             x += bias
         forward32(x, dst[lo:hi], np.empty_like(x), np.empty_like(x))

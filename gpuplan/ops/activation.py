@@ -14,10 +14,10 @@ gradient passes where lo <= x <= hi. abs'(x) is sign(x), 0 at 0 (and at NaN).
 
 Math runs in f32 for f16/bf16 and in the dtype itself for f32/f64. On the host every
 activation is split over the thread budget (gpuplan.host_pool; elementwise, so the result does
-not depend on the split). The GELU forms Phi(x) = (1 + erf(x / sqrt 2)) / 2 with
-gpuplan.host_math: for f64 with erf to float64 accuracy; for f32 (and f16/bf16) in float32
-arithmetic, a cache-sized block at a time (`normal_cdf_f32`), and its backward
-dy * (Phi(x) + x phi(x)) shares that code: no float64 erf in either direction.
+not depend on the split). GELU's host math is gpuplan.ops.gelu_host: float64 with erf to
+float64 accuracy; float32 (and f16/bf16) by the compiled one-pass kernels of
+gpuplan.host_kernels when numba is there (gpuplan.host_jit), else by float32 NumPy passes over
+cache-sized blocks; no float64 erf in either direction.
 """
 
 from __future__ import annotations
@@ -34,9 +34,11 @@ from gpuplan.dtypes import FLOAT_DTYPES, accumulator, as_dtype, cuda_name
 from gpuplan.dtypes import short_name as sn
 from gpuplan.errors import InvalidProblem, describe
 from gpuplan.execute import call
-from gpuplan.host_math import erf, erf_float32, normal_cdf_f32
+from gpuplan.host_jit import run_map
 from gpuplan.host_pool import for_blocks
 from gpuplan.nvrtc import CudaModule, cdiv, launch
+from gpuplan.ops import gelu_host
+from gpuplan.ops.gelu_host import run_blocks32 as _run_blocks32
 from gpuplan.plan import BackendKind, Candidate, Plan, host_candidate
 from gpuplan.spec import Choice, DType, Extent, In, OpSpec, Out, Scalar
 from gpuplan.stream import Stream, Workspace
@@ -48,80 +50,6 @@ __all__ = [
 __functional__ = ["unary", "unary_backward"]
 
 _SQRT_2_OVER_PI = 0.79788456080286535588
-_INV_SQRT_2PI = 0.39894228040143267794
-_INV_SQRT_2 = 0.70710678118654752440
-
-
-def _normal_cdf(x: np.ndarray) -> np.ndarray:
-    """Phi(x) of an f32 or f64 array as a fresh float64 array: erf to float64 accuracy for
-    f64, to float32 accuracy otherwise (see gpuplan.host_math)."""
-    cdf = erf(x * _INV_SQRT_2) if x.dtype == np.float64 else erf_float32(x, scale=_INV_SQRT_2)
-    cdf += 1.0
-    cdf *= 0.5
-    return cdf
-
-
-def _gelu(x, alpha):
-    if x.dtype == np.float32:  # e.g. the host GEMM's epilogue: the float32 block math
-        return _map32(_gelu_f32, x)
-    y = _normal_cdf(x)
-    y *= x
-    return y
-
-
-def _gelu_grad(x, dy, alpha):
-    if x.dtype == np.float32:
-        return _map32(_gelu_grad_f32, x, dy)
-    t = x.dtype.type
-    pdf = x * x
-    pdf *= t(-0.5)
-    np.exp(pdf, out=pdf)
-    pdf *= x
-    pdf *= t(_INV_SQRT_2PI)
-    grad = _normal_cdf(x)
-    grad += pdf
-    grad *= dy
-    return grad
-
-
-def _gelu_f32(x, y, s1, s2):
-    """y = x Phi(x) on one float32 block (s1, s2: scratch)."""
-    normal_cdf_f32(x, y, s1, s2)
-    y *= x
-
-
-_F32_INV_SQRT_2PI, _F32_MINUS_HALF = np.float32(_INV_SQRT_2PI), np.float32(-0.5)
-
-
-def _gelu_grad_f32(x, dy, dx, s1, s2):
-    """dx = dy * (Phi(x) + x phi(x)) on one float32 block (s1, s2: scratch)."""
-    normal_cdf_f32(x, dx, s1, s2)
-    _add_x_pdf_times_dy(x, dy, dx, s1)
-
-
-def _gelu_grad_y32(x, dy, y, dx, s1, s2):
-    """dx = dy * (Phi(x) + x phi(x)) on one float32 block, with Phi(x) = y / x from the
-    forward's output y = x Phi(x) (Phi(0) = 1/2): no erf, ~10 passes instead of ~35. Phi
-    comes back within an ulp or so of the forward's own (y is one rounding of x Phi)."""
-    np.divide(y, x, out=dx)
-    zero = s2.view(np.bool_)[: x.size].reshape(x.shape)
-    np.equal(x, _F32_ZERO, out=zero)
-    np.copyto(dx, _F32_HALF, where=zero)
-    _add_x_pdf_times_dy(x, dy, dx, s1)
-
-
-def _add_x_pdf_times_dy(x, dy, dx, s1):
-    """dx = (dx + x phi(x)) * dy, dx holding Phi(x) (s1: scratch)."""
-    np.multiply(x, x, out=s1)
-    s1 *= _F32_MINUS_HALF
-    np.exp(s1, out=s1)
-    s1 *= x
-    s1 *= _F32_INV_SQRT_2PI  # x phi(x)
-    dx += s1
-    dx *= dy
-
-
-_F32_ZERO, _F32_HALF = np.float32(0), np.float32(0.5)
 
 
 def _gelu_tanh(x, alpha):
@@ -190,13 +118,21 @@ class Activation:
     #: float32 gradient from the forward's output as well: backward_y32(x, dy, y, dx, s1,
     #: s2), used by the host plan for f32 operands when `y` is given (cheaper math).
     backward_y32: Callable[..., None] | None = None
+    #: p += bias, y = f(p) on float32 [rows, n] blocks: bias_forward32(p, bias or None, y)
+    #: (the host GEMM epilogue; without it, the bias add and then forward32).
+    bias_forward32: Callable[..., None] | None = None
+    #: The compiled kernels' name (gpuplan.host_jit): f"{jit}_forward"(x, y),
+    #: f"{jit}_backward"(x, dy, dx) and f"{jit}_backward_y"(x, dy, y, dx), run by the
+    #: host plans on float32 operands, when loaded, in place of the block functions.
+    jit: str | None = None
 
 
 ACTIVATIONS: tuple[Activation, ...] = (
     Activation("relu", lambda x, a: np.where((x > 0) | np.isnan(x), x, x.dtype.type(0)),
                lambda x, dy, a: np.where(x > 0, dy, x.dtype.type(0))),
-    Activation("gelu", _gelu, _gelu_grad, forward32=_gelu_f32, backward32=_gelu_grad_f32,
-               backward_y32=_gelu_grad_y32),
+    Activation("gelu", gelu_host.gelu, gelu_host.gelu_grad, forward32=gelu_host.gelu_f32,
+               backward32=gelu_host.gelu_grad_f32, backward_y32=gelu_host.gelu_grad_y32,
+               bias_forward32=gelu_host.bias_gelu_f32, jit="gelu"),
     Activation("gelu_tanh", _gelu_tanh, _gelu_tanh_grad),
     Activation("silu", lambda x, a: x / (x.dtype.type(1) + np.exp(-x)), _silu_grad),
     Activation("tanh", lambda x, a: np.tanh(x),
@@ -323,6 +259,8 @@ class UnaryPlan(_ActivationPlan):
 
     def _run_numpy(self, stream: Stream, ws: Workspace, args: Any) -> None:
         x, y, alpha, acc = args.x, args.y, self._scalars(args), self._acc
+        if self._act.jit and run_map(f"{self._act.jit}_forward", (x,), y):
+            return
         if self._act.forward32 is not None and acc == np.float32:
             _run_blocks32(self._act.forward32, (x,), y)
             return
@@ -350,10 +288,14 @@ class UnaryBackwardPlan(_ActivationPlan):
 
     def _run_numpy(self, stream: Stream, ws: Workspace, args: Any) -> None:
         x, dy, dx, alpha, acc = args.x, args.dy, args.dx, self._scalars(args), self._acc
-        y32 = self._act.backward_y32
+        y32, jit = self._act.backward_y32, self._act.jit
         if y32 is not None and args.y is not None and self.desc.dtype == np.float32:
+            if jit and run_map(f"{jit}_backward_y", (x, dy, args.y), dx):
+                return
             with np.errstate(divide="ignore"):
                 _run_blocks32(y32, (x, dy, args.y), dx)
+            return
+        if jit and run_map(f"{jit}_backward", (x, dy), dx):
             return
         if self._act.backward32 is not None and acc == np.float32:
             _run_blocks32(self._act.backward32, (x, dy), dx)
@@ -372,31 +314,6 @@ class UnaryBackwardPlan(_ActivationPlan):
         launch(stream, fn, self._grid, 256,
                (args.x, args.dy, args.dx, np.int64(self.desc.numel),
                 *self._kernel_scalars(args), _aligned16(args.x, args.dy, args.dx)))
-
-
-def _map32(fn: Callable[..., None], *inputs: np.ndarray) -> np.ndarray:
-    """A new float32 array of inputs[0]'s shape: `fn` over blocks of the float32 inputs."""
-    out = np.empty(inputs[0].shape, np.float32)
-    _run_blocks32(fn, tuple(np.ascontiguousarray(a).reshape(-1) for a in inputs),
-                  out.reshape(-1))
-    return out
-
-
-def _run_blocks32(fn: Callable[..., None], inputs: tuple, out: np.ndarray) -> None:
-    """fn(*float32 input blocks, float32 output block, s1, s2) over the blocks of flat arrays
-    (gpuplan.host_pool.for_blocks); operands of other dtypes are converted a block at a
-    time. Scratch is per block: a few small allocations, reused warm by the allocator."""
-    direct = out.dtype == np.float32
-
-    def block(lo: int, hi: int) -> None:
-        s1, s2 = np.empty(hi - lo, np.float32), np.empty(hi - lo, np.float32)
-        o = out[lo:hi] if direct else np.empty(hi - lo, np.float32)
-        fn(*(a[lo:hi].astype(np.float32, copy=False) for a in inputs), o, s1, s2)
-        if not direct:
-            out[lo:hi] = o
-
-    with np.errstate(over="ignore", invalid="ignore"):
-        for_blocks(out.size, block)
 
 
 # -- functional API ------------------------------------------------------------------------

@@ -7,7 +7,7 @@
     p = p - lr / (1 - beta1^t) * m / (sqrt(v) / sqrt(1 - beta2^t) + eps)
 
 Dtypes, SKUs and the shared checks: gpuplan/ops/optimizer.py. Host: cache-sized blocks over
-the host threads (gpuplan.host_pool).
+the host threads (gpuplan.host_pool), each by gpuplan.ops.adamw_host.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from gpuplan.errors import InvalidProblem, describe
 from gpuplan.execute import call
 from gpuplan.host_pool import for_blocks
 from gpuplan.nvrtc import cdiv, launch
+from gpuplan.ops.adamw_host import adamw_host
 from gpuplan.ops.optimizer import (
     DTYPE_FIELDS,
     MODULE,
@@ -125,29 +126,6 @@ def _checked_hyper(op: str, args: Any) -> tuple:
     return (*hyper, int(t))
 
 
-def _adamw_numpy(p: Any, g: Any, m: Any, v: Any, lowp: Any, s: tuple) -> None:
-    decay, b1, omb1, b2, omb2, step_size, inv_sqrt_bc2, eps = s
-    # In place, rounding exactly like the expressions in the comments (no temporaries
-    # beyond two scratch arrays).
-    g = g.astype(p.dtype, copy=False)
-    t = np.multiply(g, omb1)
-    m *= b1
-    m += t                        # m = b1 * m + (1 - b1) * g
-    np.multiply(g, g, out=t)
-    t *= omb2
-    v *= b2
-    v += t                        # v = b2 * v + (1 - b2) * g * g
-    den = np.sqrt(v)
-    den *= inv_sqrt_bc2
-    den += eps
-    np.divide(m, den, out=t)
-    t *= step_size
-    p *= decay
-    p -= t                        # p = p * decay - step_size * (m / (sqrt(v) / sqrt(bc2) + eps))
-    if lowp is not None:
-        lowp[...] = p.astype(lowp.dtype)
-
-
 # -- one tensor ------------------------------------------------------------------------------
 
 SPEC = OpSpec(
@@ -183,7 +161,7 @@ class AdamWPlan(FusedStepPlan):
     def _run_numpy(self, stream: Stream, ws: Workspace, args: Any) -> None:
         p, g, m, v, low, s = (args.param, args.grad, args.exp_avg, args.exp_avg_sq,
                               args.param_lowp, _host_scalars(self))
-        for_blocks(self.desc.n, lambda lo, hi: _adamw_numpy(
+        for_blocks(self.desc.n, lambda lo, hi: adamw_host(
             p[lo:hi], g[lo:hi], m[lo:hi], v[lo:hi], None if low is None else low[lo:hi], s))
 
     def _run_fused(self, stream: Stream, ws: Workspace, args: Any) -> None:
@@ -360,7 +338,7 @@ class AdamWMultiTensorPlan(FusedStepPlan):
                 if end > lo:
                     a, b = lo - offsets[k], end - offsets[k]
                     p, g, m, v, low = tensors[k]
-                    _adamw_numpy(p[a:b], g[a:b], m[a:b], v[a:b],
+                    adamw_host(p[a:b], g[a:b], m[a:b], v[a:b],
                                  None if low is None else low[a:b], scalars)
                 lo, k = end, k + 1
 

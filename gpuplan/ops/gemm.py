@@ -215,7 +215,8 @@ class GemmPlan(Plan):
             v = host_pool.matmul(a, b, args.preact)
             if alpha != 1:
                 v *= acc.type(alpha)
-            host_pool.bias_activation(act.forward32, v, args.bias if d.has_bias else None, args.c)
+            host_pool.bias_activation(act.forward32, v, args.bias if d.has_bias else None, args.c,
+                                      act.bias_forward32)
             return
         if beta == 0 and acc == args.c.dtype:
             # f32/f64: BLAS writes C directly; the same roundings as below, no temporaries.

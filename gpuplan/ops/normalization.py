@@ -9,9 +9,9 @@ Backward (g = dy * weight, xhat = (x - mean) * rstd, mean = 0 for RMSNorm):
   dweight = sum_r dy * xhat, dbias = sum_r dy (written, not accumulated).
 Parameter gradients are deterministic on the GPU: per-chunk partial sums go to the
 workspace and a second kernel adds them in a fixed order (no atomics). Host: cache-sized row
-blocks over the host threads (gpuplan.host_pool.for_blocks); the parameter gradients add
-per-block partial sums in block order (bit-identical for any thread count). D = 0 rows have
-mean 0 and rstd 1/sqrt(eps).
+blocks over the host threads, float32 by compiled one-pass kernels when numba is there
+(gpuplan.ops.norm_host); the parameter gradients add per-block partial sums in block order
+(bit-identical for any thread count). D = 0 rows have mean 0 and rstd 1/sqrt(eps).
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ import numpy as np
 from gpuplan.dtypes import FLOAT_DTYPES, accumulator, as_dtype, cuda_name, short_name
 from gpuplan.errors import InvalidProblem, describe
 from gpuplan.execute import call
-from gpuplan.host_pool import block_rows, for_blocks
 from gpuplan.nvrtc import CudaModule, cdiv, launch
+from gpuplan.ops import norm_host
 from gpuplan.ops.norm_rows import rows_view as _rows
 from gpuplan.ops.norm_rows import stat_error
 from gpuplan.plan import BackendKind, Candidate, Plan, host_candidate
@@ -134,28 +134,6 @@ def _n_parts(rows: int) -> int:
     return max(1, min(_MAX_PARTS, cdiv(rows, 32)))
 
 
-def _stats(x: np.ndarray, rms: bool, eps: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Host statistics in the accumulator dtype of each row of x [R, D]: (mean, rstd, the
-    centred rows x - mean as a fresh array); mean is zeros for RMSNorm."""
-    acc = accumulator(x.dtype)
-    dim = x.shape[1]
-    inv = acc.type(1.0 / dim if dim else 0.0)
-    if rms:
-        mean = np.zeros(x.shape[0], acc)
-        c = x.astype(acc)  # x - 0, exactly
-    else:
-        a = x.astype(acc, copy=False)
-        mean = a.sum(axis=1)
-        mean *= inv
-        c = a - mean[:, None]
-    rstd = np.square(c).sum(axis=1)
-    rstd *= inv
-    rstd += acc.type(eps)
-    np.sqrt(rstd, out=rstd)
-    np.divide(acc.type(1), rstd, out=rstd)
-    return mean, rstd, c
-
-
 class _NormPlan(Plan):
     """Shared by the four families: SKUs (NumPy on the host; one row per warp or per block
     on a device) and the per-plan constants."""
@@ -206,22 +184,8 @@ class _NormForwardPlan(_NormPlan):
         self._eps = np.float64(self.desc.eps)
 
     def _run_numpy(self, stream: Stream, ws: Workspace, args: Any) -> None:
-        acc, rms, eps, x, y_out = self._acc, self.rms, self.desc.eps, args.x, args.y
-        weight = None if args.weight is None else args.weight.astype(acc, copy=False)
-        bias = args.bias.astype(acc, copy=False) if self._has_bias else None
-
-        def block(lo: int, hi: int) -> None:
-            mean, rstd, y = _stats(x[lo:hi], rms, eps)
-            y *= rstd[:, None]
-            if weight is not None:
-                y *= weight
-            if bias is not None:
-                y += bias
-            y_out[lo:hi], args.rstd[lo:hi] = y, rstd
-            if not rms:
-                args.mean[lo:hi] = mean
-
-        for_blocks(self.desc.rows, block, self.desc.dim)
+        norm_host.forward(args.x, args.weight, args.bias if self._has_bias else None, args.y,
+                          None if self.rms else args.mean, args.rstd, self.desc.eps, self.rms)
 
     def _run_warp_row(self, stream: Stream, ws: Workspace, args: Any) -> None:
         fn = _MODULE.function(self._kernel, stream.device_id)
@@ -267,42 +231,9 @@ class _NormBackwardPlan(_NormPlan):
         self._chunk = np.int64(max(1, cdiv(d.rows, parts)))
 
     def _run_numpy(self, stream: Stream, ws: Workspace, args: Any) -> None:
-        # dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), g = dy * weight (mean(g) = 0
-        # for RMSNorm); dweight = sum over rows of dy * xhat; dbias = sum over rows of dy,
-        # each the sum of per-block partial sums in block order.
-        d, acc, rms, step = self.desc, self._acc, self.rms, block_rows(self.desc.dim)
-        inv = acc.type(1.0 / d.dim)
-        weight = None if args.weight is None else args.weight.astype(acc, copy=False)
-        parts = (-(-d.rows // step), d.dim)
-        part_w = None if args.dweight is None else np.empty(parts, acc)
-        part_b = np.empty(parts, acc) if self._has_bias else None
-
-        def block(lo: int, hi: int) -> None:
-            dy = args.dy[lo:hi].astype(acc, copy=False)
-            rstd = args.rstd[lo:hi].astype(acc, copy=False)[:, None]
-            xhat = args.x[lo:hi].astype(acc)
-            if not rms:
-                xhat -= args.mean[lo:hi].astype(acc, copy=False)[:, None]
-            xhat *= rstd
-            g = dy if weight is None else dy * weight
-            k = lo // step
-            if part_w is not None:
-                np.sum(dy * xhat, axis=0, out=part_w[k])
-            if part_b is not None:
-                np.sum(dy, axis=0, out=part_b[k])
-            proj = (g * xhat).sum(axis=1, keepdims=True)
-            proj *= inv
-            dx = g.copy() if rms else g - g.sum(axis=1, keepdims=True) * inv
-            xhat *= proj
-            dx -= xhat
-            dx *= rstd
-            args.dx[lo:hi] = dx
-
-        for_blocks(d.rows, block, d.dim, rows_per_block=step)
-        if part_w is not None:
-            args.dweight[...] = part_w.sum(axis=0)
-        if part_b is not None:
-            args.dbias[...] = part_b.sum(axis=0)
+        norm_host.backward(args.dy, args.x, args.weight, None if self.rms else args.mean,
+                           args.rstd, args.dx, args.dweight,
+                           args.dbias if self._has_bias else None, self.rms)
 
     def _run_device(self, stream: Stream, ws: Workspace, args: Any) -> None:
         dev = stream.device_id

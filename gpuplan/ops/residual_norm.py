@@ -9,15 +9,15 @@
             dbias = sum_r dy (shat = (s - mean) * rstd).
 
 The plans are the LayerNorm family's (gpuplan.ops.normalization) with the add folded in:
-the same SKUs and launch geometry; on the host, its host math run on s (then + ds), so host
-results are the composed ops' bit for bit; on a GPU the kernels make the same passes and row
-sums as norm_forward / norm_backward_dx, and round dx once. Parameter gradients are
+the same SKUs and launch geometry; on the host, its host math (gpuplan.ops.norm_host) with
+the adds rounded as the binary add plan rounds them, so host results are the composed ops'
+bit for bit; on a GPU the kernels make the same passes and row sums as norm_forward /
+norm_backward_dx, and round dx once. Parameter gradients are
 deterministic (gpuplan_norm.cuh's two-stage sums, no atomics).
 """
 
 from __future__ import annotations
 
-from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -25,6 +25,7 @@ import numpy as np
 from gpuplan.dtypes import FLOAT_DTYPES, accumulator, cuda_name
 from gpuplan.execute import call
 from gpuplan.nvrtc import CudaModule, launch
+from gpuplan.ops import norm_host
 
 # The LayerNorm family's plans (SKUs, launch geometry, workspace, host math): the fused op
 # computes what the composed one does.
@@ -102,11 +103,9 @@ class ResidualLayerNormPlan(_NormForwardPlan):
         self._kernel = f"residual_norm_forward<{self._t}, {self._warp}>"
 
     def _run_numpy(self, stream: Stream, ws: Workspace, args: Any) -> None:
-        acc = self._acc
-        args.s[...] = args.x.astype(acc, copy=False) + args.residual.astype(acc, copy=False)
-        super()._run_numpy(stream, ws, SimpleNamespace(
-            x=args.s, weight=args.weight, bias=args.bias, y=args.y, mean=args.mean,
-            rstd=args.rstd))
+        norm_host.forward(args.x, args.weight, args.bias if self._has_bias else None, args.y,
+                          args.mean, args.rstd, self.desc.eps, False, residual=args.residual,
+                          s=args.s)
 
     def _run_warp_row(self, stream: Stream, ws: Workspace, args: Any) -> None:
         launch(stream, _MODULE.function(self._kernel, stream.device_id), *self._rows_launch,
@@ -127,12 +126,9 @@ class ResidualLayerNormBackwardPlan(_NormBackwardPlan):
         self._dx_kernel = f"residual_norm_backward_dx<{self._t}, {self._warp}>"
 
     def _run_numpy(self, stream: Stream, ws: Workspace, args: Any) -> None:
-        super()._run_numpy(stream, ws, SimpleNamespace(
-            dy=args.dy, x=args.s, weight=args.weight, mean=args.mean, rstd=args.rstd,
-            dx=args.dx, dweight=args.dweight, dbias=args.dbias))
-        if args.ds is not None:
-            acc = self._acc
-            args.dx[...] = args.dx.astype(acc, copy=False) + args.ds.astype(acc, copy=False)
+        norm_host.backward(args.dy, args.s, args.weight, args.mean, args.rstd, args.dx,
+                           args.dweight, args.dbias if self._has_bias else None, False,
+                           ds=args.ds)
 
     def _run_device(self, stream: Stream, ws: Workspace, args: Any) -> None:
         dev = stream.device_id

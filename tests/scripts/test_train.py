@@ -161,9 +161,12 @@ def test_a_non_finite_step_stops_or_is_skipped_and_never_saved(tmp_path):
                            (2, [*base, str(tmp_path / "skip"), "--on-nonfinite", "skip",
                                 "--max-skips", "2"])])
     assert stop.returncode == 1 and "Traceback" not in stop.stderr, stop.stderr[-3000:]
-    assert _errors(stop) == [
-        f"train.py: error: step 2: non-finite gradient norm nan; stopped (--on-nonfinite "
+    # nan or inf: which one depends on where the overflow first shows (the float32 host
+    # norms sum in float64, so their statistics outlast float32 ones).
+    assert _errors(stop) in ([
+        f"train.py: error: step 2: non-finite gradient norm {v}; stopped (--on-nonfinite "
         f"stop), the last checkpoint is {tmp_path / 'stop' / 'checkpoint' / 'step_000001'}"]
+        for v in ("nan", "inf"))
     assert skip.returncode == 1 and "Traceback" not in skip.stderr, skip.stderr[-3000:]
     from dist.checkpoint import list_checkpoints, read_shard, verify_checkpoint
 

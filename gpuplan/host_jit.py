@@ -1,0 +1,100 @@
+"""The compiled host kernels (gpuplan.host_kernels, numba), loaded on first use.
+
+`kernels()` returns the kernel module, or None when the host SKUs are to run their NumPy
+passes instead: numba is not installed (a ``pip install --no-deps`` machine), it failed to
+load (a warning says why, once), GPUPLAN_HOST_JIT=0 is set, or inside `numpy_only()`.
+The import (numba, and the kernels' compiled code from numba's on-disk cache, or a compile
+of a few seconds the first time) happens at the first host call that can use a kernel, never
+at ``import gpuplan``.
+
+Which ops use them, float32 operands only (f64 keeps the NumPy passes and their accuracy;
+f16/bf16 too): GELU forward and backward (gpuplan.ops.gelu_host, and the host GEMM's GELU
+epilogue), LayerNorm, RMSNorm and residual + LayerNorm, forward and backward
+(gpuplan.ops.norm_host).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import warnings
+from collections.abc import Iterator
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+
+_OFF = ("0", "off", "false", "no", "numpy")
+_lock = threading.Lock()
+_module: ModuleType | None = None
+_loaded = False
+_numpy_only = 0  # depth of numpy_only() blocks
+
+
+def kernels() -> ModuleType | None:
+    """gpuplan.host_kernels, or None to use the NumPy passes (see the module docstring)."""
+    if _numpy_only:
+        return None
+    if not _loaded:
+        _load()
+    return _module
+
+
+def _load() -> None:
+    global _module, _loaded
+    with _lock:
+        if _loaded:
+            return
+        if os.environ.get("GPUPLAN_HOST_JIT", "").strip().lower() not in _OFF:
+            try:
+                from gpuplan import host_kernels
+            except ModuleNotFoundError as exc:
+                if exc.name not in ("numba", "llvmlite"):
+                    raise
+            except Exception as exc:  # noqa: BLE001 - any numba failure: fall back, say why
+                warnings.warn(f"gpuplan: the compiled host kernels failed to load ({exc!r}); "
+                              "the host ops run as NumPy passes", RuntimeWarning, stacklevel=3)
+            else:
+                _module = host_kernels
+        _loaded = True
+
+
+@contextlib.contextmanager
+def numpy_only() -> Iterator[None]:
+    """In the block, `kernels()` is None: every host op runs its NumPy passes (for tests that
+    compare the two paths). Not thread-local: meant for a test's main thread."""
+    global _numpy_only
+    _numpy_only += 1
+    try:
+        yield
+    finally:
+        _numpy_only -= 1
+
+
+def takes(*arrays: Any) -> bool:
+    """Whether the kernels take these arrays (None: an absent operand): float32, C-contiguous
+    and aligned, as their signatures declare."""
+    return all(a is None or (a.dtype == np.float32 and a.flags.c_contiguous and a.flags.aligned)
+               for a in arrays)
+
+
+def run_map(name: str, inputs: tuple, out: np.ndarray) -> bool:
+    """The element-wise kernel `name` of gpuplan.host_kernels, kernel(*inputs, out), over flat
+    float32 arrays of one size (`takes`), split over the host threads in parts of at least
+    host_pool.GRAIN elements. Returns False, doing nothing, when the kernels are not loaded
+    or do not take an operand: the caller then runs its NumPy passes."""
+    if not takes(out, *inputs):
+        return False
+    k = kernels()
+    if k is None:
+        return False
+    from gpuplan import host_pool
+
+    kernel = getattr(k, name)
+
+    def part(lo: int, hi: int) -> None:
+        kernel(*(a[lo:hi] for a in inputs), out[lo:hi])
+
+    host_pool.parallel_for(out.size, part, host_pool.GRAIN)
+    return True
