@@ -27,7 +27,7 @@ from gpuplan.errors import (
     Unsupported,
     WorkspaceTooSmall,
 )
-from gpuplan.execute import execute
+from gpuplan.execute import concurrently, execute
 from gpuplan.ops import FAMILIES as _FAMILIES
 from gpuplan.plan import (
     BackendKind,

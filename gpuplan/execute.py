@@ -8,11 +8,15 @@ shapes and dtypes come from the plan's spec), checks the operands once and runs.
 it allocated are right by construction and overlap nothing, so only the operands the
 caller gave are checked (the one validation of the call).
 `execute(PlanCls, desc, args, like=x)` does the same for a ready-made args object.
+`concurrently(like, *calls)` runs independent calls, on the host over the host threads.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
+
+import numpy as np
 
 from gpuplan.plan import Plan, PlanPreference
 from gpuplan.stream import Stream, Workspace
@@ -71,6 +75,34 @@ def call(plan_cls: type[Plan], desc: Any, *, like: Any, pref: PlanPreference | N
     if len(outs) == 1:
         return operands[outs[0]]
     return tuple(operands.get(n) for n in outs)
+
+
+def concurrently(like: Any, *calls: Callable[[], Any] | None) -> list[Any]:
+    """[call() for each call] (None for a None call), for independent calls: plan calls on
+    operands where array `like` lives, none writing what another reads.
+
+    On the host, when there are at least as many calls as host threads, the threads take
+    whole calls (gpuplan.host_pool.parallel_for; a call then runs on its thread alone): for
+    two GEMMs of a layer's backward that is one hand-off and no split of either product
+    instead of two split products. Otherwise, and for device arrays (whose stream orders
+    them), the calls run in order on the calling thread, each splitting itself as usual.
+    Every host op gives the same bits however it is split, so the results do not depend on
+    which way the calls ran."""
+    from gpuplan import host, host_pool
+
+    out: list[Any] = [None] * len(calls)
+    todo = [k for k, c in enumerate(calls) if c is not None]
+    if len(todo) < 2 or type(like) is not np.ndarray or host.thread_budget() > len(todo):
+        for k in todo:
+            out[k] = calls[k]()
+        return out
+
+    def part(lo: int, hi: int) -> None:
+        for k in todo[lo:hi]:
+            out[k] = calls[k]()
+
+    host_pool.parallel_for(len(todo), part)
+    return out
 
 
 def clear_plan_cache() -> None:

@@ -27,7 +27,9 @@ eps given is float32(eps), as in the NumPy path.
 
 from __future__ import annotations
 
+import ctypes
 import math
+from typing import Any
 
 import numpy as np
 from numba import njit, types
@@ -309,3 +311,30 @@ def adamw(p, g, m, v, decay, b1, omb1, b2, omb2, step_size, inv_sqrt_bc2, eps):
         v[i] = vi
         den = math.sqrt(vi) * inv_sqrt_bc2 + eps
         p[i] = p[i] * decay - mi / den * step_size
+
+
+def _sched_yield() -> Any:
+    """libc's sched_yield as a ctypes function numba can call, or None (not Linux/glibc)."""
+    try:
+        fn = ctypes.CDLL(None).sched_yield
+    except (OSError, AttributeError, TypeError):
+        return None
+    fn.restype, fn.argtypes = ctypes.c_int, []
+    return fn
+
+
+_YIELD = _sched_yield()
+if _YIELD is not None:
+    # Not cached (numba cannot cache a function holding a ctypes pointer): ~0.1 s to compile
+    # once per process.
+    @njit(types.boolean(types.int64[::1], types.intp, types.int64, types.int64), nogil=True)
+    def wait_until(flags, index, value, polls):
+        """Whether flags[index] == value within `polls` polls, yielding the CPU between polls
+        (the opaque call also makes every poll reload flags[index]); the GIL is released."""
+        for _ in range(polls):
+            if flags[index] == value:
+                return True
+            _YIELD()
+        return flags[index] == value
+else:
+    wait_until = None

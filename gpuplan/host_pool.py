@@ -16,21 +16,21 @@ split; a reduction that adds per-block partial results in block order passes
 `rows_per_block` (a function of the shape only), which makes it bit-identical for any
 number of threads too.
 
-The workers are daemon threads that wait on a queue and run under the caller's NumPy error
-state (np.errstate); a call made while the pool is busy (from a worker, or from a second
-Python thread) runs on its caller's thread instead.
+The workers are daemon threads that poll for their next part for ~1 ms, then sleep (and the
+caller polls for their parts' ends likewise: `_Worker`), and run under the caller's NumPy
+error state (np.errstate); a call made while the pool is busy (from a worker, or from a
+second Python thread) runs on its caller's thread instead.
 """
 
 from __future__ import annotations
 
 import os
-import queue
 import threading
 from collections.abc import Callable
 
 import numpy as np
 
-from gpuplan import host
+from gpuplan import host, host_jit
 
 #: Elements per block of `for_blocks`: BLOCK (256 KiB of float32: a block's operands and
 #: scratch stay in L2) on one thread; BIG_BLOCK when split, which needs GRAIN elements per
@@ -46,25 +46,82 @@ _lock = threading.Lock()
 _workers: list[_Worker] = []
 
 
+#: Polls (about 0.5 us each) a waiting side spins before it sleeps: a worker waiting for its
+#: next part, or the caller waiting for a worker's part to end. On the 2-core benchmark VM a
+#: sleeping thread took ~50 us to wake (a queue ping-pong: median 57 us, polling 6 us); a
+#: small-GPT training step splits 70 ops, 98% of them less than 1 ms after the previous one
+#: ended. So the threads poll for ~1 ms (GIL released, yielding the CPU between polls:
+#: gpuplan.host_kernels.wait_until) before they sleep.
+SPIN_POLLS = 2000
+
+
+def _wait(flags: np.ndarray, index: int, value: int) -> bool:
+    """Whether flags[index] reached `value` within SPIN_POLLS polls (False at once without the
+    compiled kernels: the caller then sleeps on its condition)."""
+    k = host_jit.kernels()
+    wait_until = None if k is None else k.wait_until
+    return wait_until is not None and wait_until(flags, index, value, SPIN_POLLS)
+
+
 class _Worker:
-    """A daemon thread running (fn, start, stop) tasks from its queue; each task's exception
-    (or None) goes to `done`."""
+    """A daemon thread running one (fn, start, stop, errors) task at a time.
+
+    `post` stores the task and bumps flags[0]; the worker polls for it (`_wait`), then sleeps
+    on `cond`, woken by `post` only when it sleeps. When the task ends (its exception, or
+    None, in `error`), the worker sets flags[1] to flags[0]; `join` polls for that, then
+    sleeps on `cond` likewise. Only the caller writes flags[0], only the worker flags[1];
+    the sleeping flags are read and written under the GIL, and each side re-checks its flag
+    under `cond` before it waits, so no wake-up is lost."""
 
     def __init__(self) -> None:
-        self.tasks: queue.SimpleQueue = queue.SimpleQueue()
-        self.done: queue.SimpleQueue = queue.SimpleQueue()
+        self.flags = np.zeros(2, np.int64)  # tasks posted, tasks finished
+        self.task: tuple | None = None
+        self.error: BaseException | None = None
+        self.cond = threading.Condition(threading.Lock())
+        self.sleeping = False  # the worker waits on cond for a task
+        self.joining = False   # the caller waits on cond for the task to end
         threading.Thread(target=self._loop, name="gpuplan-host", daemon=True).start()
 
+    def post(self, task: tuple) -> None:
+        self.task, self.error = task, None
+        self.flags[0] += 1
+        if self.sleeping:
+            with self.cond:
+                self.cond.notify_all()
+
+    def join(self) -> BaseException | None:
+        """Wait until the posted task has ended; returns its exception or None."""
+        posted = int(self.flags[0])
+        if not _wait(self.flags, 1, posted):
+            with self.cond:
+                self.joining = True
+                while self.flags[1] != posted:
+                    self.cond.wait()
+                self.joining = False
+        return self.error
+
     def _loop(self) -> None:
+        done = 0
         while True:
-            fn, start, stop, errors = self.tasks.get()
+            want = done + 1
+            if not _wait(self.flags, 0, want):
+                with self.cond:
+                    self.sleeping = True
+                    while self.flags[0] != want:
+                        self.cond.wait()
+                    self.sleeping = False
+            fn, start, stop, errors = self.task
             try:
                 with np.errstate(**errors):
                     fn(start, stop)
             except BaseException as exc:  # noqa: BLE001 - re-raised on the calling thread
-                self.done.put(exc)
-            else:
-                self.done.put(None)
+                self.error = exc
+            done = want
+            self.task = None
+            self.flags[1] = done
+            if self.joining:
+                with self.cond:
+                    self.cond.notify_all()
 
 
 def split(n: int, parts: int, align: int = 1) -> list[int]:
@@ -94,13 +151,13 @@ def parallel_for(n: int, fn: Callable[[int, int], None], grain: int = 1,
         error = None
         with host.blas_on_caller():  # the parts may call BLAS: one thread each
             for k, w in enumerate(busy, start=1):
-                w.tasks.put((fn, bounds[k], bounds[k + 1], errors))
+                w.post((fn, bounds[k], bounds[k + 1], errors))
             try:
                 fn(bounds[0], bounds[1])
             except BaseException as exc:  # noqa: BLE001 - the workers must finish first
                 error = exc
             for w in busy:
-                exc = w.done.get()
+                exc = w.join()
                 error = error or exc
         if error is not None:
             raise error

@@ -129,8 +129,11 @@ def _linear_grads(needs: tuple, x: Any, w: Any, dy: Any) -> tuple:
     """(dX, dW, db) of Y = X @ W + b, each None unless `needs` asks for it."""
     need_x, need_w, need_b = needs
     dy2 = dy.reshape(-1, dy.shape[-1])
-    dx = F.matmul(dy2, w, trans_b=True).reshape(x.shape) if need_x else None
-    dw = F.matmul(x.reshape(-1, x.shape[-1]), dy2, trans_a=True) if need_w else None
+    # Two independent products of equal work: on the host, one per thread when the
+    # threads are no more than two (gp.concurrently).
+    dx, dw = gp.concurrently(
+        dy2, (lambda: F.matmul(dy2, w, trans_b=True).reshape(x.shape)) if need_x else None,
+        (lambda: F.matmul(x.reshape(-1, x.shape[-1]), dy2, trans_a=True)) if need_w else None)
     db = F.reduce("sum", dy2, axes=0) if need_b else None
     return dx, dw, db
 

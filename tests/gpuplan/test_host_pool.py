@@ -4,12 +4,13 @@ bit-identical for any thread count."""
 from __future__ import annotations
 
 import threading
+import time
 
 import numpy as np
 import pytest
 
 import gpuplan as gp
-from gpuplan import host, host_pool
+from gpuplan import host, host_jit, host_pool
 from gpuplan.ops import attention
 from gpuplan.testing import random
 
@@ -242,3 +243,60 @@ def test_adamw_multi_tensor_is_bit_identical_for_any_thread_count(threads):
                 weight_decay=0.1))
         results.append(b"".join(a.tobytes() for a in params + m + v))
     assert results[0] == results[1] == results[2]
+
+
+@pytest.mark.parametrize("polls", [0, 50, None, "numpy"],
+                         ids=["sleep", "short_spin", "spin", "no_kernels"])
+def test_hand_offs_lose_no_wake_up_whether_threads_poll_or_sleep(threads, monkeypatch, polls):
+    """Many back-to-back split calls, with parts of uneven length, so that workers and the
+    caller meet each other polling, falling asleep and waking: every part runs once, and an
+    error still comes back."""
+    if polls == "numpy":  # no compiled wait_until: the threads only sleep
+        monkeypatch.setattr(host_jit, "kernels", lambda: None)
+    elif polls is not None:
+        monkeypatch.setattr(host_pool, "SPIN_POLLS", polls)
+    threads(3)
+    rng = np.random.default_rng(0)
+    counts = np.zeros(3000, np.int64)
+
+    def fn(lo, hi):
+        counts[lo:hi] += 1
+        if rng.random() < 0.3:
+            time.sleep(rng.random() * 2e-4)
+
+    for k in range(1000):
+        host_pool.parallel_for(3, lambda lo, hi, k=k: fn(3 * k + lo, 3 * k + hi))
+    assert (counts == 1).all()
+
+    def fail(lo, hi):
+        if lo == 2:
+            raise KeyError(lo)
+    with pytest.raises(KeyError):
+        host_pool.parallel_for(3, fail)
+    host_pool.parallel_for(3, fn)  # still usable
+
+
+def test_concurrently_gives_whole_calls_to_the_threads_and_the_same_results(threads):
+    seen = []
+
+    def call(k):
+        def run():
+            seen.append(threading.get_ident())
+            return F.matmul(np.full((300, 64), k, np.float32), np.ones((64, 96), np.float32))
+        return run
+
+    threads(2)
+    out = gp.concurrently(np.zeros(1), call(1), None, call(2))
+    assert out[1] is None and len(set(seen)) == 2
+    np.testing.assert_array_equal(out[0], np.full((300, 96), 64.0))
+    np.testing.assert_array_equal(out[2], np.full((300, 96), 128.0))
+    seen.clear()
+    threads(3)  # more threads than calls: in order, each call splitting itself
+    gp.concurrently(np.zeros(1), call(1), call(2))
+    assert set(seen) == {threading.get_ident()}
+
+    def boom():
+        raise KeyError("boom")
+    threads(2)
+    with pytest.raises(KeyError):
+        gp.concurrently(np.zeros(1), call(1), boom)
