@@ -71,19 +71,23 @@ class Matmul(Function):
         need_a, need_b = ctx.needs_input_grad
         if ea.ndim == 2 and eb.ndim == 2:
             dc = dc.reshape(dc.shape[-2:])  # a batch of ones at most
-        da = db = None
-        if need_a:
+
+        def grad_a():
             da = F.matmul(dc, eb, trans_b=True)
             if ea.ndim == 2 and da.ndim > 2:  # a shared by every batch entry
                 da = F.reduce("sum", da, axes=tuple(range(da.ndim - 2)))
-            da = _sum_to(da, ctx.a_shape)
-        if need_b:
+            return _sum_to(da, ctx.a_shape)
+
+        def grad_b():
             if eb.ndim == 2 and ea.ndim > 2:  # b shared by every batch entry: fold rows
                 db = F.matmul(ea.reshape(-1, ea.shape[-1]), dc.reshape(-1, dc.shape[-1]),
                               trans_a=True)
             else:
                 db = F.matmul(ea, dc, trans_a=True)
-            db = _sum_to(db, ctx.b_shape)
+            return _sum_to(db, ctx.b_shape)
+
+        # Independent products: on the host, one per thread at two threads (gp.concurrently).
+        da, db = gp.concurrently(dc, grad_a if need_a else None, grad_b if need_b else None)
         return da, db
 
 
