@@ -7,10 +7,11 @@ The import (numba, and the kernels' compiled code from numba's on-disk cache, or
 of a few seconds the first time) happens at the first host call that can use a kernel, never
 at ``import gpuplan``.
 
-Which ops use them, float32 operands only (f64 keeps the NumPy passes and their accuracy;
-f16/bf16 too): GELU forward and backward (gpuplan.ops.gelu_host, and the host GEMM's GELU
-epilogue), LayerNorm, RMSNorm and residual + LayerNorm, forward and backward
-(gpuplan.ops.norm_host).
+Which ops use them, float32 operands only (f64 keeps the NumPy passes and their accuracy):
+GELU forward and backward (gpuplan.ops.gelu_host, the host GEMM's GELU epilogue, and the
+f16/bf16 GELU's float32 blocks), LayerNorm, RMSNorm and residual + LayerNorm, forward and
+backward (gpuplan.ops.norm_host), AdamW (gpuplan.ops.adamw_host); and gpuplan.host_pool's
+threads poll with `wait_until` before they sleep.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Compiled float32 host kernels (numba): GELU and the LayerNorm/RMSNorm rows in one pass each.
+"""Compiled float32 host kernels (numba): GELU, the LayerNorm/RMSNorm rows and AdamW in one
+pass each, and the host threads' polling wait.
 
 NumPy runs an element-wise op as one pass per ufunc (the float32 GELU forward is ~25 passes,
 a LayerNorm row block ~10), and every pass reads and writes memory. These kernels make one
@@ -23,6 +24,10 @@ LayerNorm (RMSNorm: rms=True, mean 0) of float32 rows: each row's statistics and
 projections are float64 sums of eight interleaved partial sums added in a fixed order; y and
 dx are computed in float64 and rounded once. mean and rstd are saved rounded to float32. The
 eps given is float32(eps), as in the NumPy path.
+
+AdamW: the NumPy path's float32 operations in order (same bits). `wait_until`: polls a flag
+with the GIL released, for gpuplan.host_pool's workers (not cached: it calls libc through
+ctypes).
 """
 
 from __future__ import annotations
