@@ -19,7 +19,48 @@ from autograd.functions.matmul import matmul
 from autograd.functions.shape import transpose
 from autograd.functions.softmax import softmax
 from autograd.tensor import Tensor
+from gpuplan import backend
 from gpuplan.ops.attention import MAX_HEAD_DIM
+
+
+class SplitHeads(Function):
+    """x [..., T, parts * heads * D] -> `parts` tensors [..., heads, T, D] (C order): the
+    projection output of a packed q/k/v layer split and laid out per head, one copy per
+    part (split, reshape and transpose would copy each part twice); backward writes each
+    part's gradient straight into its columns of the one [..., T, parts * heads * D]
+    gradient."""
+
+    @staticmethod
+    def forward(ctx, x, parts, heads):
+        ctx.shape, ctx.parts = x.shape, parts
+        *lead, t, width = x.shape
+        n = len(lead)
+        v = x.reshape(*lead, t, parts, heads, width // (parts * heads))
+        return tuple(backend.ascontiguous(v[(slice(None),) * (n + 1) + (i,)].swapaxes(n, n + 1))
+                     for i in range(parts))
+
+    @staticmethod
+    def backward(ctx, *dys):
+        *lead, t, width = ctx.shape
+        n = len(lead)
+        heads, d = dys[0].shape[-3], dys[0].shape[-1]
+        g = backend.empty(ctx.shape, dys[0].dtype, backend.device_of(dys[0]))
+        v = g.reshape(*lead, t, ctx.parts, heads, d)
+        for i, dy in enumerate(dys):
+            v[(slice(None),) * (n + 1) + (i,)] = dy.swapaxes(n, n + 1)
+        return g
+
+
+def split_heads(x: Tensor, parts: int, heads: int) -> tuple[Tensor, ...]:
+    """x [..., T, parts * heads * D] -> `parts` tensors [..., heads, T, D]: part p is columns
+    [p heads D, (p + 1) heads D) of x, head h of it columns [h D, (h + 1) D) of those; equal
+    to ``split(x, heads * D, dim=-1)`` then ``reshape(..., T, heads, D).transpose(-3, -2)``
+    of each piece (e.g. q, k, v of a fused qkv projection: parts=3)."""
+    if x.ndim < 2 or parts < 1 or heads < 1 or x.shape[-1] % (parts * heads):
+        raise ValueError(f"split_heads: x must be [..., T, parts * heads * D], given shape "
+                         f"{tuple(x.shape)}, parts {parts}, heads {heads}")
+    out = SplitHeads.apply(x, parts=int(parts), heads=int(heads))
+    return out if isinstance(out, tuple) else (out,)
 
 
 def _fold(a: Any) -> Any:

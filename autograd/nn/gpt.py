@@ -12,7 +12,7 @@ import numpy as np
 
 import autograd as ag
 import gpuplan as gp
-from autograd.functions.attention import head_sharded_attention
+from autograd.functions.attention import head_sharded_attention, split_heads
 from autograd.nn import functional as F
 from autograd.nn.layers import GELU, Dropout, Embedding, LayerNorm, Linear
 from autograd.nn.module import Module, ModuleList
@@ -83,9 +83,8 @@ class CausalSelfAttention(Module):
         B, T, _ = x.shape
         qkv = self.qkv(x)
         width = qkv.shape[-1] // 3  # H * Dh for the heads this layer holds
-        H, Dh = width // self.head_dim, self.head_dim
-        q, k, v = ag.split(qkv, width, dim=-1)
-        q, k, v = (t.reshape(B, T, H, Dh).transpose(1, 2) for t in (q, k, v))
+        H = width // self.head_dim
+        q, k, v = split_heads(qkv, 3, H)  # [B, H, T, Dh] each
         p = self.attn_dropout if self.training else 0.0
         if p > 0.0 and H != self.n_head:
             y = head_sharded_attention(q, k, v, dropout_p=p, is_causal=True,

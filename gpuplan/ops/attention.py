@@ -28,7 +28,6 @@ b % heads (the defaults 1, 1, 0 give b).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -38,9 +37,9 @@ from gpuplan.dtypes import FLOAT_DTYPES, HALF_DTYPES, accumulator, as_dtype, cud
 from gpuplan.dtypes import short_name as sn
 from gpuplan.errors import InvalidProblem, Unsupported, describe
 from gpuplan.execute import call
-from gpuplan.host_pool import parallel_for
 from gpuplan.nvrtc import CudaModule, cdiv, launch
-from gpuplan.ops.dropout import drop_scale, keep_mask_host
+from gpuplan.ops import attention_host
+from gpuplan.ops.dropout import drop_scale
 from gpuplan.plan import BackendKind, Candidate, Plan, host_candidate
 from gpuplan.spec import DType, Extent, Flag, In, OpSpec, Out, Real, Scalar
 from gpuplan.stream import Stream, Workspace
@@ -117,71 +116,6 @@ AttentionArgs = FORWARD.args(
     "drop_first_head: the batch's head layout in it (dropout > 0 only).")
 
 
-def causal_mask(lq: int, lk: int) -> np.ndarray:
-    """[lq, lk] bool, True where key j is masked for query i (j > i + lk - lq)."""
-    return np.arange(lk)[None, :] > np.arange(lq)[:, None] + (lk - lq)
-
-
-#: Scores per chunk of the host path (1 MiB of float32, so that a chunk's scores stay in
-#: cache between the passes over them), and the fewest scores worth a second thread: every
-#: NumPy call re-takes the GIL, so threads only pay for calls of ~0.1 ms and more.
-HOST_CHUNK_SCORES = 1 << 18
-HOST_GRAIN_SCORES = 1 << 17
-
-
-def host_chunks(desc: Any, fn: Callable[[int, int], None]) -> None:
-    """fn(b0, b1) over chunks [b0, b1) of the batch entries (HOST_CHUNK_SCORES scores at
-    most, one entry at least), spread over the host threads (gpuplan.host_pool) when each
-    gets HOST_GRAIN_SCORES. Entries are independent, so the bits do not depend on the split."""
-    per_entry = max(1, desc.lq * desc.lk)
-    step = max(1, HOST_CHUNK_SCORES // per_entry)
-    grain = max(step, -(-HOST_GRAIN_SCORES // per_entry))
-
-    def part(start: int, stop: int) -> None:
-        for b0 in range(start, stop, step):
-            fn(b0, min(b0 + step, stop))
-
-    parallel_for(desc.batch, part, grain, align=step)
-
-
-def drop_entries(args: Any, b0: int, b1: int) -> list[tuple[int, int]]:
-    """(first, count) runs of consecutive dropout entries of batch entries [b0, b1) under the
-    call's head layout (module docstring)."""
-    group, stride, shift = (int(args.drop_heads), int(args.drop_total_heads),
-                            int(args.drop_first_head))
-    runs: list[tuple[int, int]] = []
-    b = b0
-    while b < b1:
-        stop = min(b1, (b // group + 1) * group)
-        first = (b // group) * stride + shift + b % group
-        if runs and runs[-1][0] + runs[-1][1] == first:
-            runs[-1] = (runs[-1][0], runs[-1][1] + stop - b)
-        else:
-            runs.append((first, stop - b))
-        b = stop
-    return runs
-
-
-def host_drop(desc: Any, args: Any, b0: int, b1: int, dtype: Any) -> np.ndarray:
-    """The dropout multipliers [b1 - b0, lq, lk] of batch entries [b0, b1) in `dtype`:
-    drop_scale where kept, 0 where dropped (the keep bits of the call's seed and offset)."""
-    per = desc.lq * desc.lk
-    keep = np.concatenate([
-        keep_mask_host(count * per, desc.dropout, int(args.seed), int(args.offset),
-                       start=first * per) for first, count in drop_entries(args, b0, b1)])
-    scale = np.dtype(dtype).type(drop_scale(desc.dropout, dtype))
-    return np.where(keep, scale, np.dtype(dtype).type(0)).reshape(b1 - b0, desc.lq, desc.lk)
-
-
-def host_scores(desc: Any, q: np.ndarray, k: np.ndarray, mask: Any) -> np.ndarray:
-    """scale * q @ k^T of a chunk, masked entries -inf (in q's dtype)."""
-    s = np.matmul(q, np.swapaxes(k, -1, -2))
-    s *= s.dtype.type(desc.scale)
-    if mask is not None:
-        np.copyto(s, -np.inf, where=mask)
-    return s
-
-
 class _AttentionBase(Plan):
     """What forward and backward share: the SKU choice and the launch constants."""
 
@@ -213,7 +147,6 @@ class _AttentionBase(Plan):
         d = self.desc
         self._acc = accumulator(d.dtype)
         self._offset = d.lk - d.lq
-        self._mask = causal_mask(d.lq, d.lk) if d.causal else None
         self._t = cuda_name(d.dtype)
         self._chunks = simt_chunks(d.head_dim) if d.head_dim <= MAX_HEAD_DIM else 0
         self._tc = self._cand.variant == "tensor_core"
@@ -299,30 +232,7 @@ class AttentionPlan(_AttentionBase):
             self._block = SIMT_THREADS
 
     def _run_numpy(self, stream: Stream, ws: Workspace, args: Any) -> None:
-        d, acc = self.desc, self._acc
-        if d.lk == 0:
-            args.o[...] = 0
-            args.lse[...] = -np.inf
-            return
-        q, k, v = (a.astype(acc, copy=False) for a in (args.q, args.k, args.v))
-
-        def chunk(b0: int, b1: int) -> None:
-            s = host_scores(d, q[b0:b1], k[b0:b1], self._mask)
-            m = s.max(axis=-1, keepdims=True)
-            m[np.isneginf(m)] = 0  # fully masked rows (Lq > Lk): all exp(-inf) = 0
-            s -= m
-            np.exp(s, out=s)
-            total = s.sum(axis=-1, keepdims=True)
-            args.lse[b0:b1] = (m + np.log(total))[..., 0]
-            if d.dropout > 0:
-                s *= host_drop(d, args, b0, b1, acc)
-            inv = np.where(total > 0, 1 / np.where(total > 0, total, 1), 0)
-            o = np.matmul(s, v[b0:b1])
-            o *= inv
-            args.o[b0:b1] = o
-
-        with np.errstate(invalid="ignore", divide="ignore"):
-            host_chunks(d, chunk)
+        attention_host.forward(self.desc, args, self._acc)
 
     def _run_device(self, stream: Stream, ws: Workspace, args: Any) -> None:
         vec = self._tc and all(backend.data_ptr(a) % 16 == 0 for a in (args.q, args.k, args.v))

@@ -27,6 +27,7 @@ from gpuplan import backend
 from gpuplan.dtypes import FLOAT_DTYPES, HALF_DTYPES, cuda_name
 from gpuplan.execute import call
 from gpuplan.nvrtc import CudaModule, cdiv, launch
+from gpuplan.ops import attention_host
 from gpuplan.ops.attention import (
     FIELDS,
     KV_SHAPE,
@@ -42,9 +43,6 @@ from gpuplan.ops.attention import (
     allow_smem,
     contiguous,
     drop_layout,
-    host_chunks,
-    host_drop,
-    host_scores,
     lse_dtype,
     simt_smem,
     tc_tile_bytes,
@@ -151,36 +149,7 @@ class AttentionBackwardPlan(_AttentionBase):
                           simt_smem(self._acc, 2 * bo * dim + 2 * bs * (dim + 1) + bo * bs))
 
     def _run_numpy(self, stream: Stream, ws: Workspace, args: Any) -> None:
-        d, acc = self.desc, self._acc
-        if d.lq == 0 or d.lk == 0:
-            for g in (args.dq, args.dk, args.dv):
-                g[...] = 0
-            return
-        q, k, v, o, lse, dout = (a.astype(acc, copy=False)
-                                 for a in (args.q, args.k, args.v, args.o, args.lse, args.dout))
-        sc = acc.type(d.scale)
-
-        def chunk(b0: int, b1: int) -> None:
-            qc, kc, vc, doc = q[b0:b1], k[b0:b1], v[b0:b1], dout[b0:b1]
-            s = host_scores(d, qc, kc, self._mask)
-            # Fully masked rows have lse = -inf and every score -inf: P = 0 there.
-            lse_c = np.where(np.isneginf(lse[b0:b1]), 0, lse[b0:b1])
-            s -= lse_c[..., None]
-            p = np.exp(s, out=s)
-            mul = host_drop(d, args, b0, b1, acc) if d.dropout > 0 else None
-            pd = p if mul is None else p * mul
-            args.dv[b0:b1] = np.matmul(np.swapaxes(pd, -1, -2), doc)
-            delta = np.einsum("bid,bid->bi", doc, o[b0:b1])
-            ds = np.matmul(doc, np.swapaxes(vc, -1, -2))
-            if mul is not None:
-                ds *= mul
-            ds -= delta[..., None]
-            ds *= p
-            ds *= sc
-            args.dq[b0:b1] = np.matmul(ds, kc)
-            args.dk[b0:b1] = np.matmul(np.swapaxes(ds, -1, -2), qc)
-
-        host_chunks(d, chunk)
+        attention_host.backward(self.desc, args, self._acc)
 
     def _run_device(self, stream: Stream, ws: Workspace, args: Any) -> None:
         d = self.desc

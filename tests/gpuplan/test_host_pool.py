@@ -11,7 +11,7 @@ import pytest
 
 import gpuplan as gp
 from gpuplan import host, host_jit, host_pool
-from gpuplan.ops import attention
+from gpuplan.ops import attention_host
 from gpuplan.testing import random
 
 F = gp.functional
@@ -24,8 +24,8 @@ def threads(monkeypatch):
     monkeypatch.setattr(host_pool, "BLOCK", 2048)
     monkeypatch.setattr(host_pool, "BIG_BLOCK", 8192)
     monkeypatch.setattr(host_pool, "GRAIN", 4096)
-    monkeypatch.setattr(attention, "HOST_CHUNK_SCORES", 4096)
-    monkeypatch.setattr(attention, "HOST_GRAIN_SCORES", 4096)
+    monkeypatch.setattr(attention_host, "HOST_CHUNK_SCORES", 4096)
+    monkeypatch.setattr(attention_host, "HOST_GRAIN_SCORES", 4096)
 
     def use(n: int) -> None:
         monkeypatch.setattr(host, "thread_budget", lambda: n)

@@ -151,3 +151,34 @@ def test_head_sharded_attention_errors():
     with pytest.raises(ValueError, match="Dv == Dh"):
         head_sharded_attention(q, q, ag.tensor(_x(1, 2, 3, 5)), total_heads=2, first_head=0,
                                **kw)
+
+
+@pytest.mark.parametrize("parts,heads,lead", [(3, 2, (2,)), (1, 3, ()), (2, 1, (2, 1))])
+def test_split_heads_gradcheck_and_equals_split_reshape_transpose(device, parts, heads, lead):
+    from autograd.functions.attention import split_heads
+
+    t, d = 4, 3
+    x = _x(*lead, t, parts * heads * d, seed=5)
+    fn = lambda a: split_heads(a, parts, heads)  # noqa: E731
+    gradcheck_on(device, lambda a: ag.cat([o.reshape(-1) for o in fn(a)]), x)
+    xt = ag.tensor(x, device=device, requires_grad=True)
+    outs = fn(xt)
+    assert len(outs) == parts
+    for i, o in enumerate(outs):
+        piece = x[..., i * heads * d:(i + 1) * heads * d].reshape(*lead, t, heads, d)
+        assert o.shape == (*lead, heads, t, d)
+        np.testing.assert_array_equal(o.numpy(), np.swapaxes(piece, -3, -2))
+    # Only some parts take part: the others' gradients are zero.
+    (outs[-1] * 2.0).sum().backward()
+    want = np.zeros_like(x)
+    want[..., (parts - 1) * heads * d:] = 2.0
+    np.testing.assert_array_equal(xt.grad.numpy(), want)
+
+
+def test_split_heads_errors():
+    from autograd.functions.attention import split_heads
+
+    with pytest.raises(ValueError, match="parts \\* heads \\* D"):
+        split_heads(ag.tensor(_x(2, 10)), 3, 2)
+    with pytest.raises(ValueError, match="parts \\* heads \\* D"):
+        split_heads(ag.tensor(_x(6)), 3, 2)
