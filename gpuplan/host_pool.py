@@ -205,10 +205,13 @@ GEMM_ALIGN = 64
 BLAS_SERIAL = 1 << 16
 
 
-def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> np.ndarray:
-    """out = a @ b (np.matmul, into `out` of the product's shape), with BLAS on its caller's
-    thread (host.blas_on_caller) and the work split over the host threads by batch entries,
-    or by rows or columns of `out`, when each thread gets GEMM_GRAIN multiply-adds.
+def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray, alpha: float = 1.0,
+           bias: np.ndarray | None = None) -> np.ndarray:
+    """out = a @ b (np.matmul, into `out` of the product's shape), then out *= alpha (when
+    not 1) and out += bias (a row [n], when given), with BLAS on its caller's thread
+    (host.blas_on_caller) and the work split over the host threads by batch entries, or by
+    rows or columns of `out`, when each thread gets GEMM_GRAIN multiply-adds; each thread
+    scales and adds the bias to its own part while it is in cache.
 
     Why not the BLAS's own threads: after a call, OpenBLAS's workers spin for a while, and
     the host ops that follow (split over these threads) then share the cores with spinning
@@ -217,24 +220,34 @@ def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> np.ndarray:
     batch = out.shape[0] if out.ndim > 2 else 1
     per_entry = m * n * k
     if per_entry < BLAS_SERIAL:
-        return np.matmul(a, b, out=out)
+        return _finish(np.matmul(a, b, out=out), alpha, bias)
     with host.blas_on_caller():
         if host.thread_budget() <= 1 or batch * per_entry < 2 * GEMM_GRAIN:
-            return np.matmul(a, b, out=out)
+            return _finish(np.matmul(a, b, out=out), alpha, bias)
         if batch >= host.thread_budget():
             def entries(lo: int, hi: int) -> None:
-                np.matmul(a[lo:hi] if a.ndim > 2 else a, b[lo:hi] if b.ndim > 2 else b,
-                          out=out[lo:hi])
+                _finish(np.matmul(a[lo:hi] if a.ndim > 2 else a, b[lo:hi] if b.ndim > 2
+                                  else b, out=out[lo:hi]), alpha, bias)
             parallel_for(batch, entries, -(-GEMM_GRAIN // max(1, per_entry)))
         elif m >= n:
             def rows(lo: int, hi: int) -> None:
-                np.matmul(a[..., lo:hi, :], b, out=out[..., lo:hi, :])
+                _finish(np.matmul(a[..., lo:hi, :], b, out=out[..., lo:hi, :]), alpha, bias)
             parallel_for(m, rows, -(-GEMM_GRAIN // max(1, batch * n * k)), GEMM_ALIGN)
         else:
             def cols(lo: int, hi: int) -> None:
-                np.matmul(a, b[..., lo:hi], out=out[..., lo:hi])
+                _finish(np.matmul(a, b[..., lo:hi], out=out[..., lo:hi]), alpha,
+                        None if bias is None else bias[..., lo:hi])
             parallel_for(n, cols, -(-GEMM_GRAIN // max(1, batch * m * k)), GEMM_ALIGN)
     return out
+
+
+def _finish(v: np.ndarray, alpha: float, bias: np.ndarray | None) -> np.ndarray:
+    """v *= alpha (unless 1), v += bias (unless None), in place; returns v."""
+    if alpha != 1:
+        v *= v.dtype.type(alpha)
+    if bias is not None:
+        v += bias
+    return v
 
 
 def bias_activation(forward32: Callable[..., None], preact: np.ndarray, bias: np.ndarray | None,

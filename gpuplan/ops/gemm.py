@@ -219,12 +219,9 @@ class GemmPlan(Plan):
                                       act.bias_forward32)
             return
         if beta == 0 and acc == args.c.dtype:
-            # f32/f64: BLAS writes C directly; the same roundings as below, no temporaries.
-            v = host_pool.matmul(a, b, args.c)
-            if alpha != 1:
-                v *= acc.type(alpha)
-            if d.has_bias:
-                v += args.bias
+            # f32/f64: BLAS writes C directly, each thread scaling and adding the bias to
+            # its part; the same roundings as below, no temporaries.
+            v = host_pool.matmul(a, b, args.c, alpha, args.bias if d.has_bias else None)
         else:
             v = host_pool.matmul(a, b, np.empty(args.c.shape, acc))
             if alpha != 1:
