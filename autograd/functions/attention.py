@@ -10,6 +10,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import numpy as np
+
 import gpuplan as gp
 import gpuplan.functional as F
 from autograd import random
@@ -19,8 +21,21 @@ from autograd.functions.matmul import matmul
 from autograd.functions.shape import transpose
 from autograd.functions.softmax import softmax
 from autograd.tensor import Tensor
-from gpuplan import backend
+from gpuplan import backend, host_pool
 from gpuplan.ops.attention import MAX_HEAD_DIM
+
+#: Elements a host thread copies at least when SplitHeads spreads its copies over the host
+#: threads (gpuplan.host_pool): its strided copies move 128-byte runs at head_dim 32.
+_COPY_GRAIN = 1 << 15
+
+
+def _by_rows(like: Any, rows: int, per_row: int, fn: Any) -> None:
+    """fn(lo, hi) over rows [0, rows): spread over the host threads for host arrays, one
+    call for device ones (their copies are single kernels)."""
+    if type(like) is np.ndarray:
+        host_pool.parallel_for(rows, fn, max(1, _COPY_GRAIN // max(1, per_row)))
+    else:
+        fn(0, rows)
 
 
 class SplitHeads(Function):
@@ -28,26 +43,37 @@ class SplitHeads(Function):
     projection output of a packed q/k/v layer split and laid out per head, one copy per
     part (split, reshape and transpose would copy each part twice); backward writes each
     part's gradient straight into its columns of the one [..., T, parts * heads * D]
-    gradient."""
+    gradient. On the host the copies are spread over the host threads by leading rows."""
 
     @staticmethod
     def forward(ctx, x, parts, heads):
         ctx.shape, ctx.parts = x.shape, parts
         *lead, t, width = x.shape
-        n = len(lead)
-        v = x.reshape(*lead, t, parts, heads, width // (parts * heads))
-        return tuple(backend.ascontiguous(v[(slice(None),) * (n + 1) + (i,)].swapaxes(n, n + 1))
-                     for i in range(parts))
+        rows, d = math.prod(lead), width // (parts * heads)
+        v = backend.ascontiguous(x).reshape(rows, t, parts, heads, d)
+        outs = [backend.empty((rows, heads, t, d), x.dtype, backend.device_of(x))
+                for _ in range(parts)]
+
+        def copy(lo: int, hi: int) -> None:
+            for i, o in enumerate(outs):
+                o[lo:hi] = v[lo:hi, :, i].swapaxes(1, 2)
+
+        _by_rows(x, rows, t * width, copy)
+        return tuple(o.reshape(*lead, heads, t, d) for o in outs)
 
     @staticmethod
     def backward(ctx, *dys):
         *lead, t, width = ctx.shape
-        n = len(lead)
-        heads, d = dys[0].shape[-3], dys[0].shape[-1]
+        rows, heads, d = math.prod(lead), dys[0].shape[-3], dys[0].shape[-1]
         g = backend.empty(ctx.shape, dys[0].dtype, backend.device_of(dys[0]))
-        v = g.reshape(*lead, t, ctx.parts, heads, d)
-        for i, dy in enumerate(dys):
-            v[(slice(None),) * (n + 1) + (i,)] = dy.swapaxes(n, n + 1)
+        v = g.reshape(rows, t, ctx.parts, heads, d)
+        parts = [dy.reshape(rows, heads, t, d) for dy in dys]
+
+        def copy(lo: int, hi: int) -> None:
+            for i, dy in enumerate(parts):
+                v[lo:hi, :, i] = dy[lo:hi].swapaxes(1, 2)
+
+        _by_rows(g, rows, t * width, copy)
         return g
 
 
