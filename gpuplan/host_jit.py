@@ -10,8 +10,9 @@ at ``import gpuplan``.
 Which ops use them, float32 operands only (f64 keeps the NumPy passes and their accuracy):
 GELU forward and backward (gpuplan.ops.gelu_host, the host GEMM's GELU epilogue, and the
 f16/bf16 GELU's float32 blocks), LayerNorm, RMSNorm and residual + LayerNorm, forward and
-backward (gpuplan.ops.norm_host), AdamW (gpuplan.ops.adamw_host); and gpuplan.host_pool's
-threads poll with `wait_until` before they sleep.
+backward (gpuplan.ops.norm_host), AdamW (gpuplan.ops.adamw_host), the attention plans'
+softmax and score gradients (gpuplan.host_kernels_attention, from gpuplan.ops.attention_host);
+and gpuplan.host_pool's threads poll with `wait_until` before they sleep.
 """
 
 from __future__ import annotations

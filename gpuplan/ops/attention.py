@@ -200,8 +200,9 @@ class AttentionPlan(_AttentionBase):
     by mma.sync m16n8k16 with f32 accumulators, P kept in registers (rounded to the input
     dtype for the second mma). ``simt`` (every dtype, head_dim <= 128): 16 query rows per
     CTA (4 per warp), 32-key tiles, one key per lane for S and head-dim columns per lane
-    for O; half types accumulate in f32. Host: ``numpy`` in the accumulator dtype, a chunk
-    of batch entries at a time.
+    for O; half types accumulate in f32. Host: ``numpy`` in the accumulator dtype
+    (gpuplan.ops.attention_host: chunks of batch entries, causal row blocks, BLAS GEMMs and
+    compiled float32 softmax kernels).
     """
 
     op = "attention"

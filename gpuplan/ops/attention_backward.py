@@ -107,7 +107,8 @@ class AttentionBackwardPlan(_AttentionBase):
     and the three gradient products by mma.sync m16n8k16 with f32 accumulators (P and dS are
     rounded to the input dtype to feed the mma). ``simt`` (every dtype, head_dim <= 128):
     16 owned rows per CTA, 32-row streamed tiles, accumulating in f32 for half types.
-    Workspace: the [B, Lq] delta in the accumulator dtype. Host: ``numpy``, per chunk.
+    Workspace: the [B, Lq] delta in the accumulator dtype. Host: ``numpy``
+    (gpuplan.ops.attention_host).
     """
 
     op = "attention_backward"
