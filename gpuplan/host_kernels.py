@@ -177,9 +177,10 @@ def gelu_backward_y(x, dy, y, dx):
         dx[i] = g * dy[i]
 
 
-@njit("float64(float64[::1], int64)", **_INLINE)
+@njit(**_INLINE)  # typed by its callers: float64 rows here, float32 ones for attention
 def _sum(a, n):
-    """a[0] + ... + a[n-1]: eight interleaved partial sums, added pairwise, then the tail."""
+    """a[0] + ... + a[n-1] in float64: eight interleaved partial sums, added pairwise, then
+    the tail."""
     s0 = s1 = s2 = s3 = s4 = s5 = s6 = s7 = 0.0
     m = n - n % 8
     for i in range(0, m, 8):

@@ -7,7 +7,7 @@ the block's scores (scale, mask, max, subtract, exp, sum, normalise; the backwar
 These kernels make one pass per row over the row's unmasked scores, with the row still in
 cache, and write the masked tail's zeros. Loaded through `gpuplan.host_jit.kernels()`, like
 gpuplan.host_kernels, whose float32 exp (`_exp_f32`: float64 arithmetic rounded once, within
-an ulp) they use; the GIL is released.
+an ulp) and float64 row sum (`_sum`) they use; the GIL is released.
 
 Rows: block row r of batch entry b is query i = i0 + r; key j is masked when j > i + diag
 (diag = lk - lq for a causal plan, and >= the block's key count otherwise). A row every key
@@ -23,7 +23,7 @@ import math
 import numpy as np
 from numba import njit, types
 
-from gpuplan.host_kernels import _OPTIONS, _exp_f32
+from gpuplan.host_kernels import _OPTIONS, _exp_f32, _sum
 
 _F32, _I64, _BOOL = types.float32, types.int64, types.boolean
 _BLOCK = types.float32[:, :, ::1]  # [entries, rows, keys], C order
@@ -67,26 +67,6 @@ def _max(a, n):
     for i in range(e, n):
         m0 = a[i] if a[i] > m0 else m0
     return m0
-
-
-@njit("float64(float32[::1], int64)", **_INLINE)
-def _sum(a, n):
-    """a[0] + ... + a[n-1] in float64, eight interleaved partial sums added pairwise."""
-    s0 = s1 = s2 = s3 = s4 = s5 = s6 = s7 = 0.0
-    e = n - n % 8
-    for i in range(0, e, 8):
-        s0 += a[i]
-        s1 += a[i + 1]
-        s2 += a[i + 2]
-        s3 += a[i + 3]
-        s4 += a[i + 4]
-        s5 += a[i + 5]
-        s6 += a[i + 6]
-        s7 += a[i + 7]
-    s = ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7))
-    for i in range(e, n):
-        s += a[i]
-    return s
 
 
 @njit(types.void(_BLOCK, _F32, _I64, _I64, _ROWS_ANY), **_OPTIONS)
