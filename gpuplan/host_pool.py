@@ -41,6 +41,10 @@ from gpuplan import host, host_jit
 BLOCK = 65536
 BIG_BLOCK = 131072
 GRAIN = 1 << 17
+#: Elements per thread before a compiled kernel (gpuplan.host_kernels: one GIL-free call per
+#: part) is split: ~25 us of the LayerNorm row kernel. A [1024, 128] LayerNorm (~100 us on
+#: one thread) then runs on two.
+KERNEL_GRAIN = 1 << 15
 
 _lock = threading.Lock()
 _workers: list[_Worker] = []
@@ -171,14 +175,15 @@ def block_rows(row: int) -> int:
 
 
 def for_blocks(n: int, fn: Callable[[int, int], None], row: int = 1, group: int = 1,
-               rows_per_block: int | None = None) -> None:
+               rows_per_block: int | None = None, grain: int | None = None) -> None:
     """fn(lo, hi) for each block [lo, hi) of range(n), n rows of `row` elements, spread over
-    the threads when there are GRAIN elements or more per thread. Blocks are whole groups
-    of `group` rows, BLOCK elements (BIG_BLOCK when split) or `rows_per_block` rows: pass
-    that when the result depends on the blocks (block k then starts at k * rows_per_block
-    whatever the thread count)."""
+    the threads when there are `grain` elements or more per thread (None: GRAIN, for
+    chains of NumPy passes; KERNEL_GRAIN for a compiled kernel). Blocks are whole groups of `group`
+    rows, BLOCK elements (BIG_BLOCK when split) or `rows_per_block` rows: pass that when the
+    result depends on the blocks (block k then starts at k * rows_per_block whatever the
+    thread count)."""
     row = max(1, row)
-    grain = max(1, GRAIN // row)
+    grain = max(1, (GRAIN if grain is None else grain) // row)
     size = rows_per_block
     if size is None:
         shared = min(host.thread_budget(), n // grain) > 1

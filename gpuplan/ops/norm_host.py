@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from gpuplan import host_jit
+from gpuplan import host_jit, host_pool
 from gpuplan.dtypes import accumulator
 from gpuplan.host_pool import block_rows, for_blocks
 
@@ -68,7 +68,7 @@ def forward(x: np.ndarray, weight: Any, bias: Any, y: np.ndarray, mean: Any, rst
                            float(np.float32(eps)), has_res, rms, weight is not None,
                            bias is not None)
 
-        for_blocks(rows, block32, dim)
+        for_blocks(rows, block32, dim, rows_per_block=block_rows(dim), grain=host_pool.KERNEL_GRAIN)
         return
     if residual is not None:
         acc = accumulator(x.dtype)
@@ -114,7 +114,7 @@ def backward(dy: np.ndarray, x: np.ndarray, weight: Any, mean: Any, rstd: np.nda
                             none64 if part_b is None else part_b[b], rms, weight is not None,
                             ds is not None, part_w is not None, part_b is not None)
 
-        for_blocks(rows, block32, dim, rows_per_block=step)
+        for_blocks(rows, block32, dim, rows_per_block=step, grain=host_pool.KERNEL_GRAIN)
     else:
         part_w, part_b = _backward_numpy(dy, x, weight, mean, rstd, dx, dweight is not None,
                                          dbias is not None, rms, step, parts)

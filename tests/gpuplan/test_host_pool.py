@@ -24,6 +24,7 @@ def threads(monkeypatch):
     monkeypatch.setattr(host_pool, "BLOCK", 2048)
     monkeypatch.setattr(host_pool, "BIG_BLOCK", 8192)
     monkeypatch.setattr(host_pool, "GRAIN", 4096)
+    monkeypatch.setattr(host_pool, "KERNEL_GRAIN", 1024)
     monkeypatch.setattr(attention_host, "HOST_CHUNK_SCORES", 4096)
     monkeypatch.setattr(attention_host, "HOST_GRAIN_SCORES", 4096)
 
