@@ -77,22 +77,32 @@ def call(plan_cls: type[Plan], desc: Any, *, like: Any, pref: PlanPreference | N
     return tuple(operands.get(n) for n in outs)
 
 
-def concurrently(like: Any, *calls: Callable[[], Any] | None) -> list[Any]:
-    """[call() for each call] (None for a None call), for independent calls: plan calls on
-    operands where array `like` lives, none writing what another reads.
+#: Work (multiply-adds) each call of `concurrently` needs before the host threads take
+#: whole calls: ~0.1 ms of single-thread sgemm. Below it, the hand-off (two plan calls'
+#: Python contending for the GIL: ~0.1 ms a pair on the 2-core VM) costs more than it saves.
+CONCURRENT_WORK = 1 << 23
 
-    On the host, when there are at least as many calls as host threads, the threads take
-    whole calls (gpuplan.host_pool.parallel_for; a call then runs on its thread alone): for
-    two GEMMs of a layer's backward that is one hand-off and no split of either product
-    instead of two split products. Otherwise, and for device arrays (whose stream orders
-    them), the calls run in order on the calling thread, each splitting itself as usual.
-    Every host op gives the same bits however it is split, so the results do not depend on
-    which way the calls ran."""
+
+def concurrently(like: Any, *calls: Callable[[], Any] | None, work: int | None = None
+                 ) -> list[Any]:
+    """[call() for each call] (None for a None call), for independent calls: plan calls on
+    operands where array `like` lives, none writing what another reads; `work`: the
+    multiply-adds (or elements) of the smallest call, when known.
+
+    On the host, when there are at least as many calls as host threads and each has
+    CONCURRENT_WORK (or `work` is not given), the threads take whole calls
+    (gpuplan.host_pool.parallel_for; a call then runs on its thread alone): for two GEMMs of
+    a layer's backward that is one hand-off and no split of either product instead of two
+    split products. Otherwise, and for device arrays (whose stream orders them), the calls
+    run in order on the calling thread, each splitting itself as usual. Every host op gives
+    the same bits however it is split, so the results do not depend on which way the calls
+    ran."""
     from gpuplan import host, host_pool
 
     out: list[Any] = [None] * len(calls)
     todo = [k for k, c in enumerate(calls) if c is not None]
-    if len(todo) < 2 or type(like) is not np.ndarray or host.thread_budget() > len(todo):
+    if (len(todo) < 2 or type(like) is not np.ndarray or host.thread_budget() > len(todo)
+            or (work is not None and work < CONCURRENT_WORK)):
         for k in todo:
             out[k] = calls[k]()
         return out

@@ -87,7 +87,9 @@ class Matmul(Function):
             return _sum_to(db, ctx.b_shape)
 
         # Independent products: on the host, one per thread at two threads (gp.concurrently).
-        da, db = gp.concurrently(dc, grad_a if need_a else None, grad_b if need_b else None)
+        work = math.prod(dc.shape) * ea.shape[-1]  # multiply-adds of each product
+        da, db = gp.concurrently(dc, grad_a if need_a else None, grad_b if need_b else None,
+                                 work=work)
         return da, db
 
 
@@ -137,7 +139,8 @@ def _linear_grads(needs: tuple, x: Any, w: Any, dy: Any) -> tuple:
     # threads are no more than two (gp.concurrently).
     dx, dw = gp.concurrently(
         dy2, (lambda: F.matmul(dy2, w, trans_b=True).reshape(x.shape)) if need_x else None,
-        (lambda: F.matmul(x.reshape(-1, x.shape[-1]), dy2, trans_a=True)) if need_w else None)
+        (lambda: F.matmul(x.reshape(-1, x.shape[-1]), dy2, trans_a=True)) if need_w else None,
+        work=dy2.size * w.shape[0])
     db = F.reduce("sum", dy2, axes=0) if need_b else None
     return dx, dw, db
 

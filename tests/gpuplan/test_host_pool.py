@@ -11,6 +11,7 @@ import pytest
 
 import gpuplan as gp
 from gpuplan import host, host_jit, host_pool
+from gpuplan.execute import CONCURRENT_WORK
 from gpuplan.ops import attention_host
 from gpuplan.testing import random
 
@@ -295,6 +296,14 @@ def test_concurrently_gives_whole_calls_to_the_threads_and_the_same_results(thre
     threads(3)  # more threads than calls: in order, each call splitting itself
     gp.concurrently(np.zeros(1), call(1), call(2))
     assert set(seen) == {threading.get_ident()}
+    seen.clear()
+    threads(2)  # calls too small to hand off: in order on the caller, the same results
+    small = gp.concurrently(np.zeros(1), call(1), call(2), work=300 * 64 * 96)
+    assert set(seen) == {threading.get_ident()}
+    np.testing.assert_array_equal(small[1], out[2])
+    seen.clear()
+    gp.concurrently(np.zeros(1), call(1), call(2), work=CONCURRENT_WORK)
+    assert len(set(seen)) == 2
 
     def boom():
         raise KeyError("boom")
