@@ -14,6 +14,10 @@ Rows: block row r of batch entry b is query i = i0 + r; key j is masked when j >
 of which is masked, or whose unmasked scores are all -inf, has max 0, probabilities 0 and
 lse -inf, as the NumPy path gives. Float32 steps in the NumPy path's order (x = s scale;
 x - max; (dp - delta) p scale); sums of probabilities are float64.
+
+Cache: numba's on-disk cache keys these kernels on this file's stamp only, not on the
+host_kernels helpers they inline (`_exp_f32`, `_sum`): after editing those, touch this file
+(or clear its __pycache__) so that the kernels recompile.
 """
 
 from __future__ import annotations

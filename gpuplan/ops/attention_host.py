@@ -15,12 +15,18 @@ blocks' diagonal tiles (at Lq = Lk = 128, 3/4 of the full products). Per block:
 with delta = rowsum(dout o). The softmax steps run as the compiled float32 kernels of
 gpuplan.host_kernels_attention where they load (gpuplan.host_jit) and take the operands,
 else as NumPy passes. Entries and rows are independent, so the bits depend on neither the
-chunking nor the threads; dropout multipliers come from the plan's Philox stream per chunk
+chunking nor the threads. A masked key is left out of a row's products only when its
+row block does not reach it: an inf or NaN in v or k at a masked key can still reach rows of
+the block holding the diagonal (0 * inf), as on the device, whose tiles past the diagonal
+are skipped and whose diagonal tiles are not; the float64 reference poisons every row.
+Dropout multipliers come from the plan's Philox stream per chunk
 (gpuplan.ops.dropout.keep_mask_host) under the call's head layout.
 """
 
 from __future__ import annotations
 
+import threading
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -38,6 +44,7 @@ HOST_GRAIN_SCORES = 1 << 17
 #: Query rows per block of a causal plan (see the module docstring).
 CAUSAL_ROWS = 64
 _EMPTY = np.zeros((0, 0, 0), np.float32)
+_load_lock = threading.Lock()
 
 
 def host_chunks(desc: Any, fn: Callable[[int, int], None]) -> None:
@@ -106,14 +113,28 @@ def _mask(desc: Any, r0: int, r1: int, keys: int) -> np.ndarray | None:
     return mask if mask.any() else None
 
 
+_loaded: list[Any] = []  # [the kernel module or None], once tried
+
+
 def _kernels(blocks: tuple, rows: tuple) -> Any:
-    """gpuplan.host_kernels_attention when it is loaded and takes the operands (`blocks`:
-    C-contiguous float32; `rows`: float32 views), else None."""
+    """gpuplan.host_kernels_attention when it loads and takes the operands (`blocks`:
+    C-contiguous float32; `rows`: float32 views), else None. A module that fails to load
+    (a numba error) warns once and leaves the NumPy passes, as gpuplan.host_jit does."""
     if (not host_jit.takes(*blocks) or host_jit.kernels() is None
             or any(a.dtype != np.float32 or not a.flags.aligned for a in rows)):
         return None
-    from gpuplan import host_kernels_attention
-    return host_kernels_attention
+    if not _loaded:
+        with _load_lock:
+            if not _loaded:
+                try:
+                    from gpuplan import host_kernels_attention as module
+                except Exception as exc:  # noqa: BLE001 - any numba failure: fall back
+                    warnings.warn(f"gpuplan: the compiled attention kernels failed to load "
+                                  f"({exc!r}); host attention runs as NumPy passes",
+                                  RuntimeWarning, stacklevel=2)
+                    module = None
+                _loaded.append(module)
+    return _loaded[0]
 
 
 def _softmax(desc: Any, s: np.ndarray, lse: np.ndarray, r0: int, r1: int) -> None:
@@ -187,6 +208,8 @@ def _grad_scores(desc: Any, s: np.ndarray, dp: np.ndarray, lse: np.ndarray,
     dp -= delta[..., None]
     dp *= p
     dp *= s.dtype.type(desc.scale)
+    if mask is not None:  # 0, as the kernel writes, even where dp is inf (0 * inf)
+        np.copyto(dp, 0, where=mask)
     if mul is not None:
         p *= mul
 
@@ -236,4 +259,5 @@ def backward(desc: Any, args: Any, acc: np.dtype) -> None:
             args.dk[b0:b1] = dk
             args.dv[b0:b1] = dv
 
-    host_chunks(desc, chunk)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        host_chunks(desc, chunk)

@@ -123,3 +123,22 @@ def test_kernels_do_not_depend_on_the_chunking(monkeypatch):
     monkeypatch.setattr(attention_host, "HOST_CHUNK_SCORES", 1)
     for a, b in zip(whole, _run(q, k, v, dout, True), strict=True):
         np.testing.assert_array_equal(a, b)
+
+
+def test_an_inf_at_a_masked_key_gives_both_paths_the_same_non_finite_rows():
+    """An inf in v at key 100 (L = 130, causal) reaches the rows of its row block only (the
+    earlier block's GEMMs stop before it); the kernels and the NumPy passes agree on which
+    outputs and gradients are finite, masked score gradients being 0 (not 0 * inf) in both.
+    The backward takes o and lse of the finite v, so only dout v^T carries the inf."""
+    q, k, v, dout = _inputs(1, 130, 130, 8)
+    o, lse = F.attention(q, k, v, scale=SCALE, causal=True)
+    v[0, 100, 0] = np.inf
+    with np.errstate(invalid="ignore", over="ignore"):
+        fwd = _both(lambda: F.attention(q, k, v, scale=SCALE, causal=True))
+        bwd = _both(lambda: F.attention_backward(q, k, v, o, lse, dout, scale=SCALE,
+                                                 causal=True))
+    for a, b in zip(fwd[0] + bwd[0], fwd[1] + bwd[1], strict=True):
+        np.testing.assert_array_equal(np.isfinite(a), np.isfinite(b))
+    assert np.isfinite(fwd[0][0][0, :64]).all() and not np.isfinite(fwd[0][0][0, 64:]).all()
+    dq = bwd[0][0]
+    assert np.isfinite(dq[0, :100]).all() and not np.isfinite(dq[0, 100:]).all()
