@@ -229,8 +229,8 @@ def backward(desc: Any, args: Any, acc: np.dtype) -> None:
         vt = np.swapaxes(v[b0:b1], -1, -2)
         delta = np.einsum("bid,bid->bi", doc, o[b0:b1])
         mul = host_drop(desc, args, b0, b1, acc) if desc.dropout > 0 else None
-        dk = np.zeros_like(kc) if args.dk.dtype != acc else args.dk[b0:b1]
-        dv = np.zeros_like(kc) if args.dv.dtype != acc else args.dv[b0:b1]
+        dk = np.empty_like(kc) if args.dk.dtype != acc else args.dk[b0:b1]
+        dv = np.empty_like(kc) if args.dv.dtype != acc else args.dv[b0:b1]
         first = True
         for r0, r1, keys in blocks:
             if keys == 0:
@@ -243,18 +243,13 @@ def backward(desc: Any, args: Any, acc: np.dtype) -> None:
             _grad_scores(desc, s, dp, lse[b0:b1, r0:r1], delta[:, r0:r1], mb, r0, r1)
             args.dq[b0:b1, r0:r1] = np.matmul(dp, kc[:, :keys])
             st, dpt = np.swapaxes(s, -1, -2), np.swapaxes(dp, -1, -2)
-            if first:
-                np.matmul(st, dob, out=dv[:, :keys])
-                np.matmul(dpt, qb, out=dk[:, :keys])
-                dv[:, keys:] = 0
-                dk[:, keys:] = 0
+            if first:  # the last row block: keys == lk (row_blocks), so every key row
+                np.matmul(st, dob, out=dv)
+                np.matmul(dpt, qb, out=dk)
                 first = False
             else:
                 dv[:, :keys] += np.matmul(st, dob)
                 dk[:, :keys] += np.matmul(dpt, qb)
-        if first:  # every row fully masked
-            dv[...] = 0
-            dk[...] = 0
         if args.dk.dtype != acc:
             args.dk[b0:b1] = dk
             args.dv[b0:b1] = dv
