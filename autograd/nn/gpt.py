@@ -129,7 +129,8 @@ def add_norm(x: Tensor, residual: Tensor, norm: Module) -> tuple[Tensor, Tensor]
 
 class Block(Module):
     """Pre-LN transformer block: ``x + attn(ln_1(x))`` then ``x + mlp(ln_2(x))``; the first
-    residual add and ln_2 run as one op (`add_norm`)."""
+    residual add and ln_2 run as one op (`add_norm`), and in a chain of blocks
+    (`GPT.forward_stage`) the previous block's output add runs with ln_1 likewise."""
 
     def __init__(self, cfg: GPTConfig) -> None:
         super().__init__()
@@ -142,10 +143,17 @@ class Block(Module):
         s, m = self.residual_branches(x)
         return s + m
 
-    def residual_branches(self, x: Tensor) -> tuple[Tensor, Tensor]:
+    def residual_branches(self, x: Tensor, residual: Tensor | None = None
+                          ) -> tuple[Tensor, Tensor]:
         """``(s, m)``, the block's output being ``s + m``: ``s = x + attn(ln_1(x))`` and
-        ``m = mlp(ln_2(s))`` (a caller that normalizes the output fuses that last add)."""
-        s, h = add_norm(x, self.attn(self.ln_1(x)), self.ln_2)
+        ``m = mlp(ln_2(s))`` (a caller that normalizes the output fuses that last add). With
+        ``residual``, the block's input is ``x + residual``, added with ln_1 (`add_norm`):
+        the ``(s, m)`` of the block before, whose output add is then never run alone."""
+        if residual is None:
+            h = self.ln_1(x)
+        else:
+            x, h = add_norm(x, residual, self.ln_1)
+        s, h = add_norm(x, self.attn(h), self.ln_2)
         return s, self.mlp(h)
 
 
@@ -250,16 +258,25 @@ class GPT(Module):
         """A contiguous part of the forward pass: `embed` first when ``first`` (``x`` is then
         the token ids), every module of ``blocks`` in order, `logits` last when ``last``
         (then the last block's output add runs with ln_f: ``logits(s, m)`` of its
-        `Block.residual_branches`). ``forward_stage(idx)`` is ``forward(idx)``."""
+        `Block.residual_branches`). ``forward_stage(idx)`` is ``forward(idx)``.
+
+        Each block's output add ``s + m`` runs with the next block's ln_1 (or ln_f), one
+        `add_norm` (`F.residual_layer_norm`: the composed ops' bits in one pass, and one
+        gradient for both addends in backward); only a stage's last output is added alone.
+        A module of ``blocks`` without `Block.residual_branches` runs as ``block(x)``."""
         if first:
             x = self.embed(x)
-        blocks = list(self.blocks)
-        fuse = last and blocks and hasattr(blocks[-1], "residual_branches")
-        for block in blocks[:-1] if fuse else blocks:
+        pending = None  # m of the last block run: its output is x + pending, not yet added
+        for block in self.blocks:
+            if hasattr(block, "residual_branches"):
+                x, pending = block.residual_branches(x, pending)
+                continue
+            if pending is not None:
+                x, pending = x + pending, None
             x = block(x)
-        if fuse:  # the last block's residual add runs with ln_f
-            return self.logits(*blocks[-1].residual_branches(x))
-        return self.logits(x) if last else x
+        if last:
+            return self.logits(x, pending)
+        return x if pending is None else x + pending
 
     def forward(self, idx: Any, targets: Any = None) -> Tensor | tuple[Tensor, Tensor]:
         """``idx [B, T]`` int32/int64 (array or Tensor) -> logits ``[B, T, V]``; with

@@ -217,3 +217,46 @@ def test_read_only_inputs_take_the_kernels(kernels):
     np.testing.assert_array_equal(F.unary("gelu", x), F.unary("gelu", x.copy()))
     np.testing.assert_array_equal(F.unary_backward("gelu", x, dy),
                                   F.unary_backward("gelu", x.copy(), dy.copy()))
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_sums_over_leading_axes_take_the_column_kernel_with_numpys_bits(kernels, threads,
+                                                                        monkeypatch):
+    """reduce sum / mean of f32 over leading axes (a bias gradient) runs the compiled column
+    sums (float32, row by row): NumPy's order, so the NumPy path's bits for any thread count
+    and split, -0.0, inf and NaN included, and for no rows at all."""
+    from gpuplan import host
+    from gpuplan.ops import reduction
+
+    monkeypatch.setattr(host, "_budget", threads)
+    monkeypatch.setattr(reduction, "_COLUMN_GRAIN", 64)  # split even these small shapes
+    used = []
+    real = kernels.column_sums
+    monkeypatch.setattr(kernels, "column_sums",
+                        lambda *a: used.append(a[2:]) or real(*a), raising=False)
+    rng = np.random.default_rng(3)
+    x = (rng.standard_normal((7, 45, 67)) * np.exp(rng.uniform(-30, 30, (7, 45, 67))))
+    x = x.astype(np.float32)
+    x[0, 0, :3] = -0.0
+    x[:, 0, 3] = -0.0
+    x[2, 5, 4], x[3, 6, 5], x[4, 7, 6] = np.inf, np.nan, -np.inf
+    for op, axes, keepdims in (("sum", 0, False), ("sum", (0, 1), False), ("mean", 0, True),
+                               ("mean", (0, 1), False)):
+        used.clear()
+        got, want = _both(lambda o=op, a=axes, k=keepdims: F.reduce(o, x, axes=a, keepdims=k))
+        assert used, (op, axes)
+        if threads > 1:
+            assert len(used) == min(threads, -(-67 // 16)), used  # column blocks, 16-aligned
+        np.testing.assert_array_equal(got, want)
+        assert got.dtype == np.float32 and got.shape == want.shape
+    # Columns of -0.0 sum to +0.0 (NumPy starts from 0); an empty reduction is 0 or NaN.
+    zeros = np.full((3, 20), -0.0, np.float32)
+    assert not np.signbit(F.reduce("sum", zeros, axes=0)).any()
+    empty = np.zeros((0, 5), np.float32)
+    np.testing.assert_array_equal(F.reduce("sum", empty, axes=0), np.zeros(5, np.float32))
+    assert np.isnan(F.reduce("mean", empty, axes=0)).all()
+    # Not over leading axes: the NumPy path (the kernel is not called).
+    used.clear()
+    got, want = _both(lambda: F.reduce("sum", x, axes=1))
+    np.testing.assert_array_equal(got, want)
+    assert not used

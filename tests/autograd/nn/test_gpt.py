@@ -410,23 +410,35 @@ def test_mlp_fuses_gelu_into_fc_unless_fc_is_substituted(monkeypatch):
     assert len(calls) == 1
 
 
-def test_residual_adds_feeding_ln_2_and_ln_f_are_fused(monkeypatch):
-    """Each block's first residual add runs with ln_2, and the last block's output add with
-    ln_f (F.residual_layer_norm), with the composed values; a norm that is not an
+def test_residual_adds_feeding_a_layer_norm_are_fused(monkeypatch):
+    """Each block's first residual add runs with ln_2, each block's output add with the next
+    block's ln_1, the last one with ln_f (F.residual_layer_norm), with the composed values
+    and gradients (block by block, each output added alone); a norm that is not an
     nn.LayerNorm runs the add and the norm apart."""
     from autograd.nn import functional as F
 
-    cfg = nn.GPTConfig(**SMALL, dtype=np.float64, seed=6)
+    cfg = nn.GPTConfig(**dict(SMALL, n_layer=3), dtype=np.float64, seed=6)
     model = nn.GPT(cfg)
     _perturb_norms_and_biases(model)
-    idx, _ = batch(cfg, 2, 5)
-    want = host(model.logits(model.blocks[1](model.blocks[0](model.embed(idx)))))
+    idx, targets = batch(cfg, 2, 5)
+    x = model.embed(idx)
+    for block in model.blocks:
+        x = block(x)
+    logits = model.logits(x)
+    want = host(logits)
+    F.cross_entropy(logits.reshape(-1, cfg.vocab_size), targets.reshape(-1)).backward()
+    want_grads = {n: host(p.grad) for n, p in model.named_parameters()}
+    model.zero_grad()
     calls = []
     fused = F.residual_layer_norm
     monkeypatch.setattr(F, "residual_layer_norm",
                         lambda *a, **k: calls.append(1) or fused(*a, **k))
-    np.testing.assert_array_equal(host(model(idx)), want)
-    assert len(calls) == cfg.n_layer + 1  # ln_2 of every block, then ln_f
+    logits, loss = model(idx, targets)
+    np.testing.assert_array_equal(host(logits), want)
+    assert len(calls) == 2 * cfg.n_layer  # ln_2 of every block, ln_1 of all but the first, ln_f
+    loss.backward()
+    for n, p in model.named_parameters():
+        np.testing.assert_array_equal(host(p.grad), want_grads[n], err_msg=n)
     calls.clear()
     model.blocks[0].ln_2 = nn.RMSNorm(cfg.n_embd, dtype=np.float64)
     x = model.embed(idx)
