@@ -352,12 +352,16 @@ _YIELD = _sched_yield()
 if _YIELD is not None:
     # Not cached (numba cannot cache a function holding a ctypes pointer): ~0.1 s to compile
     # once per process.
-    @njit(types.boolean(types.int64[::1], types.intp, types.int64, types.int64), nogil=True)
-    def wait_until(flags, index, value, polls):
+    @njit(types.boolean(types.int64[::1], types.intp, types.int64, types.int64, types.int64),
+          nogil=True)
+    def wait_until(flags, index, value, polls, settle):
         """Whether flags[index] == value within `polls` polls, yielding the CPU between polls
-        (the opaque call also makes every poll reload flags[index]); the GIL is released."""
+        (the opaque call also makes every poll reload flags[index]); once it is, `settle`
+        more yields before returning. The GIL is released meanwhile."""
         for _ in range(polls):
             if flags[index] == value:
+                for _ in range(settle):
+                    _YIELD()
                 return True
             _YIELD()
         return flags[index] == value

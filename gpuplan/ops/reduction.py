@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from gpuplan import backend, host_jit, host_pool
+from gpuplan import backend, host, host_jit, host_pool
 from gpuplan.dtypes import FLOAT_DTYPES, accumulator, as_dtype, cuda_name, float32, float64
 from gpuplan.dtypes import short_name as sn
 from gpuplan.errors import BufferTooSmall, InvalidProblem, describe
@@ -317,8 +317,10 @@ class GlobalNormPlan(Plan):
 
     def _run_numpy(self, stream: Stream, ws: Workspace, args: Any) -> None:
         # The fast dot products may overflow: _sums_of_squares then takes the scaled path; a
-        # norm beyond f32's range is inf, as on a GPU.
-        with np.errstate(over="ignore", under="ignore"):
+        # norm beyond f32's range is inf, as on a GPU. The dots run on this thread alone
+        # (OpenBLAS threads long ones, and its workers then spin for ~0.1 s, slowing every
+        # host-thread hand-off of the next training step ~6x: gpuplan.host_pool).
+        with np.errstate(over="ignore", under="ignore"), host.blas_on_caller():
             sums = [_sums_of_squares(a, self._out) for a in args.arrays]
             args.out[...] = _norm_from_sums(*(math.fsum(s[k] for s in sums) for k in range(3)))
 

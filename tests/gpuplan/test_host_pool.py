@@ -247,14 +247,16 @@ def test_adamw_multi_tensor_is_bit_identical_for_any_thread_count(threads):
     assert results[0] == results[1] == results[2]
 
 
-@pytest.mark.parametrize("polls", [0, 50, None, "numpy"],
-                         ids=["sleep", "short_spin", "spin", "no_kernels"])
+@pytest.mark.parametrize("polls", [0, 50, None, "no_settle", "numpy"],
+                         ids=["sleep", "short_spin", "spin", "no_settle", "no_kernels"])
 def test_hand_offs_lose_no_wake_up_whether_threads_poll_or_sleep(threads, monkeypatch, polls):
     """Many back-to-back split calls, with parts of uneven length, so that workers and the
     caller meet each other polling, falling asleep and waking: every part runs once, and an
     error still comes back."""
     if polls == "numpy":  # no compiled wait_until: the threads only sleep
         monkeypatch.setattr(host_jit, "kernels", lambda: None)
+    elif polls == "no_settle":
+        monkeypatch.setattr(host_pool, "SETTLE_POLLS", 0)
     elif polls is not None:
         monkeypatch.setattr(host_pool, "SPIN_POLLS", polls)
     threads(3)
@@ -310,3 +312,16 @@ def test_concurrently_gives_whole_calls_to_the_threads_and_the_same_results(thre
     threads(2)
     with pytest.raises(KeyError):
         gp.concurrently(np.zeros(1), call(1), boom)
+
+
+def test_wait_until_reports_whether_the_flag_came_within_the_polls():
+    """The compiled poll: True once flags[index] equals the value (after the settle polls),
+    False when it did not within `polls`; the settle polls never change the answer."""
+    k = host_jit.kernels()
+    if k is None or k.wait_until is None:
+        pytest.skip("no compiled wait_until here (numba or sched_yield missing)")
+    flags = np.array([3, 7], np.int64)
+    for settle in (0, 5):
+        assert k.wait_until(flags, 1, 7, 10, settle) is True
+        assert k.wait_until(flags, 0, 4, 10, settle) is False
+        assert k.wait_until(flags, 0, 3, 0, settle) is True  # no poll left: read once more
