@@ -42,9 +42,11 @@ BLOCK = 65536
 BIG_BLOCK = 131072
 GRAIN = 1 << 17
 #: Elements per thread before a compiled kernel (gpuplan.host_kernels: one GIL-free call per
-#: part) is split: ~25 us of the LayerNorm row kernel. A [1024, 128] LayerNorm (~100 us on
-#: one thread) then runs on two.
-KERNEL_GRAIN = 1 << 15
+#: part) is split: ~45 us of the LayerNorm forward kernel. A [1024, 128] LayerNorm (~45 us
+#: forward, ~75 us backward on one thread) gained nothing from two threads on the 2-core VM,
+#: and the small-GPT step at two threads went 56.9 -> 54.7 ms with this grain instead of
+#: 1 << 15 (settings alternated step by step in one process).
+KERNEL_GRAIN = 1 << 17
 
 _lock = threading.Lock()
 _workers: list[_Worker] = []

@@ -3,9 +3,9 @@ LayerNorm (gpuplan.ops.residual_norm): rows in cache-sized blocks over the host 
 (gpuplan.host_pool.for_blocks).
 
 float32 rows run the compiled kernels of gpuplan.host_kernels when gpuplan.host_jit has them:
-one pass per row block, float64 row sums (eight interleaved partial sums in a fixed order),
-y and dx rounded once. Otherwise, and for f64 / f16 / bf16, NumPy passes with statistics in
-the accumulator dtype (float64 for f64). Parameter gradients add per-block partial sums in
+a few vectorized passes per row, float32 statistics whose row sums the compiler may
+reassociate (see there). Otherwise, and for f64 / f16 / bf16, NumPy passes with statistics
+in the accumulator dtype (float64 for f64). Parameter gradients add per-block partial sums in
 block order, and blocks are a function of the shape, so every result is bit-identical for
 any thread count. The residual forms compute s = x + residual and dx + ds as float32 (or
 accumulator) adds rounded to the dtype, as the binary add plan does: the fused ops give the
