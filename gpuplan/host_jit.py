@@ -12,12 +12,15 @@ GELU forward and backward (gpuplan.ops.gelu_host, the host GEMM's GELU epilogue,
 f16/bf16 GELU's float32 blocks), LayerNorm, RMSNorm and residual + LayerNorm, forward and
 backward (gpuplan.ops.norm_host), AdamW (gpuplan.ops.adamw_host), the attention plans'
 softmax and score gradients (gpuplan.host_kernels_attention, from gpuplan.ops.attention_host);
+the reduce's column sums over leading axes (bias gradients) and the embedding backward
+(gpuplan.host_kernels_sums, through `extra`);
 and gpuplan.host_pool's threads poll with `wait_until` before they sleep.
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib
 import os
 import threading
 import warnings
@@ -60,6 +63,29 @@ def _load() -> None:
             else:
                 _module = host_kernels
         _loaded = True
+
+
+_extra: dict[str, ModuleType | None] = {}
+
+
+def extra(name: str) -> ModuleType | None:
+    """gpuplan.<name>, a further kernel module built on gpuplan.host_kernels, when `kernels()`
+    is loaded and so is it; None otherwise. A module that fails to load (a numba error)
+    warns once, and its ops keep their NumPy passes."""
+    if kernels() is None:
+        return None
+    if name not in _extra:
+        with _lock:
+            if name not in _extra:
+                try:
+                    module: ModuleType | None = importlib.import_module(f"gpuplan.{name}")
+                except Exception as exc:  # noqa: BLE001 - any numba failure: fall back
+                    warnings.warn(f"gpuplan: the compiled host kernels of {name} failed to "
+                                  f"load ({exc!r}); their ops run as NumPy passes",
+                                  RuntimeWarning, stacklevel=2)
+                    module = None
+                _extra[name] = module
+    return _extra[name]
 
 
 @contextlib.contextmanager

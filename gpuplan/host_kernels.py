@@ -33,9 +33,6 @@ split on a machine, not across vector widths (AVX2 / AVX-512), and not the NumPy
 weight and bias gradients' partial sums over a block's rows are float64, in row order. The
 eps given is float32(eps), as in the NumPy path.
 
-Column sums (the host reduce over leading axes, e.g. a bias gradient): float32 sums row by
-row, NumPy's order for a float32 sum over axis 0 (same bits as the NumPy path).
-
 AdamW: the NumPy path's float32 operations in order (same bits). `wait_until`: polls a flag
 with the GIL released, for gpuplan.host_pool's workers (not cached: it calls libc through
 ctypes).
@@ -322,22 +319,6 @@ def norm_backward(dy, x, weight, mean, rstd, ds, dx, part_w, part_b, rms, has_we
                 part_w[j] += np.float64(d) * xhat
             if want_b:
                 part_b[j] += d
-
-
-@njit(types.void(_IN_ROWS, _VEC, types.intp, types.intp), **_OPTIONS)
-def column_sums(x, acc, lo, hi):
-    """acc[lo:hi] += x[r, lo:hi] for r = 0, 1, ... in order, in float32: from acc = 0, each
-    column's sum as NumPy's float32 sum over axis 0 adds it (row by row, same bits)."""
-    out, n, rows = acc[lo:hi], hi - lo, x.shape[0]
-    top = rows - rows % 4
-    for r in range(0, top, 4):  # four rows per pass over out, added in row order
-        r0, r1, r2, r3 = x[r, lo:hi], x[r + 1, lo:hi], x[r + 2, lo:hi], x[r + 3, lo:hi]
-        for j in range(n):  # from 0: no negative-index wrap, so the loop vectorizes
-            out[j] = (((out[j] + r0[j]) + r1[j]) + r2[j]) + r3[j]
-    for r in range(top, rows):
-        row = x[r, lo:hi]
-        for j in range(n):
-            out[j] += row[j]
 
 
 @njit(types.void(_VEC, _IN_VEC, _VEC, _VEC, *[_F32] * 8), **_OPTIONS)

@@ -8,6 +8,8 @@ Backward: dweight[r_n, :] += dout[n, :], skipping entries whose r_n is outside [
 those with indices[n] == padding_idx (padding_idx is in the caller's, unshifted, space).
 The caller zeroes dweight (or passes a running gradient to add to).
 The index dtype (int32 or int64) is taken from the `indices` array.
+On the host, a float32 backward runs the compiled scatter-add of gpuplan.host_kernels_sums
+(the NumPy segment sums' bits) where numba is present.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from gpuplan import backend
+from gpuplan import backend, host_jit
 from gpuplan.dtypes import FLOAT_DTYPES, accumulator, cuda_name, float32, float64, short_name
 from gpuplan.errors import InvalidProblem, describe
 from gpuplan.execute import call
@@ -185,6 +187,12 @@ class EmbeddingBackwardPlan(Plan):
         shifted, valid = _shifted_rows(args.indices, d.index_offset, d.num_embeddings)
         idx = shifted.astype(np.int64, copy=False)
         keep = valid & (idx != self._padding_row)
+        k = host_jit.extra("host_kernels_sums") if host_jit.takes(args.dout,
+                                                                  args.dweight) else None
+        if k is not None:
+            k.embedding_backward(args.dout.reshape(-1, d.embedding_dim), idx.reshape(-1),
+                                 keep.reshape(-1), args.dweight)
+            return
         rows = np.nonzero(keep)[0]
         if rows.size == 0:
             return

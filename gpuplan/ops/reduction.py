@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from gpuplan import backend, host, host_jit, host_pool
+from gpuplan import backend, host, host_jit
 from gpuplan.dtypes import FLOAT_DTYPES, accumulator, as_dtype, cuda_name, float32, float64
 from gpuplan.dtypes import short_name as sn
 from gpuplan.errors import BufferTooSmall, InvalidProblem, describe
@@ -33,6 +33,7 @@ from gpuplan.ops.reduce_launch import (
     NORM_CHUNK,
     NORM_CODES,
     align256,
+    host_column_sums,
     normalize_axes,
     reduce_launch,
     reduce_layout,
@@ -159,7 +160,7 @@ class ReducePlan(Plan):
     def _run_numpy(self, stream: Stream, ws: Workspace, args: Any) -> None:
         acc = self._acc
         if self._columns is not None and host_jit.takes(args.x):
-            r = _column_sums(args.x.reshape(self._columns))
+            r = host_column_sums(args.x.reshape(self._columns))
             if r is not None:
                 if self._red.mean:
                     with np.errstate(invalid="ignore", divide="ignore"):
@@ -176,27 +177,6 @@ class ReducePlan(Plan):
         self._launch.run(stream, args.x, args.y, ws)
 
     _run_rows = _run_cols = _run_general = _run_device
-
-
-#: Columns a thread's part of the host column sums is aligned to (a 64-byte line of f32),
-#: and the elements it needs: the kernel adds ~16 per ns, and on the 2-core VM a split's
-#: hand-off (~30 us) cost more than the half it saved up to [1024, 512] (41 us on one
-#: thread, 65 on two).
-_COLUMN_ALIGN, _COLUMN_GRAIN = 16, 1 << 20
-
-
-def _column_sums(x: np.ndarray) -> np.ndarray | None:
-    """x [rows, n] (f32, C-contiguous) summed over its rows (float32) by the compiled kernel,
-    the threads taking blocks of columns: NumPy's row-by-row order whatever the split, so
-    the NumPy path's bits; None without the kernels."""
-    k = host_jit.kernels()
-    if k is None:
-        return None
-    rows, n = x.shape
-    acc = np.zeros(n, np.float32)
-    host_pool.parallel_for(n, lambda lo, hi: k.column_sums(x, acc, lo, hi),
-                           max(1, _COLUMN_GRAIN // max(1, rows)), _COLUMN_ALIGN)
-    return acc
 
 
 # -- global L2 norm ------------------------------------------------------------------------

@@ -226,13 +226,14 @@ def test_sums_over_leading_axes_take_the_column_kernel_with_numpys_bits(kernels,
     sums (float32, row by row): NumPy's order, so the NumPy path's bits for any thread count
     and split, -0.0, inf and NaN included, and for no rows at all."""
     from gpuplan import host
-    from gpuplan.ops import reduction
+    from gpuplan.ops import reduce_launch
 
     monkeypatch.setattr(host, "_budget", threads)
-    monkeypatch.setattr(reduction, "_COLUMN_GRAIN", 64)  # split even these small shapes
+    monkeypatch.setattr(reduce_launch, "_COLUMN_GRAIN", 64)  # split even these small shapes
     used = []
-    real = kernels.column_sums
-    monkeypatch.setattr(kernels, "column_sums",
+    sums = host_jit.extra("host_kernels_sums")
+    real = sums.column_sums
+    monkeypatch.setattr(sums, "column_sums",
                         lambda *a: used.append(a[2:]) or real(*a), raising=False)
     rng = np.random.default_rng(3)
     x = (rng.standard_normal((7, 45, 67)) * np.exp(rng.uniform(-30, 30, (7, 45, 67))))
@@ -260,3 +261,42 @@ def test_sums_over_leading_axes_take_the_column_kernel_with_numpys_bits(kernels,
     got, want = _both(lambda: F.reduce("sum", x, axes=1))
     np.testing.assert_array_equal(got, want)
     assert not used
+
+
+@pytest.mark.parametrize("offset, padding", [(0, None), (0, 3), (5, 7)])
+def test_embedding_backward_kernel_gives_the_numpy_paths_bits(kernels, offset, padding,
+                                                               monkeypatch):
+    """The compiled scatter-add (gpuplan.host_kernels_sums) against the NumPy segment sums:
+    repeated rows summed from zero in index order then added to the table row once, rows
+    outside the table and padding entries skipped, -0.0 and a non-zero table included."""
+    from gpuplan.execute import call
+    from gpuplan.ops import embedding as emb
+
+    sums = host_jit.extra("host_kernels_sums")
+    used = []
+    real = sums.embedding_backward
+    monkeypatch.setattr(sums, "embedding_backward", lambda *a: used.append(1) or real(*a))
+    rng = np.random.default_rng(21)
+    n, v, d = 300, 11, 37
+    idx = rng.integers(offset - 2, offset + v + 2, n).astype(np.int64)  # some out of range
+    dout = (rng.standard_normal((n, d)) * np.exp(rng.uniform(-12, 12, (n, d))))
+    dout = dout.astype(np.float32)
+    dout[:5, 0] = -0.0
+    start = random((v, d), np.float32, seed=22)
+    desc = emb._descriptor(emb.EmbeddingBackwardDescriptor, v, d, n, padding, np.float32,
+                           offset)
+
+    def run():
+        dweight = start.copy()
+        call(emb.EmbeddingBackwardPlan, desc, like=dout, dout=dout, indices=idx,
+             dweight=dweight)
+        return dweight
+
+    got, want = _both(run)
+    assert used == [1]
+    np.testing.assert_array_equal(got, want)
+    assert not np.array_equal(got, start)
+    got, want = _both(lambda: F.embedding_backward(dout, idx, v, padding_idx=padding,
+                                                   index_offset=offset))
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(np.signbit(got), np.signbit(want))
