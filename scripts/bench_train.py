@@ -34,6 +34,11 @@ PyTorch = ``torch.cuda.max_memory_allocated`` and ``max_memory_reserved``.
 --threads N (host runs) gives both sides N threads: ours through gpuplan.host (the BLAS pool
 and the budget of the other host ops), PyTorch through torch.set_num_threads.
 
+On the host the two sides run interleaved by default (--no-interleave: ours, then PyTorch):
+step i of each is timed in turn, after a short pause, so that a shared machine's slow phases
+(PyTorch's own two-thread step ranged 51-68 ms between runs on the 2-core CI VM) hit both
+sides alike. The paired ratio (median over steps of torch's time / ours) is printed too.
+
 PyTorch is optional: without it only our numbers are printed.
 """
 
@@ -55,6 +60,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from progress import device_name, flops_per_token, peak_tflops  # noqa: E402
+from torch_gpt import build_torch_gpt, load_our_weights  # noqa: E402
 
 import gpuplan as gp  # noqa: E402
 from autograd import nn, optim  # noqa: E402
@@ -104,6 +110,32 @@ def time_steps(step: Callable[[], Any], sync: Callable[[], None], warmup: int,
     return times, losses
 
 
+#: --interleave: seconds before each timed step, so that the other side's idle threads (our
+#: host workers poll ~1 ms, then sleep; PyTorch's OpenMP workers spin a while) are asleep.
+PAUSE = 0.02
+
+
+def time_interleaved(sides: list[tuple[Callable[[], Any], Callable[[], None]]], warmup: int,
+                     steps: int) -> list[tuple[list[float], list[float]]]:
+    """time_steps of each (step, sync) side, taken in turn step by step (the first side
+    first on even steps, last on odd ones), each after a PAUSE: a slow phase of a shared
+    machine then hits both sides alike."""
+    out: list[tuple[list[float], list[float]]] = [([], []) for _ in sides]
+    for i in range(warmup + steps):
+        for k in (range(len(sides)) if i % 2 == 0 else reversed(range(len(sides)))):
+            step, sync = sides[k]
+            time.sleep(PAUSE)
+            sync()
+            t0 = time.perf_counter()
+            loss = step()
+            sync()
+            elapsed = time.perf_counter() - t0
+            if i >= warmup:
+                out[k][0].append(elapsed)
+            out[k][1].append(float(loss.item()))
+    return out
+
+
 def summarize(times: list[float], losses: list[float], tokens: int,
               flops_token: float, peak: float | None) -> dict[str, Any]:
     median = float(np.median(times))
@@ -136,8 +168,9 @@ def _cupy_peak_hook(cp: Any) -> Any:
 
 # -- ours -----------------------------------------------------------------------------------
 
-def bench_ours(model: nn.GPT, idx: np.ndarray, targets: np.ndarray, device: str,
-               args: argparse.Namespace) -> tuple[list[float], list[float], dict]:
+def ours_step(model: nn.GPT, idx: np.ndarray, targets: np.ndarray, device: str
+              ) -> tuple[Callable[[], Any], Callable[[], None]]:
+    """(step, sync) of our training step on `device`."""
     params = list(model.parameters())  # used twice: a generator would be spent
     opt = optim.AdamW(params, lr=LR, betas=BETAS, weight_decay=WEIGHT_DECAY)
     x, y = gp.to_device(idx, device), gp.to_device(targets, device)
@@ -154,6 +187,12 @@ def bench_ours(model: nn.GPT, idx: np.ndarray, targets: np.ndarray, device: str,
         if device == "cuda":
             gp.backend.synchronize()
 
+    return step, sync
+
+
+def bench_ours(model: nn.GPT, idx: np.ndarray, targets: np.ndarray, device: str,
+               args: argparse.Namespace) -> tuple[list[float], list[float], dict]:
+    step, sync = ours_step(model, idx, targets, device)
     times, losses = time_steps(step, sync, args.warmup, args.steps)
     memory: dict[str, Any] = {}
     if device == "cuda":
@@ -172,78 +211,10 @@ def bench_ours(model: nn.GPT, idx: np.ndarray, targets: np.ndarray, device: str,
 
 # -- PyTorch --------------------------------------------------------------------------------
 
-def build_torch_gpt(torch: Any, cfg: nn.GPTConfig) -> Any:
-    """A PyTorch GPT with our module names, so state_dict keys match ours one for one."""
-    tnn, F = torch.nn, torch.nn.functional
-    C, H = cfg.n_embd, cfg.n_head
-
-    class Attention(tnn.Module):
-        def __init__(self):
-            super().__init__()
-            self.qkv, self.proj = tnn.Linear(C, 3 * C), tnn.Linear(C, C)
-
-        def forward(self, x):
-            B, T, _ = x.shape
-            q, k, v = (t.view(B, T, H, C // H).transpose(1, 2)
-                       for t in self.qkv(x).split(C, dim=-1))
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-            return self.proj(y.transpose(1, 2).reshape(B, T, C))
-
-    class Mlp(tnn.Module):
-        def __init__(self):
-            super().__init__()
-            self.fc, self.proj = tnn.Linear(C, 4 * C), tnn.Linear(4 * C, C)
-
-        def forward(self, x):
-            return self.proj(F.gelu(self.fc(x)))
-
-    class Block(tnn.Module):
-        def __init__(self):
-            super().__init__()
-            self.ln_1, self.attn = tnn.LayerNorm(C), Attention()
-            self.ln_2, self.mlp = tnn.LayerNorm(C), Mlp()
-
-        def forward(self, x):
-            x = x + self.attn(self.ln_1(x))
-            return x + self.mlp(self.ln_2(x))
-
-    class Gpt(tnn.Module):
-        def __init__(self):
-            super().__init__()
-            self.wte = tnn.Embedding(cfg.vocab_size, C)
-            self.wpe = tnn.Embedding(cfg.block_size, C)
-            self.blocks = tnn.ModuleList(Block() for _ in range(cfg.n_layer))
-            self.ln_f = tnn.LayerNorm(C)
-
-        def forward(self, idx, targets):
-            pos = torch.arange(idx.shape[1], device=idx.device)
-            x = self.wte(idx) + self.wpe(pos)
-            for block in self.blocks:
-                x = block(x)
-            logits = self.ln_f(x) @ self.wte.weight.T  # tied head, as ours
-            return F.cross_entropy(logits.view(-1, cfg.vocab_size).float(),
-                                   targets.view(-1))
-
-    return Gpt()
-
-
-def load_our_weights(torch: Any, tmodel: Any, state: dict[str, np.ndarray]) -> None:
-    """Copy our (host) state_dict into the PyTorch model; bf16 values are widened to f32."""
-    tparams = dict(tmodel.named_parameters())
-    if set(tparams) != set(state):
-        raise RuntimeError(f"bench_train: parameter names differ: ours only "
-                           f"{sorted(set(state) - set(tparams))}, torch only "
-                           f"{sorted(set(tparams) - set(state))}")
-    with torch.no_grad():
-        for name, value in state.items():
-            t = torch.from_numpy(np.asarray(value, dtype=np.float32))
-            is_linear = t.ndim == 2 and not name.startswith(("wte.", "wpe."))
-            tparams[name].copy_(t.T if is_linear else t)  # ours [in, out], torch [out, in]
-
-
-def bench_torch(torch: Any, cfg: nn.GPTConfig, state: dict[str, np.ndarray], idx: np.ndarray,
-                targets: np.ndarray, device: str, args: argparse.Namespace
-                ) -> tuple[list[float], list[float], dict]:
+def torch_step(torch: Any, cfg: nn.GPTConfig, state: dict[str, np.ndarray], idx: np.ndarray,
+               targets: np.ndarray, device: str, dtype: str
+               ) -> tuple[Callable[[], Any], Callable[[], None]]:
+    """(step, sync) of the PyTorch twin's training step, from our initial weights `state`."""
     torch.backends.cuda.matmul.allow_tf32 = False  # the default; ours never uses TF32
     torch.backends.cudnn.allow_tf32 = False
     tmodel = build_torch_gpt(torch, cfg)
@@ -253,7 +224,7 @@ def bench_torch(torch: Any, cfg: nn.GPTConfig, state: dict[str, np.ndarray], idx
     opt = torch.optim.AdamW(params, lr=LR, betas=BETAS, weight_decay=WEIGHT_DECAY)
     x = torch.from_numpy(idx).to(device)
     y = torch.from_numpy(targets).to(device)
-    use_autocast = args.dtype == "bf16"
+    use_autocast = dtype == "bf16"
 
     def step():
         with torch.autocast(device_type=device, dtype=torch.bfloat16, enabled=use_autocast):
@@ -268,6 +239,13 @@ def bench_torch(torch: Any, cfg: nn.GPTConfig, state: dict[str, np.ndarray], idx
         if device == "cuda":
             torch.cuda.synchronize()
 
+    return step, sync
+
+
+def bench_torch(torch: Any, cfg: nn.GPTConfig, state: dict[str, np.ndarray], idx: np.ndarray,
+                targets: np.ndarray, device: str, args: argparse.Namespace
+                ) -> tuple[list[float], list[float], dict]:
+    step, sync = torch_step(torch, cfg, state, idx, targets, device, args.dtype)
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
     times, losses = time_steps(step, sync, args.warmup, args.steps)
@@ -302,6 +280,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--threads", type=int, default=None,
                     help="host threads of both sides (default: each side's own choice)")
     ap.add_argument("--no-torch", action="store_true", help="time ours only")
+    ap.add_argument("--interleave", action=argparse.BooleanOptionalAction, default=None,
+                    help="time the two sides step by step in turn, each step after a "
+                         f"{PAUSE * 1e3:g} ms pause (default: on for cpu, where a shared "
+                         "machine's phases swing more than the sides differ; off for cuda, "
+                         "whose peak-memory readings need one side at a time)")
     ap.add_argument("--json", type=Path, default=None, help="also write the results here")
     args = ap.parse_args(argv)
     if args.device == "auto":
@@ -319,6 +302,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         ap.error("--steps must be >= 1 and --warmup >= 0")
     if args.threads is not None and args.threads < 1:
         ap.error("--threads must be >= 1")
+    if args.interleave is None:
+        args.interleave = not cuda
+    elif args.interleave and cuda:
+        ap.error("--interleave is for cpu runs (the cuda run measures each side's peak memory)")
     return args
 
 
@@ -351,13 +338,6 @@ def main(argv: list[str] | None = None) -> int:
           + (f", {info['host_threads']} host threads" if device == "cpu" else ""))
 
     state = model.state_dict()  # initial weights, before our optimizer changes them
-    times, losses, mem_ours = bench_ours(model, idx, targets, device, args)
-    results: dict[str, Any] = {"ours": {**summarize(times, losses, tokens, fpt, peak),
-                                        **mem_ours, "times_ms": [t * 1e3 for t in times]}}
-    del model
-    if device == "cuda":
-        gp.backend.cupy_module().get_default_memory_pool().free_all_blocks()
-
     torch = None
     if not args.no_torch:
         try:
@@ -372,9 +352,30 @@ def main(argv: list[str] | None = None) -> int:
             torch.set_num_threads(args.threads)
         info["torch"] = torch.__version__
         info["torch_threads"] = torch.get_num_threads()
-        times, losses, mem_torch = bench_torch(torch, cfg, state, idx, targets, device, args)
-        results["torch"] = {**summarize(times, losses, tokens, fpt, peak), **mem_torch,
-                            "times_ms": [t * 1e3 for t in times]}
+    info["interleaved"] = bool(args.interleave and torch is not None)
+
+    def result(times: list[float], losses: list[float], memory: dict) -> dict[str, Any]:
+        return {**summarize(times, losses, tokens, fpt, peak), **memory,
+                "times_ms": [t * 1e3 for t in times]}
+
+    results: dict[str, Any] = {}
+    if info["interleaved"]:
+        print(f"# interleaved: the sides' steps taken in turn, each after a {PAUSE * 1e3:g} ms "
+              "pause")
+        (t_o, l_o), (t_t, l_t) = time_interleaved(
+            [ours_step(model, idx, targets, device),
+             torch_step(torch, cfg, state, idx, targets, device, args.dtype)],
+            args.warmup, args.steps)
+        results["ours"], results["torch"] = result(t_o, l_o, {}), result(t_t, l_t, {})
+        results["paired_ratio_median"] = float(np.median(np.array(t_t) / np.array(t_o)))
+    else:
+        results["ours"] = result(*bench_ours(model, idx, targets, device, args))
+        del model
+        if device == "cuda":
+            gp.backend.cupy_module().get_default_memory_pool().free_all_blocks()
+        if torch is not None:
+            results["torch"] = result(*bench_torch(torch, cfg, state, idx, targets, device,
+                                                   args))
 
     print(f"{'':<10}{'ms/step':>11}{'tokens/s':>13}{'TFLOP/s':>10}{'MFU':>8}"
           f"{'loss step1':>12}{'loss last':>12}")
@@ -389,6 +390,9 @@ def main(argv: list[str] | None = None) -> int:
                    else f"ours is {ratio:.2f}x faster")
         print(f"throughput ours/torch = {ratio:.3f} (torch {torch.__version__}, "
               f"{info['torch_threads']} threads; {verdict})")
+        if "paired_ratio_median" in results:
+            print(f"paired steps: median of torch/ours step-time ratios "
+                  f"{results['paired_ratio_median']:.3f}")
         tol = 1e-4 if args.dtype == "f32" else 2e-2
         diff = abs(ours["first_loss"] - theirs["first_loss"])
         agree = diff <= tol * max(1.0, abs(theirs["first_loss"]))
