@@ -7,6 +7,10 @@ target row's gradients from zero in ascending index position, then adds that sum
 table's row once (gpuplan.ops.embedding's `_sequential_segment_sum`, the device segment
 kernel's order). Loaded through `gpuplan.host_jit.extra("host_kernels_sums")`; the GIL is
 released.
+
+Cache: numba's on-disk cache keys these kernels on this file's stamp, not on the options they
+take from gpuplan.host_kernels (`_OPTIONS`): after editing those, touch this file (or clear
+its __pycache__) so that the kernels recompile.
 """
 
 from __future__ import annotations

@@ -309,6 +309,26 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def _import_torch(args: argparse.Namespace, info: dict[str, Any]) -> Any:
+    """torch for the comparison (its version and threads into `info`), or None: --no-torch,
+    not installed, or no CUDA in this build for a cuda run."""
+    if args.no_torch:
+        return None
+    try:
+        import torch
+    except ImportError:
+        print("# torch is not installed: no PyTorch comparison")
+        return None
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("# this torch build has no CUDA: no PyTorch comparison")
+        return None
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    info["torch"] = torch.__version__
+    info["torch_threads"] = torch.get_num_threads()
+    return torch
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     device = args.device
@@ -338,28 +358,22 @@ def main(argv: list[str] | None = None) -> int:
           + (f", {info['host_threads']} host threads" if device == "cpu" else ""))
 
     state = model.state_dict()  # initial weights, before our optimizer changes them
-    torch = None
-    if not args.no_torch:
-        try:
-            import torch
-        except ImportError:
-            print("# torch is not installed: no PyTorch comparison")
-    if torch is not None and device == "cuda" and not torch.cuda.is_available():
-        print("# this torch build has no CUDA: no PyTorch comparison")
-        torch = None
-    if torch is not None:
-        if args.threads is not None:
-            torch.set_num_threads(args.threads)
-        info["torch"] = torch.__version__
-        info["torch_threads"] = torch.get_num_threads()
-    info["interleaved"] = bool(args.interleave and torch is not None)
 
     def result(times: list[float], losses: list[float], memory: dict) -> dict[str, Any]:
         return {**summarize(times, losses, tokens, fpt, peak), **memory,
                 "times_ms": [t * 1e3 for t in times]}
 
     results: dict[str, Any] = {}
-    if info["interleaved"]:
+    if not args.interleave:  # ours first, before torch (and its CUDA libraries) is imported
+        results["ours"] = result(*bench_ours(model, idx, targets, device, args))
+        del model
+        if device == "cuda":
+            gp.backend.cupy_module().get_default_memory_pool().free_all_blocks()
+    torch = _import_torch(args, info)
+    info["interleaved"] = bool(args.interleave and torch is not None)
+    if args.interleave and torch is None:
+        results["ours"] = result(*bench_ours(model, idx, targets, device, args))
+    elif info["interleaved"]:
         print(f"# interleaved: the sides' steps taken in turn, each after a {PAUSE * 1e3:g} ms "
               "pause")
         (t_o, l_o), (t_t, l_t) = time_interleaved(
@@ -368,14 +382,8 @@ def main(argv: list[str] | None = None) -> int:
             args.warmup, args.steps)
         results["ours"], results["torch"] = result(t_o, l_o, {}), result(t_t, l_t, {})
         results["paired_ratio_median"] = float(np.median(np.array(t_t) / np.array(t_o)))
-    else:
-        results["ours"] = result(*bench_ours(model, idx, targets, device, args))
-        del model
-        if device == "cuda":
-            gp.backend.cupy_module().get_default_memory_pool().free_all_blocks()
-        if torch is not None:
-            results["torch"] = result(*bench_torch(torch, cfg, state, idx, targets, device,
-                                                   args))
+    elif torch is not None:
+        results["torch"] = result(*bench_torch(torch, cfg, state, idx, targets, device, args))
 
     print(f"{'':<10}{'ms/step':>11}{'tokens/s':>13}{'TFLOP/s':>10}{'MFU':>8}"
           f"{'loss step1':>12}{'loss last':>12}")

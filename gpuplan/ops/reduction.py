@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from gpuplan import backend, host, host_jit
+from gpuplan import backend, host_jit
 from gpuplan.dtypes import FLOAT_DTYPES, accumulator, as_dtype, cuda_name, float32, float64
 from gpuplan.dtypes import short_name as sn
 from gpuplan.errors import BufferTooSmall, InvalidProblem, describe
@@ -147,10 +147,11 @@ class ReducePlan(Plan):
         count = math.prod(shape[a] for a in self._axes)
         self._divisor = float(count) if self._red.mean else 1.0
         # Sum / mean of f32 over leading axes (a bias gradient): the compiled column sums.
+        # Not for one kept element: NumPy then sums the squeezed vector pairwise.
         k = len(self._axes)
         self._columns = None
         if (d.op in ("sum", "mean") and as_dtype(d.dtype) == float32 and 0 < k < len(shape)
-                and self._axes == tuple(range(k))):
+                and self._axes == tuple(range(k)) and math.prod(shape[k:]) > 1):
             self._columns = (math.prod(shape[:k]), math.prod(shape[k:]))
         if not self._stream.is_host:
             self._launch = reduce_launch(reduce_layout(shape, frozenset(self._axes)),
@@ -297,10 +298,8 @@ class GlobalNormPlan(Plan):
 
     def _run_numpy(self, stream: Stream, ws: Workspace, args: Any) -> None:
         # The fast dot products may overflow: _sums_of_squares then takes the scaled path; a
-        # norm beyond f32's range is inf, as on a GPU. The dots run on this thread alone
-        # (OpenBLAS threads long ones, and its workers then spin for ~0.1 s, slowing every
-        # host-thread hand-off of the next training step ~6x: gpuplan.host_pool).
-        with np.errstate(over="ignore", under="ignore"), host.blas_on_caller():
+        # norm beyond f32's range is inf, as on a GPU.
+        with np.errstate(over="ignore", under="ignore"):
             sums = [_sums_of_squares(a, self._out) for a in args.arrays]
             args.out[...] = _norm_from_sums(*(math.fsum(s[k] for s in sums) for k in range(3)))
 

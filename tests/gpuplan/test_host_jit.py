@@ -161,6 +161,8 @@ def test_residual_layer_norm_adds_as_the_binary_plan_rounds(kernels):
     np.testing.assert_array_equal(s, x + r)
     y_ref, _, _ = layer_norm_reference(s, w, b)
     assert_close(y, y_ref, np.float32, scale=4)
+    for got, want in zip((y, mean, rstd), F.layer_norm(s, w, b), strict=True):
+        np.testing.assert_array_equal(got, want)  # the fused op gives the composed bits
     dy, ds = random((200, 50), np.float32, seed=12), random((200, 50), np.float32, seed=13)
     dx, dw, db = F.residual_layer_norm_backward(dy, s, w, mean, rstd, ds=ds)
     dx0, dw0, db0 = F.layer_norm_backward(dy, s, w, mean, rstd)
@@ -256,16 +258,25 @@ def test_sums_over_leading_axes_take_the_column_kernel_with_numpys_bits(kernels,
     empty = np.zeros((0, 5), np.float32)
     np.testing.assert_array_equal(F.reduce("sum", empty, axes=0), np.zeros(5, np.float32))
     assert np.isnan(F.reduce("mean", empty, axes=0)).all()
-    # Not over leading axes: the NumPy path (the kernel is not called).
+    # Not over leading axes, or one element kept (NumPy then sums a vector pairwise): the
+    # NumPy path, the kernel not called; two kept columns take it.
+    tall = x.reshape(-1, 1)
+    for a, axes in ((x, 1), (tall, 0), (tall.reshape(7, -1, 1), (0, 1))):
+        used.clear()
+        got, want = _both(lambda a=a, axes=axes: F.reduce("sum", a, axes=axes))
+        np.testing.assert_array_equal(got, want)
+        assert not used, (a.shape, axes)
     used.clear()
-    got, want = _both(lambda: F.reduce("sum", x, axes=1))
+    two = np.ascontiguousarray(x.reshape(-1, 67)[:, :2])
+    got, want = _both(lambda: F.reduce("mean", two, axes=0))
     np.testing.assert_array_equal(got, want)
-    assert not used
+    assert used
 
 
-@pytest.mark.parametrize("offset, padding", [(0, None), (0, 3), (5, 7)])
+@pytest.mark.parametrize("offset, padding, index_dtype", [(0, None, np.int64), (0, 3, np.int32),
+                                                          (5, 7, np.int64)])
 def test_embedding_backward_kernel_gives_the_numpy_paths_bits(kernels, offset, padding,
-                                                               monkeypatch):
+                                                               index_dtype, monkeypatch):
     """The compiled scatter-add (gpuplan.host_kernels_sums) against the NumPy segment sums:
     repeated rows summed from zero in index order then added to the table row once, rows
     outside the table and padding entries skipped, -0.0 and a non-zero table included."""
@@ -278,7 +289,7 @@ def test_embedding_backward_kernel_gives_the_numpy_paths_bits(kernels, offset, p
     monkeypatch.setattr(sums, "embedding_backward", lambda *a: used.append(1) or real(*a))
     rng = np.random.default_rng(21)
     n, v, d = 300, 11, 37
-    idx = rng.integers(offset - 2, offset + v + 2, n).astype(np.int64)  # some out of range
+    idx = rng.integers(offset - 2, offset + v + 2, n).astype(index_dtype)  # some out of range
     dout = (rng.standard_normal((n, d)) * np.exp(rng.uniform(-12, 12, (n, d))))
     dout = dout.astype(np.float32)
     dout[:5, 0] = -0.0

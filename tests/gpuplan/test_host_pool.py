@@ -314,9 +314,10 @@ def test_concurrently_gives_whole_calls_to_the_threads_and_the_same_results(thre
         gp.concurrently(np.zeros(1), call(1), boom)
 
 
-def test_wait_until_reports_whether_the_flag_came_within_the_polls():
-    """The compiled poll: True once flags[index] equals the value (after the settle polls),
-    False when it did not within `polls`; the settle polls never change the answer."""
+def test_wait_until_answers_alike_with_and_without_settle_polls():
+    """The compiled poll: True when flags[index] equals the value within `polls` (then it
+    spins `settle` more polls, a timing matter not checked here), False when it does not;
+    the settle count never changes the answer."""
     k = host_jit.kernels()
     if k is None or k.wait_until is None:
         pytest.skip("no compiled wait_until here (numba or sched_yield missing)")

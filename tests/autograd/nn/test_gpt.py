@@ -410,14 +410,15 @@ def test_mlp_fuses_gelu_into_fc_unless_fc_is_substituted(monkeypatch):
     assert len(calls) == 1
 
 
-def test_residual_adds_feeding_a_layer_norm_are_fused(monkeypatch):
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_residual_adds_feeding_a_layer_norm_are_fused(monkeypatch, dtype):
     """Each block's first residual add runs with ln_2, each block's output add with the next
     block's ln_1, the last one with ln_f (F.residual_layer_norm), with the composed values
     and gradients (block by block, each output added alone); a norm that is not an
     nn.LayerNorm runs the add and the norm apart."""
     from autograd.nn import functional as F
 
-    cfg = nn.GPTConfig(**dict(SMALL, n_layer=3), dtype=np.float64, seed=6)
+    cfg = nn.GPTConfig(**dict(SMALL, n_layer=3), dtype=dtype, seed=6)
     model = nn.GPT(cfg)
     _perturb_norms_and_biases(model)
     idx, targets = batch(cfg, 2, 5)
@@ -440,7 +441,7 @@ def test_residual_adds_feeding_a_layer_norm_are_fused(monkeypatch):
     for n, p in model.named_parameters():
         np.testing.assert_array_equal(host(p.grad), want_grads[n], err_msg=n)
     calls.clear()
-    model.blocks[0].ln_2 = nn.RMSNorm(cfg.n_embd, dtype=np.float64)
+    model.blocks[0].ln_2 = nn.RMSNorm(cfg.n_embd, dtype=dtype)
     x = model.embed(idx)
     s = x + model.blocks[0].attn(model.blocks[0].ln_1(x))
     out = s + model.blocks[0].mlp(model.blocks[0].ln_2(s))
