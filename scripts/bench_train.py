@@ -93,46 +93,42 @@ def git_commit() -> str:
 
 # -- timing ---------------------------------------------------------------------------------
 
-def time_steps(step: Callable[[], Any], sync: Callable[[], None], warmup: int,
-               steps: int) -> tuple[list[float], list[float]]:
-    """(seconds of each timed step, loss of every step, warm-up included). Losses are read
-    after the step's clock stops, so their device-to-host copy is not timed."""
-    times, losses = [], []
-    for i in range(warmup + steps):
-        sync()
-        t0 = time.perf_counter()
-        loss = step()
-        sync()
-        elapsed = time.perf_counter() - t0
-        if i >= warmup:
-            times.append(elapsed)
-        losses.append(float(loss.item()))
-    return times, losses
-
-
 #: --interleave: seconds before each timed step, so that the other side's idle threads (our
 #: host workers poll ~1 ms, then sleep; PyTorch's OpenMP workers spin a while) are asleep.
 PAUSE = 0.02
 
 
+def timed(step: Callable[[], Any], sync: Callable[[], None]) -> tuple[float, float]:
+    """(seconds of one step between two syncs, its loss). The loss is read after the clock
+    stops, so its device-to-host copy is not timed."""
+    sync()
+    t0 = time.perf_counter()
+    loss = step()
+    sync()
+    elapsed = time.perf_counter() - t0
+    return elapsed, float(loss.item())
+
+
+def time_steps(step: Callable[[], Any], sync: Callable[[], None], warmup: int,
+               steps: int) -> tuple[list[float], list[float]]:
+    """(seconds of each timed step, loss of every step, warm-up included)."""
+    return time_interleaved([(step, sync)], warmup, steps, pause=0.0)[0]
+
+
 def time_interleaved(sides: list[tuple[Callable[[], Any], Callable[[], None]]], warmup: int,
-                     steps: int) -> list[tuple[list[float], list[float]]]:
+                     steps: int, pause: float = PAUSE) -> list[tuple[list[float], list[float]]]:
     """time_steps of each (step, sync) side, taken in turn step by step (the first side
-    first on even steps, last on odd ones), each after a PAUSE: a slow phase of a shared
-    machine then hits both sides alike."""
+    first on even steps, last on odd ones), each after `pause` seconds: a slow phase of a
+    shared machine then hits both sides alike."""
     out: list[tuple[list[float], list[float]]] = [([], []) for _ in sides]
     for i in range(warmup + steps):
         for k in (range(len(sides)) if i % 2 == 0 else reversed(range(len(sides)))):
-            step, sync = sides[k]
-            time.sleep(PAUSE)
-            sync()
-            t0 = time.perf_counter()
-            loss = step()
-            sync()
-            elapsed = time.perf_counter() - t0
+            if pause:
+                time.sleep(pause)
+            elapsed, loss = timed(*sides[k])
             if i >= warmup:
                 out[k][0].append(elapsed)
-            out[k][1].append(float(loss.item()))
+            out[k][1].append(loss)
     return out
 
 
