@@ -11,10 +11,10 @@ Which ops use them, float32 operands only (f64 keeps the NumPy passes and their 
 GELU forward and backward (gpuplan.ops.gelu_host, the host GEMM's GELU epilogue, and the
 f16/bf16 GELU's float32 blocks), LayerNorm, RMSNorm and residual + LayerNorm, forward and
 backward (gpuplan.ops.norm_host), AdamW (gpuplan.ops.adamw_host), the attention plans'
-softmax and score gradients (gpuplan.host_kernels_attention, from gpuplan.ops.attention_host);
-the reduce's column sums over leading axes (bias gradients) and the embedding backward
-(gpuplan.host_kernels_sums, through `extra`);
-and gpuplan.host_pool's threads poll with `wait_until` before they sleep.
+softmax and score gradients (gpuplan.host_kernels_attention, from gpuplan.ops.attention_host)
+and the reduce's column sums over leading axes (bias gradients) and the embedding backward
+(gpuplan.host_kernels_sums), both loaded through `extra`. gpuplan.host_pool's threads poll
+with `wait_until` before they sleep.
 """
 
 from __future__ import annotations

@@ -5,9 +5,10 @@ The host attention (gpuplan.ops.attention_host) runs its products as BLAS GEMMs 
 of query rows and the keys they can see; between the GEMMs NumPy would make ~8 passes over
 the block's scores (scale, mask, max, subtract, exp, sum, normalise; the backward as many).
 These kernels make one pass per row over the row's unmasked scores, with the row still in
-cache, and write the masked tail's zeros. Loaded through `gpuplan.host_jit.kernels()`, like
-gpuplan.host_kernels, whose float32 exp (`_exp_f32`: float64 arithmetic rounded once, within
-an ulp) and float64 row sum (`_sum`) they use; the GIL is released.
+cache, and write the masked tail's zeros. Loaded through
+`gpuplan.host_jit.extra("host_kernels_attention")`. They use gpuplan.host_kernels' float32
+exp (`_exp_f32`: float64 arithmetic rounded once, within an ulp) and float64 row sum
+(`_sum`); the GIL is released.
 
 Rows: block row r of batch entry b is query i = i0 + r; key j is masked when j > i + diag
 (diag = lk - lq for a causal plan, and >= the block's key count otherwise). A row every key

@@ -25,8 +25,6 @@ Dropout multipliers come from the plan's Philox stream per chunk
 
 from __future__ import annotations
 
-import threading
-import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -44,7 +42,6 @@ HOST_GRAIN_SCORES = 1 << 17
 #: Query rows per block of a causal plan (see the module docstring).
 CAUSAL_ROWS = 64
 _EMPTY = np.zeros((0, 0, 0), np.float32)
-_load_lock = threading.Lock()
 
 
 def host_chunks(desc: Any, fn: Callable[[int, int], None]) -> None:
@@ -113,28 +110,14 @@ def _mask(desc: Any, r0: int, r1: int, keys: int) -> np.ndarray | None:
     return mask if mask.any() else None
 
 
-_loaded: list[Any] = []  # [the kernel module or None], once tried
-
-
 def _kernels(blocks: tuple, rows: tuple) -> Any:
-    """gpuplan.host_kernels_attention when it loads and takes the operands (`blocks`:
-    C-contiguous float32; `rows`: float32 views), else None. A module that fails to load
-    (a numba error) warns once and leaves the NumPy passes, as gpuplan.host_jit does."""
-    if (not host_jit.takes(*blocks) or host_jit.kernels() is None
+    """gpuplan.host_kernels_attention when it loads (`host_jit.extra`: a numba error warns
+    once and leaves the NumPy passes) and takes the operands (`blocks`: C-contiguous
+    float32; `rows`: float32 views), else None."""
+    if (not host_jit.takes(*blocks)
             or any(a.dtype != np.float32 or not a.flags.aligned for a in rows)):
         return None
-    if not _loaded:
-        with _load_lock:
-            if not _loaded:
-                try:
-                    from gpuplan import host_kernels_attention as module
-                except Exception as exc:  # noqa: BLE001 - any numba failure: fall back
-                    warnings.warn(f"gpuplan: the compiled attention kernels failed to load "
-                                  f"({exc!r}); host attention runs as NumPy passes",
-                                  RuntimeWarning, stacklevel=2)
-                    module = None
-                _loaded.append(module)
-    return _loaded[0]
+    return host_jit.extra("host_kernels_attention")
 
 
 def _softmax(desc: Any, s: np.ndarray, lse: np.ndarray, r0: int, r1: int) -> None:

@@ -311,3 +311,30 @@ def test_embedding_backward_kernel_gives_the_numpy_paths_bits(kernels, offset, p
                                                    index_offset=offset))
     np.testing.assert_array_equal(got, want)
     np.testing.assert_array_equal(np.signbit(got), np.signbit(want))
+
+
+def test_a_kernel_module_that_fails_to_load_warns_once_and_leaves_the_numpy_passes(
+        kernels, monkeypatch):
+    """host_jit.extra: a module whose import raises (a numba error) gives None and one
+    RuntimeWarning, remembered; the host op then runs its NumPy passes with their bits."""
+    import importlib
+    import warnings
+
+    real = importlib.import_module
+
+    def broken(name, *a, **k):
+        if name == "gpuplan.host_kernels_sums":
+            raise RuntimeError("numba: no")
+        return real(name, *a, **k)
+
+    monkeypatch.setattr(host_jit, "_extra", {})
+    monkeypatch.setattr(importlib, "import_module", broken)
+    with pytest.warns(RuntimeWarning, match="host_kernels_sums failed to load"):
+        assert host_jit.extra("host_kernels_sums") is None
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert host_jit.extra("host_kernels_sums") is None  # remembered: no second warning
+    x = random((64, 40), np.float32, seed=30)
+    with host_jit.numpy_only():
+        want = F.reduce("sum", x, axes=0)
+    np.testing.assert_array_equal(F.reduce("sum", x, axes=0), want)
