@@ -81,6 +81,12 @@ def call(plan_cls: type[Plan], desc: Any, *, like: Any, pref: PlanPreference | N
 #: whole calls: ~0.1 ms of single-thread sgemm. Below it, the hand-off (two plan calls'
 #: Python contending for the GIL: ~0.1 ms a pair on the 2-core VM) costs more than it saves.
 CONCURRENT_WORK = 1 << 23
+#: Settle polls (gpuplan.host_pool.SETTLE_POLLS) of a worker taking a whole call: the
+#: caller's own call holds the GIL for its plan-call Python (~40 us) before its GEMM starts,
+#: and a worker asking for it meanwhile sleeps (~25 us to wake on the VM). Small-GPT step at
+#: two threads, 10 -> 80 polls: 55.5 -> 54.1 and 54.9 -> 54.5 ms (medians of 40 steps,
+#: settings alternated step by step in one process; 40: 54.4, 160: 54.9).
+CONCURRENT_SETTLE = 80
 
 
 def concurrently(like: Any, *calls: Callable[[], Any] | None, work: int | None = None
@@ -111,7 +117,7 @@ def concurrently(like: Any, *calls: Callable[[], Any] | None, work: int | None =
         for k in todo[lo:hi]:
             out[k] = calls[k]()
 
-    host_pool.parallel_for(len(todo), part)
+    host_pool.parallel_for(len(todo), part, settle=CONCURRENT_SETTLE)
     return out
 
 

@@ -354,11 +354,12 @@ if _YIELD is not None:
           nogil=True)
     def wait_until(flags, index, value, polls, settle):
         """Whether flags[index] == value within `polls` polls, yielding the CPU between polls
-        (the opaque call also makes every poll reload flags[index]); once it is, `settle`
-        more yields before returning. The GIL is released meanwhile."""
+        (the opaque call also makes every poll reload flags[index]); once it is,
+        flags[settle] more yields before returning (read then: the poster sets it before
+        the flag). The GIL is released meanwhile."""
         for _ in range(polls):
             if flags[index] == value:
-                for _ in range(settle):
+                for _ in range(flags[settle]):
                     _YIELD()
                 return True
             _YIELD()

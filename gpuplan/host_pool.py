@@ -66,28 +66,34 @@ SPIN_POLLS = 2000
 #: [1024, 128] LayerNorm split over two threads: 92 -> 68 us; the small-GPT step at two
 #: threads 70.4 -> 68.3 ms, alternating settings step by step in one process).
 SETTLE_POLLS = 10
+#: Flags of a _Worker: tasks posted, tasks finished, and the settle polls of each side (the
+#: worker's is set by the poster with each task: a caller whose own part starts with more
+#: Python than usual, such as a whole plan call, asks the worker to settle longer).
+_POSTED, _FINISHED, _WORKER_SETTLE, _CALLER_SETTLE = range(4)
 
 
-def _wait(flags: np.ndarray, index: int, value: int) -> bool:
-    """Whether flags[index] reached `value` within SPIN_POLLS polls, then SETTLE_POLLS more
-    (False at once without the compiled kernels: the caller then sleeps on its condition)."""
+def _wait(flags: np.ndarray, index: int, value: int, settle: int) -> bool:
+    """Whether flags[index] reached `value` within SPIN_POLLS polls, then flags[settle]
+    more (False at once without the compiled kernels: the caller then sleeps on its
+    condition)."""
     k = host_jit.kernels()
     wait_until = None if k is None else k.wait_until
-    return wait_until is not None and wait_until(flags, index, value, SPIN_POLLS, SETTLE_POLLS)
+    return wait_until is not None and wait_until(flags, index, value, SPIN_POLLS, settle)
 
 
 class _Worker:
     """A daemon thread running one (fn, start, stop, errors) task at a time.
 
-    `post` stores the task and bumps flags[0]; the worker polls for it (`_wait`), then sleeps
-    on `cond`, woken by `post` only when it sleeps. When the task ends (its exception, or
-    None, in `error`), the worker sets flags[1] to flags[0]; `join` polls for that, then
-    sleeps on `cond` likewise. Only the caller writes flags[0], only the worker flags[1];
+    `post` stores the task and bumps flags[_POSTED]; the worker polls for it (`_wait`), then
+    sleeps on `cond`, woken by `post` only when it sleeps. When the task ends (its exception,
+    or None, in `error`), the worker sets flags[_FINISHED] to flags[_POSTED]; `join` polls
+    for that, then sleeps on `cond` likewise. Only the caller writes flags[_POSTED] (and the
+    settle polls), only the worker flags[_FINISHED];
     the sleeping flags are read and written under the GIL, and each side re-checks its flag
     under `cond` before it waits, so no wake-up is lost."""
 
     def __init__(self) -> None:
-        self.flags = np.zeros(2, np.int64)  # tasks posted, tasks finished
+        self.flags = np.zeros(4, np.int64)  # _POSTED, _FINISHED, _WORKER/_CALLER_SETTLE
         self.task: tuple | None = None
         self.error: BaseException | None = None
         self.cond = threading.Condition(threading.Lock())
@@ -95,20 +101,22 @@ class _Worker:
         self.joining = False   # the caller waits on cond for the task to end
         threading.Thread(target=self._loop, name="gpuplan-host", daemon=True).start()
 
-    def post(self, task: tuple) -> None:
+    def post(self, task: tuple, settle: int) -> None:
         self.task, self.error = task, None
-        self.flags[0] += 1
+        self.flags[_WORKER_SETTLE] = settle
+        self.flags[_POSTED] += 1
         if self.sleeping:
             with self.cond:
                 self.cond.notify_all()
 
     def join(self) -> BaseException | None:
         """Wait until the posted task has ended; returns its exception or None."""
-        posted = int(self.flags[0])
-        if not _wait(self.flags, 1, posted):
+        posted = int(self.flags[_POSTED])
+        self.flags[_CALLER_SETTLE] = SETTLE_POLLS
+        if not _wait(self.flags, _FINISHED, posted, _CALLER_SETTLE):
             with self.cond:
                 self.joining = True
-                while self.flags[1] != posted:
+                while self.flags[_FINISHED] != posted:
                     self.cond.wait()
                 self.joining = False
         return self.error
@@ -117,10 +125,10 @@ class _Worker:
         done = 0
         while True:
             want = done + 1
-            if not _wait(self.flags, 0, want):
+            if not _wait(self.flags, _POSTED, want, _WORKER_SETTLE):
                 with self.cond:
                     self.sleeping = True
-                    while self.flags[0] != want:
+                    while self.flags[_POSTED] != want:
                         self.cond.wait()
                     self.sleeping = False
             fn, start, stop, errors = self.task
@@ -131,7 +139,7 @@ class _Worker:
                 self.error = exc
             done = want
             self.task = None
-            self.flags[1] = done
+            self.flags[_FINISHED] = done
             if self.joining:
                 with self.cond:
                     self.cond.notify_all()
@@ -146,10 +154,11 @@ def split(n: int, parts: int, align: int = 1) -> list[int]:
 
 
 def parallel_for(n: int, fn: Callable[[int, int], None], grain: int = 1,
-                 align: int = 1) -> None:
+                 align: int = 1, settle: int | None = None) -> None:
     """fn(start, stop) over contiguous parts of range(n), at least `grain` long and aligned
     to `align`, on up to thread_budget() threads; returns when every part is done and
-    re-raises the first exception."""
+    re-raises the first exception. `settle`: the workers' settle polls (None:
+    SETTLE_POLLS)."""
     parts = min(host.thread_budget(), n // max(1, grain))
     if parts <= 1 or not _lock.acquire(blocking=False):
         if n > 0:
@@ -164,7 +173,8 @@ def parallel_for(n: int, fn: Callable[[int, int], None], grain: int = 1,
         error = None
         with host.blas_on_caller():  # the parts may call BLAS: one thread each
             for k, w in enumerate(busy, start=1):
-                w.post((fn, bounds[k], bounds[k + 1], errors))
+                w.post((fn, bounds[k], bounds[k + 1], errors),
+                       SETTLE_POLLS if settle is None else settle)
             try:
                 fn(bounds[0], bounds[1])
             except BaseException as exc:  # noqa: BLE001 - the workers must finish first

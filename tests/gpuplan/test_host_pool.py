@@ -321,8 +321,8 @@ def test_wait_until_answers_alike_with_and_without_settle_polls():
     k = host_jit.kernels()
     if k is None or k.wait_until is None:
         pytest.skip("no compiled wait_until here (numba or sched_yield missing)")
-    flags = np.array([3, 7], np.int64)
     for settle in (0, 5):
-        assert k.wait_until(flags, 1, 7, 10, settle) is True
-        assert k.wait_until(flags, 0, 4, 10, settle) is False
-        assert k.wait_until(flags, 0, 3, 0, settle) is True  # no poll left: read once more
+        flags = np.array([3, 7, settle], np.int64)  # the settle count is read from flags[2]
+        assert k.wait_until(flags, 1, 7, 10, 2) is True
+        assert k.wait_until(flags, 0, 4, 10, 2) is False
+        assert k.wait_until(flags, 0, 3, 0, 2) is True  # no poll left: read once more
