@@ -187,8 +187,8 @@ class EmbeddingBackwardPlan(Plan):
         shifted, valid = _shifted_rows(args.indices, d.index_offset, d.num_embeddings)
         idx = shifted.astype(np.int64, copy=False)
         keep = valid & (idx != self._padding_row)
-        k = host_jit.extra("host_kernels_sums") if host_jit.takes(args.dout,
-                                                                  args.dweight) else None
+        k = (host_jit.extra("host_kernels_sums")
+             if host_jit.takes(args.dout, args.dweight) else None)
         if k is not None:
             k.embedding_backward(args.dout.reshape(-1, d.embedding_dim), idx.reshape(-1),
                                  keep.reshape(-1), args.dweight)
