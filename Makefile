@@ -17,7 +17,7 @@ bench:
 
 # Training-step throughput, ours vs PyTorch eager (GPT-2 small on a GPU, the small model on
 # the host); override e.g. `make bench-train BENCH_TRAIN_ARGS="--dtype f32"`.
-BENCH_TRAIN_ARGS ?= $(shell if $(PYTHON) -c 'import gpuplan, sys; sys.exit(not gpuplan.device_available())' 2>/dev/null; then echo --model gpt2 --dtype bf16; else echo --model small; fi)
+BENCH_TRAIN_ARGS ?= $(shell if $(PYTHON) -c 'import gpuplan, sys; sys.exit(not gpuplan.device_available())' 2>/dev/null; then echo --model gpt2 --dtype bf16 --cuda-graph; else echo --model small; fi)
 bench-train:
 	$(PYTHON) scripts/bench_train.py $(BENCH_TRAIN_ARGS) --json reports/bench_train.json
 

@@ -1,14 +1,26 @@
-"""Training-step throughput of our GPT vs PyTorch eager: same model, weights, batch, dtype.
+"""Training-step throughput of our GPT vs PyTorch: same model, weights, batch, dtype.
 
     python scripts/bench_train.py --model small --device cpu --steps 5 --threads 2
-    python scripts/bench_train.py --model gpt2 --device cuda --dtype bf16 --json reports/train.json
+    python scripts/bench_train.py --model gpt2 --device cuda --dtype bf16 --cuda-graph \
+        --torch-compile --json reports/train.json
 
 One step = forward, mean cross-entropy, backward, clip_grad_norm_(1.0), AdamW step
 (lr 3e-4, betas (0.9, 0.95), weight decay 0.1), zero grad. Each step is timed between two
-device synchronizations; the median is reported. Both runs start from our model's initial
+device synchronizations; the median is reported. Every side starts from our model's initial
 weights (copied into the PyTorch model, Linear weights transposed: ours are
-``[in, out]``, PyTorch's ``[out, in]``) and train on the same fixed batch, so their
+``[in, out]``, PyTorch's ``[out, in]``) and trains on the same fixed batch, so their
 first-step losses must agree; the script exits with status 1 when they do not.
+
+Sides (rows of the table, keys of --json):
+  ours           our eager step (autograd tape, one plan call per op)
+  ours_graph     --cuda-graph (a device): the same step captured once with
+                 gpuplan.graphs.capture_step after the warm-up steps, then replayed (one
+                 launch per step; the norm is clipped on the device, no host read)
+  torch          PyTorch eager
+  torch_compile  --torch-compile: the PyTorch model under torch.compile (default mode; the
+                 optimizer eager). Its compilation runs in the warm-up and is reported as
+                 compile_s; where it fails the error is printed and recorded, and the other
+                 sides still run ("where it works").
 
 dtype:
   f32   ours: f32 everywhere, f32 GEMMs (cuBLAS pedantic f32, never TF32); PyTorch: f32
@@ -29,17 +41,22 @@ f32, not TF32, for f32 since neither side uses TF32). On the host no MFU is give
 
 Peak memory on GPU: ours = the largest number of bytes in use in CuPy's memory pool during
 one extra, untimed step (a ``cupy.cuda.MemoryHook``), and the pool's total after the run;
-PyTorch = ``torch.cuda.max_memory_allocated`` and ``max_memory_reserved``.
+ours_graph = the default pool's and the graph's private pool's totals; PyTorch =
+``torch.cuda.max_memory_allocated`` and ``max_memory_reserved`` over its run.
 
 --threads N (host runs) gives both sides N threads: ours through gpuplan.host (the BLAS pool
 and the budget of the other host ops), PyTorch through torch.set_num_threads.
 
-On the host the two sides run interleaved by default (--no-interleave: ours, then PyTorch):
+On the host the sides run interleaved by default (--no-interleave: one after the other):
 step i of each is timed in turn, after a short pause, so that a shared machine's slow phases
-(PyTorch's own two-thread step ranged 51-68 ms between runs on the 2-core CI VM) hit both
-sides alike. The paired ratio (median over steps of torch's time / ours) is printed too.
+(PyTorch's own two-thread step ranged 51-68 ms between runs on the 2-core CI VM) hit every
+side alike. The paired ratio (median over steps of torch's time / ours) is printed too. On a
+GPU the sides run one at a time, ours first (before torch and its CUDA libraries are
+imported), each measuring its own peak memory.
 
-PyTorch is optional: without it only our numbers are printed.
+--device emulated runs our sides on the emulated device (GPUPLAN_DEVICE=emulated makes
+"cuda" mean it too): the device code path end to end, at the emulator's speed, with no
+PyTorch comparison. PyTorch is optional: without it only our numbers are printed.
 """
 
 from __future__ import annotations
@@ -49,7 +66,6 @@ import datetime
 import json
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -59,11 +75,20 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench_sides import (  # noqa: E402
+    HYPER,
+    PAUSE,
+    Side,
+    ours_graph_side,
+    ours_memory,
+    ours_side,
+    time_sides,
+)
 from progress import device_name, flops_per_token, peak_tflops  # noqa: E402
-from torch_gpt import build_torch_gpt, load_our_weights  # noqa: E402
+from torch_gpt import import_torch, torch_memory, torch_train_step  # noqa: E402
 
 import gpuplan as gp  # noqa: E402
-from autograd import nn, optim  # noqa: E402
+from autograd import nn  # noqa: E402
 
 MODELS: dict[str, dict[str, int]] = {
     "gpt2": dict(vocab_size=50304, block_size=1024, n_layer=12, n_head=12, n_embd=768),
@@ -73,8 +98,8 @@ MODELS: dict[str, dict[str, int]] = {
     "tiny": dict(vocab_size=64, block_size=32, n_layer=2, n_head=2, n_embd=32),
 }
 DEFAULT_BATCH = {"gpt2": 8, "medium": 8, "small": 8, "tiny": 4}
-
-LR, BETAS, WEIGHT_DECAY, MAX_NORM = 3e-4, (0.9, 0.95), 0.1, 1.0
+#: Sides whose rows compare with each torch side, and the torch sides.
+OURS, THEIRS = ("ours", "ours_graph"), ("torch", "torch_compile")
 
 
 # -- run description ------------------------------------------------------------------------
@@ -91,183 +116,155 @@ def git_commit() -> str:
         return "unknown"
 
 
-# -- timing ---------------------------------------------------------------------------------
 
-#: --interleave: seconds before each timed step, so that the other side's idle threads (our
-#: host workers poll ~1 ms, then sleep; PyTorch's OpenMP workers spin a while) are asleep.
-PAUSE = 0.02
+# -- sides ----------------------------------------------------------------------------------
 
+def torch_sides(torch: Any, cfg: nn.GPTConfig, state: dict[str, np.ndarray], idx: np.ndarray,
+                targets: np.ndarray, args: argparse.Namespace, errors: dict[str, str]
+                ) -> list[Callable[[], Side | None]]:
+    """Makers of the PyTorch sides: eager, and with --torch-compile the compiled model,
+    whose warm-up (compilation included) runs in its maker; a failure there is recorded in
+    `errors` and the maker returns None."""
+    label = "torch amp" if args.dtype == "bf16" else "torch eager"
 
-def timed(step: Callable[[], Any], sync: Callable[[], None]) -> tuple[float, float]:
-    """(seconds of one step between two syncs, its loss). The loss is read after the clock
-    stops, so its device-to-host copy is not timed."""
-    sync()
-    t0 = time.perf_counter()
-    loss = step()
-    sync()
-    elapsed = time.perf_counter() - t0
-    return elapsed, float(loss.item())
+    def eager() -> Side:
+        return Side("torch", label, *torch_train_step(torch, cfg, state, idx, targets,
+                                                      args.device, args.dtype, HYPER))
 
-
-def time_steps(step: Callable[[], Any], sync: Callable[[], None], warmup: int,
-               steps: int) -> tuple[list[float], list[float]]:
-    """(seconds of each timed step, loss of every step, warm-up included)."""
-    return time_interleaved([(step, sync)], warmup, steps, pause=0.0)[0]
-
-
-def time_interleaved(sides: list[tuple[Callable[[], Any], Callable[[], None]]], warmup: int,
-                     steps: int, pause: float = PAUSE) -> list[tuple[list[float], list[float]]]:
-    """time_steps of each (step, sync) side, taken in turn step by step (the first side
-    first on even steps, last on odd ones), each after `pause` seconds: a slow phase of a
-    shared machine then hits both sides alike."""
-    out: list[tuple[list[float], list[float]]] = [([], []) for _ in sides]
-    for i in range(warmup + steps):
-        for k in (range(len(sides)) if i % 2 == 0 else reversed(range(len(sides)))):
-            if pause:
-                time.sleep(pause)
-            elapsed, loss = timed(*sides[k])
-            if i >= warmup:
-                out[k][0].append(elapsed)
-            out[k][1].append(loss)
-    return out
-
-
-def summarize(times: list[float], losses: list[float], tokens: int,
-              flops_token: float, peak: float | None) -> dict[str, Any]:
-    median = float(np.median(times))
-    tps = tokens / median
-    return {"step_ms": median * 1e3, "step_ms_min": min(times) * 1e3,
-            "step_ms_max": max(times) * 1e3, "tokens_per_s": tps,
-            "model_tflops": flops_token * tps / 1e12,
-            "mfu": None if peak is None else flops_token * tps / (peak * 1e12),
-            "first_loss": losses[0], "last_loss": losses[-1], "losses": losses}
-
-
-def _cupy_peak_hook(cp: Any) -> Any:
-    class PeakInUse(cp.cuda.MemoryHook):
-        """Tracks the bytes handed out by the memory pool (rounded sizes) and their maximum."""
-
-        name = "PeakInUse"
-
-        def __init__(self, start: int) -> None:
-            self.in_use = self.peak = start
-
-        def malloc_postprocess(self, **kw: Any) -> None:
-            self.in_use += kw["mem_size"]
-            self.peak = max(self.peak, self.in_use)
-
-        def free_postprocess(self, **kw: Any) -> None:
-            self.in_use -= kw["mem_size"]
-
-    return PeakInUse(cp.get_default_memory_pool().used_bytes())
-
-
-# -- ours -----------------------------------------------------------------------------------
-
-def ours_step(model: nn.GPT, idx: np.ndarray, targets: np.ndarray, device: str
-              ) -> tuple[Callable[[], Any], Callable[[], None]]:
-    """(step, sync) of our training step on `device`."""
-    params = list(model.parameters())  # used twice: a generator would be spent
-    opt = optim.AdamW(params, lr=LR, betas=BETAS, weight_decay=WEIGHT_DECAY)
-    x, y = gp.to_device(idx, device), gp.to_device(targets, device)
-
-    def step():
-        loss = model.loss(x, y)
-        loss.backward()
-        optim.clip_grad_norm_(params, MAX_NORM)
-        opt.step()
-        opt.zero_grad()
-        return loss
-
-    def sync():
-        if device == "cuda":
-            gp.backend.synchronize()
-
-    return step, sync
-
-
-def bench_ours(model: nn.GPT, idx: np.ndarray, targets: np.ndarray, device: str,
-               args: argparse.Namespace) -> tuple[list[float], list[float], dict]:
-    step, sync = ours_step(model, idx, targets, device)
-    times, losses = time_steps(step, sync, args.warmup, args.steps)
-    memory: dict[str, Any] = {}
-    if device == "cuda":
-        cp = gp.backend.cupy_module()
+    def compiled() -> Side | None:
         try:
-            hook = _cupy_peak_hook(cp)
-            with hook:
-                step()
-                sync()
-            memory["peak_in_use_bytes"] = hook.peak
-        except Exception as exc:  # noqa: BLE001 - the hook API is a nicety, not the benchmark
-            memory["peak_in_use_error"] = repr(exc)
-        memory["pool_total_bytes"] = cp.get_default_memory_pool().total_bytes()
-    return times, losses, memory
+            side = Side("torch_compile", "torch compile", *torch_train_step(
+                torch, cfg, state, idx, targets, args.device, args.dtype, HYPER, compile=True))
+            time_sides([side], args.warmup, 0)
+        except Exception as exc:  # noqa: BLE001 - "where it works": report, run the others
+            errors["torch_compile"] = f"{type(exc).__name__}: {exc}".splitlines()[0][:500]
+            print(f"# torch.compile failed, no torch compile row: {errors['torch_compile']}")
+            return None
+        side.extra["compile_s"] = side.warmup_times[0]  # its first call compiles
+        return side
+
+    return [eager] + ([compiled] if args.torch_compile else [])
 
 
-# -- PyTorch --------------------------------------------------------------------------------
-
-def torch_step(torch: Any, cfg: nn.GPTConfig, state: dict[str, np.ndarray], idx: np.ndarray,
-               targets: np.ndarray, device: str, dtype: str
-               ) -> tuple[Callable[[], Any], Callable[[], None]]:
-    """(step, sync) of the PyTorch twin's training step, from our initial weights `state`."""
-    torch.backends.cuda.matmul.allow_tf32 = False  # the default; ours never uses TF32
-    torch.backends.cudnn.allow_tf32 = False
-    tmodel = build_torch_gpt(torch, cfg)
-    load_our_weights(torch, tmodel, state)
-    tmodel.to(device)
-    params = list(tmodel.parameters())
-    opt = torch.optim.AdamW(params, lr=LR, betas=BETAS, weight_decay=WEIGHT_DECAY)
-    x = torch.from_numpy(idx).to(device)
-    y = torch.from_numpy(targets).to(device)
-    use_autocast = dtype == "bf16"
-
-    def step():
-        with torch.autocast(device_type=device, dtype=torch.bfloat16, enabled=use_autocast):
-            loss = tmodel(x, y)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, MAX_NORM)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        return loss
-
-    def sync():
-        if device == "cuda":
-            torch.cuda.synchronize()
-
-    return step, sync
-
-
-def bench_torch(torch: Any, cfg: nn.GPTConfig, state: dict[str, np.ndarray], idx: np.ndarray,
-                targets: np.ndarray, device: str, args: argparse.Namespace
-                ) -> tuple[list[float], list[float], dict]:
-    step, sync = torch_step(torch, cfg, state, idx, targets, device, args.dtype)
-    if device == "cuda":
-        torch.cuda.reset_peak_memory_stats()
-    times, losses = time_steps(step, sync, args.warmup, args.steps)
-    memory: dict[str, Any] = {}
-    if device == "cuda":
-        memory = {"max_allocated_bytes": torch.cuda.max_memory_allocated(),
-                  "max_reserved_bytes": torch.cuda.max_memory_reserved()}
-    return times, losses, memory
+def run_sides(makers: list[Callable[[], Side | None]], args: argparse.Namespace,
+              memory: Callable[[Side], dict[str, Any]],
+              fresh: Callable[[], None] = lambda: None) -> list[Side]:
+    """Make and time the sides: interleaved (all made first), or one at a time, each
+    measuring its `memory` and freeing its own before the next is made. `fresh()` runs
+    before each side is made (a new peak-memory window)."""
+    if args.interleave:
+        sides = [s for s in (make() for make in makers) if s is not None]
+        time_sides(sides, args.warmup, args.steps, PAUSE)
+        return sides
+    sides = []
+    for make in makers:
+        fresh()
+        side = make()
+        if side is None:
+            continue
+        time_sides([side], args.warmup, args.steps)
+        side.extra.update(memory(side))
+        side.step = side.sync = None  # type: ignore[assignment]  # drop the model and state
+        side.extra.pop("_graph", None)
+        if args.device == "cuda":
+            gp.backend.cupy_module().get_default_memory_pool().free_all_blocks()
+        sides.append(side)
+    return sides
 
 
 # -- report ---------------------------------------------------------------------------------
+
+def summarize(side: Side, tokens: int, flops_token: float, peak: float | None
+              ) -> dict[str, Any]:
+    """The JSON record of a timed side."""
+    median = float(np.median(side.times))
+    tps = tokens / median
+    return {"label": side.label, "step_ms": median * 1e3, "step_ms_min": min(side.times) * 1e3,
+            "step_ms_max": max(side.times) * 1e3, "tokens_per_s": tps,
+            "model_tflops": flops_token * tps / 1e12,
+            "mfu": None if peak is None else flops_token * tps / (peak * 1e12),
+            "first_loss": side.losses[0], "last_loss": side.losses[-1],
+            "losses": side.losses, "times_ms": [t * 1e3 for t in side.times],
+            "warmup_ms": [t * 1e3 for t in side.warmup_times],
+            **{k: v for k, v in side.extra.items() if not k.startswith("_")}}
+
 
 def _gib(n: int | None) -> str:
     return "-" if n is None else f"{n / 2**30:.2f} GiB"
 
 
-def print_row(name: str, r: dict[str, Any]) -> None:
+def print_row(r: dict[str, Any]) -> None:
     mfu = "-" if r["mfu"] is None else f"{100 * r['mfu']:.1f}%"
-    print(f"{name:<10}{r['step_ms']:>11.1f}{r['tokens_per_s']:>13,.0f}"
+    print(f"{r['label']:<14}{r['step_ms']:>11.1f}{r['tokens_per_s']:>13,.0f}"
           f"{r['model_tflops']:>10.3f}{mfu:>8}{r['first_loss']:>12.6f}{r['last_loss']:>12.6f}")
 
+
+def compare(results: dict[str, Any], sides: dict[str, Side], dtype: str) -> bool:
+    """Print and record the throughput ratios of our sides over the torch sides (and the
+    paired step-time ratios of an interleaved run), and check every side's first-step loss
+    against ours. True when they all agree."""
+    ratios, paired = {}, {}
+    for a in OURS:
+        for b in THEIRS:
+            if a in results and b in results:
+                r = results[a]["tokens_per_s"] / results[b]["tokens_per_s"]
+                ratios[f"{a}/{b}"] = r
+                verdict = f"{1 / r:.2f}x slower" if r < 1 else f"{r:.2f}x faster"
+                print(f"throughput {a}/{b} = {r:.3f} ({results[a]['label']} is {verdict})")
+                if sides[a].times and len(sides[a].times) == len(sides[b].times):
+                    paired[f"{b}/{a}"] = float(np.median(np.array(sides[b].times)
+                                                          / np.array(sides[a].times)))
+    if ratios:
+        results["ratios"] = ratios
+    if "ours/torch" in ratios:
+        results["ratio_ours_over_torch"] = ratios["ours/torch"]
+    if paired and results["info"].get("interleaved"):
+        results["paired_ratio_median"] = paired
+        print("paired steps, median of step-time ratios: "
+              + ", ".join(f"{k} {v:.3f}" for k, v in paired.items()))
+    tol = 1e-4 if dtype == "f32" else 2e-2
+    ours, agree_all = results["ours"], True
+    for key in [k for k in (*OURS, *THEIRS) if k in results and k != "ours"]:
+        theirs = results[key]
+        diff = abs(ours["first_loss"] - theirs["first_loss"])
+        agree = diff <= tol * max(1.0, abs(theirs["first_loss"]))
+        drift = max(abs(a - b) for a, b in zip(ours["losses"], theirs["losses"], strict=True))
+        theirs["first_loss_agree"] = agree
+        theirs["max_loss_diff_all_steps"] = drift
+        agree_all &= agree
+        print(f"first-step loss ours {ours['first_loss']:.6f} vs {theirs['label']} "
+              f"{theirs['first_loss']:.6f}: |diff| {diff:.2e} "
+              f"({'agree' if agree else 'DISAGREE'}, relative tolerance {tol:g}); "
+              f"max |diff| over all {len(ours['losses'])} steps {drift:.2e}")
+    if "torch" in results:  # the headline pair's fields, as before the other sides
+        results["first_loss_agree"] = results["torch"]["first_loss_agree"]
+        results["max_loss_diff_all_steps"] = results["torch"]["max_loss_diff_all_steps"]
+    return agree_all
+
+
+def print_memory(results: dict[str, Any]) -> None:
+    o, t = results["ours"], results.get("torch", {})
+    line = (f"peak memory: ours {_gib(o.get('peak_in_use_bytes'))} in use "
+            f"(pool {_gib(o.get('pool_total_bytes'))})")
+    if "ours_graph" in results:
+        g = results["ours_graph"]
+        line += (f"; ours graph pools {_gib(g.get('pool_total_bytes'))} "
+                 f"(graph {_gib(g.get('graph_pool_bytes'))})")
+    if t:
+        line += (f"; torch {_gib(t.get('max_allocated_bytes'))} allocated "
+                 f"({_gib(t.get('max_reserved_bytes'))} reserved)")
+    if "torch_compile" in results:
+        c = results["torch_compile"]
+        line += f"; torch compile {_gib(c.get('max_allocated_bytes'))} allocated"
+    print(line)
+
+
+# -- command line ---------------------------------------------------------------------------
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", choices=list(MODELS), default="small")
-    ap.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    ap.add_argument("--device", choices=["auto", "cpu", "cuda", "emulated"], default="auto")
     ap.add_argument("--dtype", choices=["f32", "bf16"], default="f32")
     ap.add_argument("--batch", type=int, default=None, help="default: 8 (4 for tiny)")
     ap.add_argument("--seq", type=int, default=None, help="default: the model's block size")
@@ -275,54 +272,47 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--warmup", type=int, default=None, help="untimed steps (3 cuda, 1 cpu)")
     ap.add_argument("--threads", type=int, default=None,
                     help="host threads of both sides (default: each side's own choice)")
+    ap.add_argument("--cuda-graph", action="store_true",
+                    help="also time our step captured as a CUDA graph (a device only)")
+    ap.add_argument("--torch-compile", action="store_true",
+                    help="also time the PyTorch model under torch.compile")
     ap.add_argument("--no-torch", action="store_true", help="time ours only")
     ap.add_argument("--interleave", action=argparse.BooleanOptionalAction, default=None,
-                    help="time the two sides step by step in turn, each step after a "
+                    help="time the sides step by step in turn, each step after a "
                          f"{PAUSE * 1e3:g} ms pause (default: on for cpu, where a shared "
-                         "machine's phases swing more than the sides differ; off for cuda, "
-                         "whose peak-memory readings need one side at a time)")
+                         "machine's phases swing more than the sides differ; off on a "
+                         "device, whose peak-memory readings need one side at a time)")
     ap.add_argument("--json", type=Path, default=None, help="also write the results here")
     args = ap.parse_args(argv)
     if args.device == "auto":
-        args.device = "cuda" if gp.device_available() else "cpu"
-    if args.device == "cuda" and not gp.device_available():
+        args.device = gp.backend.default_device() if gp.device_available() else "cpu"
+    elif args.device == "cuda" and not gp.device_available():
         ap.error("--device cuda: gpuplan finds no usable CUDA device")
-    cuda = args.device == "cuda"
+    args.device = gp.backend.resolve_device(args.device)
+    host = args.device == "cpu"
     args.batch = args.batch or DEFAULT_BATCH[args.model]
     args.seq = args.seq or MODELS[args.model]["block_size"]
-    args.steps = args.steps if args.steps is not None else (10 if cuda else 5)
-    args.warmup = args.warmup if args.warmup is not None else (3 if cuda else 1)
+    args.steps = args.steps if args.steps is not None else (5 if host else 10)
+    args.warmup = args.warmup if args.warmup is not None else (1 if host else 3)
     if args.seq > MODELS[args.model]["block_size"] or min(args.batch, args.seq) < 1:
         ap.error(f"--seq must lie in [1, {MODELS[args.model]['block_size']}] and --batch >= 1")
     if args.steps < 1 or args.warmup < 0:
         ap.error("--steps must be >= 1 and --warmup >= 0")
     if args.threads is not None and args.threads < 1:
         ap.error("--threads must be >= 1")
+    if args.cuda_graph and host:
+        ap.error("--cuda-graph: needs a device (--device cuda, or emulated); the host runs "
+                 "eagerly")
+    if (args.cuda_graph or args.torch_compile) and args.warmup < 1:
+        ap.error(f"--warmup must be >= 1 with --cuda-graph or --torch-compile (given "
+                 f"{args.warmup}): a capture needs an eager step first, and a compilation "
+                 f"must not be timed")
     if args.interleave is None:
-        args.interleave = not cuda
-    elif args.interleave and cuda:
-        ap.error("--interleave is for cpu runs (the cuda run measures each side's peak memory)")
+        args.interleave = host
+    elif args.interleave and not host:
+        ap.error("--interleave is for cpu runs (a device run measures each side's peak "
+                 "memory)")
     return args
-
-
-def _import_torch(args: argparse.Namespace, info: dict[str, Any]) -> Any:
-    """torch for the comparison (its version and threads into `info`), or None: --no-torch,
-    not installed, or no CUDA in this build for a cuda run."""
-    if args.no_torch:
-        return None
-    try:
-        import torch
-    except ImportError:
-        print("# torch is not installed: no PyTorch comparison")
-        return None
-    if args.device == "cuda" and not torch.cuda.is_available():
-        print("# this torch build has no CUDA: no PyTorch comparison")
-        return None
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
-    info["torch"] = torch.__version__
-    info["torch_threads"] = torch.get_num_threads()
-    return torch
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -353,71 +343,52 @@ def main(argv: list[str] | None = None) -> int:
           f"median of {args.steps} steps after {args.warmup} warm-up"
           + (f", {info['host_threads']} host threads" if device == "cpu" else ""))
 
-    state = model.state_dict()  # initial weights, before our optimizer changes them
+    state = model.state_dict()  # initial weights, before any optimizer changes them
+    models = [model]  # the first of our sides takes this one; a second builds its own
 
-    def result(times: list[float], losses: list[float], memory: dict) -> dict[str, Any]:
-        return {**summarize(times, losses, tokens, fpt, peak), **memory,
-                "times_ms": [t * 1e3 for t in times]}
+    def our_model() -> nn.GPT:
+        return models.pop() if models else nn.GPT(cfg).to(device)
 
-    results: dict[str, Any] = {}
+    makers: list[Callable[[], Side | None]] = [
+        lambda: ours_side(our_model(), idx, targets, device)]
+    if args.cuda_graph:
+        makers.append(lambda: ours_graph_side(our_model(), idx, targets, device, args.warmup))
+    del model
+    errors: dict[str, str] = {}
+    sides: list[Side] = []
     if not args.interleave:  # ours first, before torch (and its CUDA libraries) is imported
-        results["ours"] = result(*bench_ours(model, idx, targets, device, args))
-        del model
-        if device == "cuda":
-            gp.backend.cupy_module().get_default_memory_pool().free_all_blocks()
-    torch = _import_torch(args, info)
+        sides += run_sides(makers, args, lambda s: ours_memory(s, device))
+        makers = []
+    torch = import_torch(args.no_torch, device, args.threads, info)
     info["interleaved"] = bool(args.interleave and torch is not None)
-    if args.interleave and torch is None:
-        results["ours"] = result(*bench_ours(model, idx, targets, device, args))
-    elif info["interleaved"]:
-        print(f"# interleaved: the sides' steps taken in turn, each after a {PAUSE * 1e3:g} ms "
-              "pause")
-        (t_o, l_o), (t_t, l_t) = time_interleaved(
-            [ours_step(model, idx, targets, device),
-             torch_step(torch, cfg, state, idx, targets, device, args.dtype)],
-            args.warmup, args.steps)
-        results["ours"], results["torch"] = result(t_o, l_o, {}), result(t_t, l_t, {})
-        results["paired_ratio_median"] = float(np.median(np.array(t_t) / np.array(t_o)))
-    elif torch is not None:
-        results["torch"] = result(*bench_torch(torch, cfg, state, idx, targets, device, args))
+    if torch is not None:
+        makers += torch_sides(torch, cfg, state, idx, targets, args, errors)
+    if info["interleaved"]:
+        print(f"# interleaved: the sides' steps taken in turn, each after a {PAUSE * 1e3:g} "
+              "ms pause")
+    sides += run_sides(makers, args, lambda s: torch_memory(torch, device),
+                       lambda: torch_memory(torch, device, reset=True))
 
-    print(f"{'':<10}{'ms/step':>11}{'tokens/s':>13}{'TFLOP/s':>10}{'MFU':>8}"
+    results: dict[str, Any] = {"info": info}
+    for side in sides:
+        results[side.key] = summarize(side, tokens, fpt, peak)
+    results.update({f"{k}_error": v for k, v in errors.items()})
+    print(f"{'':<14}{'ms/step':>11}{'tokens/s':>13}{'TFLOP/s':>10}{'MFU':>8}"
           f"{'loss step1':>12}{'loss last':>12}")
-    print_row("ours", results["ours"])
-    status = 0
-    if "torch" in results:
-        ours, theirs = results["ours"], results["torch"]
-        print_row(f"torch {'amp' if args.dtype == 'bf16' else 'eager'}", theirs)
-        ratio = ours["tokens_per_s"] / theirs["tokens_per_s"]
-        results["ratio_ours_over_torch"] = ratio
-        verdict = (f"ours is {1 / ratio:.2f}x slower" if ratio < 1
-                   else f"ours is {ratio:.2f}x faster")
-        print(f"throughput ours/torch = {ratio:.3f} (torch {torch.__version__}, "
-              f"{info['torch_threads']} threads; {verdict})")
-        if "paired_ratio_median" in results:
-            print(f"paired steps: median of torch/ours step-time ratios "
-                  f"{results['paired_ratio_median']:.3f}")
-        tol = 1e-4 if args.dtype == "f32" else 2e-2
-        diff = abs(ours["first_loss"] - theirs["first_loss"])
-        agree = diff <= tol * max(1.0, abs(theirs["first_loss"]))
-        drift = max(abs(a - b) for a, b in zip(ours["losses"], theirs["losses"], strict=True))
-        results["first_loss_agree"] = agree
-        results["max_loss_diff_all_steps"] = drift
-        print(f"first-step loss ours {ours['first_loss']:.6f} vs torch "
-              f"{theirs['first_loss']:.6f}: |diff| {diff:.2e} "
-              f"({'agree' if agree else 'DISAGREE'}, relative tolerance {tol:g}); "
-              f"max |diff| over all {len(ours['losses'])} steps {drift:.2e}")
-        if not agree:
-            status = 1
+    for key in (*OURS, *THEIRS):
+        if key in results:
+            print_row(results[key])
+    for key in ("ours_graph", "torch_compile"):
+        r = results.get(key, {})
+        for what in ("capture_s", "compile_s"):
+            if what in r:
+                print(f"{r['label']}: warm-up and {what[:-2]} took {r[what]:.1f} s")
+    status = 0 if compare(results, {s.key: s for s in sides}, args.dtype) else 1
     if device == "cuda":
-        o, t = results["ours"], results.get("torch", {})
-        print(f"peak memory: ours {_gib(o.get('peak_in_use_bytes'))} in use "
-              f"(pool {_gib(o.get('pool_total_bytes'))}); torch "
-              f"{_gib(t.get('max_allocated_bytes'))} allocated "
-              f"({_gib(t.get('max_reserved_bytes'))} reserved)")
+        print_memory(results)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({"info": info, **results}, indent=2) + "\n")
+        args.json.write_text(json.dumps(results, indent=2) + "\n")
         print(f"# wrote {args.json}")
     return status
 

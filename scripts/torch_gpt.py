@@ -1,9 +1,11 @@
 """PyTorch twin of our GPT for the benchmarks: same module names (state_dict keys match ours
 one for one), and our initial weights copied in (Linear weights transposed: ours are
-``[in, out]``, PyTorch's ``[out, in]``)."""
+``[in, out]``, PyTorch's ``[out, in]``); and its training step as bench_train times it,
+eager or under ``torch.compile``."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -78,3 +80,79 @@ def load_our_weights(torch: Any, tmodel: Any, state: dict[str, np.ndarray]) -> N
             t = torch.from_numpy(np.asarray(value, dtype=np.float32))
             is_linear = t.ndim == 2 and not name.startswith(("wte.", "wpe."))
             tparams[name].copy_(t.T if is_linear else t)  # ours [in, out], torch [out, in]
+
+
+# -- the benchmark's PyTorch sides ----------------------------------------------------------
+
+def import_torch(no_torch: bool, device: str, threads: int | None, info: dict[str, Any]) -> Any:
+    """torch for the comparison (its version and threads recorded in `info`), or None:
+    `no_torch`, not installed, no CUDA in this build for a cuda run, or the emulated device
+    (its timings are the emulator's, nothing to compare with)."""
+    if no_torch:
+        return None
+    if device == "emulated":
+        print("# emulated device: no PyTorch comparison (the emulator's timings)")
+        return None
+    try:
+        import torch
+    except ImportError:
+        print("# torch is not installed: no PyTorch comparison")
+        return None
+    if device == "cuda" and not torch.cuda.is_available():
+        print("# this torch build has no CUDA: no PyTorch comparison")
+        return None
+    if threads is not None:
+        torch.set_num_threads(threads)
+    info["torch"] = torch.__version__
+    info["torch_threads"] = torch.get_num_threads()
+    return torch
+
+
+def torch_train_step(torch: Any, cfg: nn.GPTConfig, state: dict[str, np.ndarray],
+                     idx: np.ndarray, targets: np.ndarray, device: str, dtype: str,
+                     hyper: dict[str, Any], compile: bool = False
+                     ) -> tuple[Callable[[], Any], Callable[[], None]]:
+    """(step, sync) of the PyTorch twin's training step from our initial weights `state`:
+    forward (under bf16 autocast for dtype "bf16"), backward, clip_grad_norm_, AdamW,
+    zero_grad. With `compile` the model is ``torch.compile``d (default mode; the optimizer
+    stays eager, as in nanoGPT): its first call compiles, so it belongs in the warm-up.
+    `hyper`: lr, betas, weight_decay, max_norm."""
+    torch.backends.cuda.matmul.allow_tf32 = False  # the default; ours never uses TF32
+    torch.backends.cudnn.allow_tf32 = False
+    tmodel = build_torch_gpt(torch, cfg)
+    load_our_weights(torch, tmodel, state)
+    tmodel.to(device)
+    params = list(tmodel.parameters())
+    opt = torch.optim.AdamW(params, lr=hyper["lr"], betas=hyper["betas"],
+                            weight_decay=hyper["weight_decay"])
+    forward = torch.compile(tmodel) if compile else tmodel
+    x = torch.from_numpy(idx).to(device)
+    y = torch.from_numpy(targets).to(device)
+    use_autocast = dtype == "bf16"
+
+    def step():
+        with torch.autocast(device_type=device, dtype=torch.bfloat16, enabled=use_autocast):
+            loss = forward(x, y)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, hyper["max_norm"])
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss
+
+    def sync():
+        if device == "cuda":
+            torch.cuda.synchronize()
+
+    return step, sync
+
+
+def torch_memory(torch: Any, device: str, reset: bool = False) -> dict[str, int]:
+    """PyTorch's peak allocated and reserved bytes on a GPU since the last reset (`reset`
+    starts a new window and returns {}); {} on the host."""
+    if device != "cuda":
+        return {}
+    if reset:
+        torch.cuda.reset_peak_memory_stats()
+        return {}
+    return {"max_allocated_bytes": torch.cuda.max_memory_allocated(),
+            "max_reserved_bytes": torch.cuda.max_memory_reserved()}
