@@ -1,10 +1,17 @@
 """Kernel benchmarks: run every case of every scripts/benchmarks/<family>.py on the GPU.
 
-    python scripts/bench_kernels.py [--filter SUBSTRING ...] [--json PATH] [--iters N]
+    python scripts/bench_kernels.py [--filter SUBSTRING ...] [--json PATH] [--iters N] [--smoke]
 
 Prints one row per case: median ms, GB/s and % of the device-to-device copy bandwidth (when
 the case says how many bytes it moves), TFLOP/s (when it says how many flops), and the
 baseline's ms and our speedup over it (when it has a baseline). Exits 2 without a GPU.
+
+--smoke runs the same cases at tiny sizes (GPUPLAN_BENCH_SMOKE=1, see benchmarks/common.py):
+a quick check on a GPU that every case runs, and, on the emulated device
+(``GPUPLAN_DEVICE=emulated`` or ``--device emulated``), a check without a GPU that no case
+misuses the plan API. There the host clock times the calls (launches complete before they
+return; default 0 warm-ups and 1 timed call), no copy bandwidth is measured, baselines (CuPy,
+torch) are skipped, and CuPy is never imported. Those timings say nothing about a GPU.
 """
 
 from __future__ import annotations
@@ -13,6 +20,7 @@ import argparse
 import datetime
 import importlib
 import json
+import os
 import pkgutil
 import sys
 import traceback
@@ -27,6 +35,11 @@ SKIP_MODULES = {"common"}
 
 
 def device_info() -> dict[str, Any]:
+    from gpuplan import backend
+
+    if backend.emulated_default():  # no CuPy here: the GPU fields are None
+        return {"device": "emulated device", "compute_capability": None, "sm_count": None,
+                "memory_gib": None, "cuda_runtime": None, "cuda_driver": None, "cupy": None}
     import cupy as cp
 
     dev = cp.cuda.Device()
@@ -48,7 +61,10 @@ def _version(v: int) -> str:
 
 
 def discover() -> tuple[list[tuple[str, Any]], list[dict]]:
-    """(family, Case) for every case of every benchmark module, and import errors."""
+    """(family, Case) for every case of every benchmark module, and import errors.
+
+    The modules size their cases at import time: set GPUPLAN_BENCH_SMOKE first for smoke
+    sizes."""
     import scripts.benchmarks as pkg
 
     cases: list[tuple[str, Any]] = []
@@ -85,11 +101,21 @@ def table(rows: list[dict]) -> str:
         base = r.get("baseline_name", "")
         if "baseline_error" in r:
             base = f"{base} (failed: {r['baseline_error'][:80]})"
-        cells = [r["case"], _fmt(r.get("ms"), ".4f"), _fmt(r.get("gbs"), ".0f"),
+        elif "baseline_skipped" in r:
+            base = f"{base} (skipped: {r['baseline_skipped']})"
+        case = f"{r['case']} ({r['note']})" if "note" in r else r["case"]
+        cells = [case, _fmt(r.get("ms"), ".4f"), _fmt(r.get("gbs"), ".0f"),
                  _fmt(r.get("pct_copy"), ".0f"), _fmt(r.get("tflops"), ".1f"), base,
                  _fmt(r.get("baseline_ms"), ".4f"), _fmt(r.get("speedup"), ".2f")]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def _header(info: dict, n: int) -> str:
+    if info["compute_capability"] is None:
+        return f"bench_kernels: {info['device']}; {n} cases"
+    return (f"bench_kernels: {info['device']} (sm_{info['compute_capability']}), "
+            f"CUDA {info['cuda_runtime']}, CuPy {info['cupy']}; {n} cases")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -97,9 +123,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--filter", action="append", default=None,
                     help="only cases whose name contains this (repeatable)")
     ap.add_argument("--json", type=Path, default=None, help="write the results here")
-    ap.add_argument("--warmup", type=int, default=5)
-    ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--warmup", type=int, default=None,
+                    help="untimed calls first (default 5; 0 on the emulated device)")
+    ap.add_argument("--iters", type=int, default=None,
+                    help="timed calls, median reported (default 20; 1 on the emulated device)")
+    ap.add_argument("--smoke", action="store_true",
+                    help="every case at a tiny size: a quick check that each one runs")
+    ap.add_argument("--device", choices=["auto", "emulated"], default="auto",
+                    help="emulated: the emulated device, as GPUPLAN_DEVICE=emulated "
+                         "(auto: the GPU, or the emulated device under that variable)")
     ns = ap.parse_args(argv)
+    if ns.device == "emulated":
+        os.environ["GPUPLAN_DEVICE"] = "emulated"
+    if ns.smoke:
+        from scripts.benchmarks.common import SMOKE_ENV
+
+        os.environ[SMOKE_ENV] = "1"  # before discover() imports the family modules
 
     from gpuplan import backend
 
@@ -107,22 +146,27 @@ def main(argv: list[str] | None = None) -> int:
         why = "CuPy is not importable" if backend.cupy_module() is None else \
             "CuPy found no CUDA device (no GPU or no driver)"
         print(f"bench_kernels: no usable CUDA GPU on this machine ({why}); "
-              "the kernel benchmarks need one.", file=sys.stderr)
+              "the kernel benchmarks need one (GPUPLAN_DEVICE=emulated runs them on the "
+              "emulated device).", file=sys.stderr)
         return 2
 
     from scripts.benchmarks.common import copy_bandwidth_gbs, run_case
 
+    emulated = backend.emulated_default()
+    warmup = ns.warmup if ns.warmup is not None else (0 if emulated else 5)
+    iters = ns.iters if ns.iters is not None else (1 if emulated else 20)
     info = device_info()
     cases, rows = discover()
+    import_errors = [r["case"] for r in rows]
     if ns.filter:
         cases = [(f, c) for f, c in cases if any(s in c.name for s in ns.filter)]
-    print(f"bench_kernels: {info['device']} (sm_{info['compute_capability']}), "
-          f"CUDA {info['cuda_runtime']}, CuPy {info['cupy']}; {len(cases)} cases", flush=True)
+    print(_header(info, len(cases)) + (" (smoke sizes)" if ns.smoke else ""), flush=True)
     copy_gbs = copy_bandwidth_gbs()
-    print(f"device-to-device copy: {copy_gbs:.0f} GB/s", flush=True)
+    print("device-to-device copy: " + ("not measured on the emulated device" if copy_gbs is None
+                                       else f"{copy_gbs:.0f} GB/s"), flush=True)
     for family, case in cases:
         try:
-            row = run_case(case, ns.warmup, ns.iters, copy_gbs)
+            row = run_case(case, warmup, iters, copy_gbs)
         except Exception as exc:  # noqa: BLE001 - report and go on with the other cases
             traceback.print_exc()
             row = {"case": case.name, "error": _short_error(exc)}
@@ -134,9 +178,11 @@ def main(argv: list[str] | None = None) -> int:
     result = {
         **info,
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "smoke": ns.smoke,
         "copy_gbs": copy_gbs,
-        "warmup": ns.warmup,
-        "iters": ns.iters,
+        "warmup": warmup,
+        "iters": iters,
+        "import_errors": import_errors,
         "cases": rows,
     }
     if ns.json:

@@ -1,14 +1,22 @@
 """Activation benchmarks: unary forward (gelu, tanh) and gelu backward on 8192x8192
-bf16/f32, in GB/s against CuPy."""
+bf16/f32 (smoke: 96x1000), in GB/s against CuPy."""
 
 from __future__ import annotations
 
 import numpy as np
 
 import gpuplan as gp
-from scripts.benchmarks.common import Case, device_array, plan_state, random_host, run_plan_state
+from scripts.benchmarks.common import (
+    Case,
+    device_array,
+    empty,
+    plan_state,
+    random_host,
+    run_plan_state,
+    size,
+)
 
-ROWS, COLS = 8192, 8192
+ROWS, COLS = size((8192, 8192), (96, 1000))
 N = ROWS * COLS
 
 
@@ -20,15 +28,13 @@ def _unary(op: str, dtype, backward: bool = False) -> Case:
     tag = f"{op}_{'bwd' if backward else 'fwd'}_{gp.dtypes.short_name(dtype)}_{ROWS}x{COLS}"
 
     def setup() -> dict:
-        import cupy as cp
-
         x = device_array(random_host((N,), dtype))
         if backward:
             dy = device_array(random_host((N,), dtype, seed=1))
-            dx = cp.empty(N, dtype=dtype)
+            dx = empty(N, dtype)
             return plan_state(gp.UnaryBackwardPlan, gp.UnaryBackwardDescriptor(op, N, dtype),
                               gp.UnaryBackwardArgs(x, dy, dx), x=x, y=dx)
-        y = cp.empty(N, dtype=dtype)
+        y = empty(N, dtype)
         return plan_state(gp.UnaryPlan, gp.UnaryDescriptor(op, N, dtype), gp.UnaryArgs(x, y),
                           x=x, y=y)
 

@@ -3,16 +3,27 @@
 masked softmax, matmul, materialising the [T, T] scores), and vs PyTorch's
 scaled_dot_product_attention on the same buffers and stream (FlashAttention backend for
 f16/bf16, torch's choice for f32) where torch with CUDA is importable. Written without a GPU:
-no results yet (the kernels' correctness was checked on the emulated device only)."""
+no results yet (the kernels' correctness was checked on the emulated device only). Smoke:
+1 x 2 heads, T = 80 (a partial key/query tile), the same head dims."""
 
 from __future__ import annotations
 
 import numpy as np
 
 import gpuplan as gp
-from scripts.benchmarks.common import Case, device_array, plan_state, random_host, run_plan_state
+from scripts.benchmarks.common import (
+    Case,
+    device_array,
+    empty,
+    plan_state,
+    random_host,
+    run_plan_state,
+    size,
+)
 
-B, T = 8 * 12, 1024
+# (batch, heads): torch sees [batch, heads, T, D], our kernels [batch * heads, T, D]
+HEADS = size((8, 12), (1, 2))
+B, T = HEADS[0] * HEADS[1], size(1024, 80)
 
 
 def _operands(dt, dim: int, n: int = 4) -> list:
@@ -23,7 +34,7 @@ def _forward_setup(dt, dim: int):
     def setup() -> dict:
         q, k, v = _operands(dt, dim, 3)
         lse_t = np.float64 if dt == np.float64 else np.float32
-        o, lse = gp.empty((B, T, dim), dt, device="cuda"), gp.empty((B, T), lse_t, device="cuda")
+        o, lse = empty((B, T, dim), dt), empty((B, T), lse_t)
         desc = gp.AttentionDescriptor(B, T, T, dim, dim ** -0.5, True, dt)
         return plan_state(gp.AttentionPlan, desc, gp.AttentionArgs(q, k, v, o, lse),
                           q=q, k=k, v=v, dim=dim)
@@ -34,7 +45,7 @@ def _backward_setup(dt, dim: int):
     def setup() -> dict:
         q, k, v, dout = _operands(dt, dim)
         o, lse = gp.functional.attention(q, k, v, scale=dim ** -0.5, causal=True)
-        grads = [gp.empty((B, T, dim), dt, device="cuda") for _ in range(3)]
+        grads = [empty((B, T, dim), dt) for _ in range(3)]
         desc = gp.AttentionDescriptor(B, T, T, dim, dim ** -0.5, True, dt)
         return plan_state(gp.AttentionBackwardPlan, desc,
                           gp.AttentionBackwardArgs(q, k, v, o, lse, dout, *grads),
@@ -56,7 +67,7 @@ def _composed_forward(st: dict) -> None:
 
 
 def _torch_views(st: dict) -> tuple:
-    """(torch, q, k, v as [8, 12, T, D] torch tensors sharing the CuPy buffers, the SDPA
+    """(torch, q, k, v as [*HEADS, T, D] torch tensors sharing the CuPy buffers, the SDPA
     backends to allow), made once per state; bf16 crosses DLPack as uint16."""
     if "torch_qkv" not in st:
         import torch
@@ -67,7 +78,7 @@ def _torch_views(st: dict) -> tuple:
                 return torch.from_dlpack(a.view(np.uint16)).view(torch.bfloat16)
             return torch.from_dlpack(a)
 
-        qkv = [view(st[n]).reshape(8, 12, T, st["dim"]) for n in ("q", "k", "v")]
+        qkv = [view(st[n]).reshape(*HEADS, T, st["dim"]) for n in ("q", "k", "v")]
         half = st["q"].dtype != np.float32
         backends = [SDPBackend.FLASH_ATTENTION] if half else [
             SDPBackend.CUDNN_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]

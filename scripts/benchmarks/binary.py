@@ -1,14 +1,22 @@
 """Binary benchmarks: add (same shape), mul (broadcast row), mul backward with a broadcast
-reduction and bias add on 8192x8192 bf16/f32, in GB/s against CuPy."""
+reduction and bias add on 8192x8192 bf16/f32 (smoke: 192x1000), in GB/s against CuPy."""
 
 from __future__ import annotations
 
 import numpy as np
 
 import gpuplan as gp
-from scripts.benchmarks.common import Case, device_array, plan_state, random_host, run_plan_state
+from scripts.benchmarks.common import (
+    Case,
+    device_array,
+    empty,
+    plan_state,
+    random_host,
+    run_plan_state,
+    size,
+)
 
-ROWS, COLS = 8192, 8192
+ROWS, COLS = size((8192, 8192), (192, 1000))
 N = ROWS * COLS
 
 
@@ -20,11 +28,9 @@ def _binary(op: str, dtype, b_shape: tuple) -> Case:
     tag = f"{op}_{gp.dtypes.short_name(dtype)}_{ROWS}x{COLS}_b{'x'.join(map(str, b_shape))}"
 
     def setup() -> dict:
-        import cupy as cp
-
         a = device_array(random_host((ROWS, COLS), dtype))
         b = device_array(random_host(b_shape, dtype, seed=1))
-        c = cp.empty((ROWS, COLS), dtype=dtype)
+        c = empty((ROWS, COLS), dtype)
         return plan_state(gp.BinaryPlan, gp.BinaryDescriptor(op, (ROWS, COLS), b_shape, dtype),
                           gp.BinaryArgs(a, b, c), a=a, b=b, c=c)
 
@@ -43,12 +49,10 @@ def _binary_backward(dtype) -> Case:
     """mul with a broadcast [COLS] operand: da elementwise, db a column reduction."""
 
     def setup() -> dict:
-        import cupy as cp
-
         a = device_array(random_host((ROWS, COLS), dtype))
         b = device_array(random_host((COLS,), dtype, seed=1))
         dc = device_array(random_host((ROWS, COLS), dtype, seed=2))
-        da, db = cp.empty((ROWS, COLS), dtype=dtype), cp.empty((COLS,), dtype=dtype)
+        da, db = empty((ROWS, COLS), dtype), empty((COLS,), dtype)
         desc = gp.BinaryBackwardDescriptor("mul", (ROWS, COLS), (COLS,), dtype)
         return plan_state(gp.BinaryBackwardPlan, desc, gp.BinaryBackwardArgs(a, b, dc, da, db),
                           a=a, b=b, dc=dc, da=da, db=db)
@@ -68,11 +72,9 @@ def _binary_backward(dtype) -> Case:
 
 def _bias_add(dtype) -> Case:
     def setup() -> dict:
-        import cupy as cp
-
         x = device_array(random_host((ROWS, COLS), dtype))
         bias = device_array(random_host((COLS,), dtype, seed=1))
-        y = cp.empty((ROWS, COLS), dtype=dtype)
+        y = empty((ROWS, COLS), dtype)
         return plan_state(gp.BiasAddPlan, gp.BiasAddDescriptor(ROWS, COLS, dtype),
                           gp.BiasAddArgs(x, bias, y), x=x, bias=bias, y=y)
 

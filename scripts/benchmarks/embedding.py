@@ -1,24 +1,35 @@
-"""Embedding benchmarks: GPT-2-sized gather (50257 x 768, 16384 indices) and its backwards."""
+"""Embedding benchmarks: GPT-2-sized gather (50257 x 768, 16384 indices) and its backwards
+(smoke: 1003 x 96, 512 indices)."""
 
 from __future__ import annotations
 
 import numpy as np
 
 import gpuplan as gp
-from scripts.benchmarks.common import Case, device_array, plan_state, random_host, run_plan_state
+from scripts.benchmarks.common import (
+    Case,
+    device_array,
+    empty,
+    plan_state,
+    random_host,
+    run_plan_state,
+    size,
+    zeros,
+)
 
-V, D, N = 50257, 768, 16384
+V, D, N = size((50257, 768, 16384), (1003, 96, 512))
+SHAPE = f"{V}x{D}_n{N}"
 
 
-def _indices(seed: int = 1):
-    return device_array(np.random.default_rng(seed).integers(0, V, N).astype(np.int64))
+def _indices(seed: int = 1) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, V, N).astype(np.int64)
 
 
 def _forward_setup(dtype):
     def setup() -> dict:
         weight = device_array(random_host((V, D), dtype))
-        idx = _indices()
-        out = gp.empty((N, D), dtype, device="cuda")
+        idx = device_array(_indices())
+        out = empty((N, D), dtype)
         return plan_state(gp.EmbeddingPlan, gp.EmbeddingDescriptor(V, D, N, dtype),
                           gp.EmbeddingArgs(weight, idx, out), weight=weight, idx=idx, out=out)
     return setup
@@ -37,16 +48,15 @@ def _forward_bytes(st: dict) -> int:
 
 def _backward_setup(dtype, deterministic: bool):
     def setup() -> dict:
-        import cupy
-
         dout = device_array(random_host((N, D), dtype, seed=2))
-        idx = _indices()
-        dweight = gp.zeros((V, D), dtype, device="cuda")
+        host_idx = _indices()
+        idx = device_array(host_idx)
+        dweight = zeros((V, D), dtype)
         desc = gp.EmbeddingBackwardDescriptor(V, D, N, dtype=dtype)
         return plan_state(gp.EmbeddingBackwardPlan, desc,
                           gp.EmbeddingBackwardArgs(dout, idx, dweight),
                           gp.PlanPreference(deterministic=deterministic), dout=dout, idx=idx,
-                          dweight=dweight, unique=int(cupy.unique(idx).size))
+                          dweight=dweight, unique=int(np.unique(host_idx).size))
     return setup
 
 
@@ -64,16 +74,16 @@ def _backward_bytes(st: dict) -> int:
 
 
 CASES = [
-    Case("embedding_fwd_f32_50257x768_n16384", _forward_setup(np.float32), run_plan_state,
+    Case(f"embedding_fwd_f32_{SHAPE}", _forward_setup(np.float32), run_plan_state,
          _forward_bytes, baseline=_forward_baseline, baseline_name="cupy.take"),
-    Case("embedding_fwd_bf16_50257x768_n16384", _forward_setup(gp.bfloat16), run_plan_state,
+    Case(f"embedding_fwd_bf16_{SHAPE}", _forward_setup(gp.bfloat16), run_plan_state,
          _forward_bytes, baseline=_forward_baseline, baseline_name="cupy.take"),
-    Case("embedding_bwd_atomic_f32_50257x768_n16384", _backward_setup(np.float32, False),
+    Case(f"embedding_bwd_atomic_f32_{SHAPE}", _backward_setup(np.float32, False),
          run_plan_state, _backward_bytes, baseline=_backward_baseline,
          baseline_name="cupyx.scatter_add"),
-    Case("embedding_bwd_segment_f32_50257x768_n16384", _backward_setup(np.float32, True),
+    Case(f"embedding_bwd_segment_f32_{SHAPE}", _backward_setup(np.float32, True),
          run_plan_state, _backward_bytes, baseline=_backward_baseline,
          baseline_name="cupyx.scatter_add"),
-    Case("embedding_bwd_segment_bf16_50257x768_n16384", _backward_setup(gp.bfloat16, True),
+    Case(f"embedding_bwd_segment_bf16_{SHAPE}", _backward_setup(gp.bfloat16, True),
          run_plan_state, _backward_bytes),
 ]

@@ -1,35 +1,46 @@
-"""Optimizer-step benchmarks: AdamW (single and multi-tensor) and SGD over 124M f32 params."""
+"""Optimizer-step benchmarks: AdamW (single and multi-tensor) and SGD over 124M f32 params
+(GPT-2 small's tensors; smoke: the same list for a 2-layer, width-48 GPT-2, 84K params)."""
 
 from __future__ import annotations
 
 import numpy as np
 
 import gpuplan as gp
-from scripts.benchmarks.common import Case
+from scripts.benchmarks.common import Case, device_array, empty, size, zeros
 
-N_PARAMS = 124_439_808  # GPT-2 small
-# GPT-2 small's parameter tensors: embeddings, then 12 blocks, then the final LayerNorm.
-_BLOCK = [768, 768, 768 * 2304, 2304, 768 * 768, 768, 768, 768, 768 * 3072, 3072, 3072 * 768, 768]
-GPT2_SIZES = tuple([50257 * 768, 1024 * 768] + _BLOCK * 12 + [768, 768])
+
+def _gpt2_sizes(vocab: int, ctx: int, embd: int, layers: int) -> tuple[int, ...]:
+    """GPT-2's parameter tensors: embeddings, then per block ln_1, attn c_attn, attn c_proj,
+    ln_2, mlp c_fc and mlp c_proj (weight, bias each), then the final LayerNorm."""
+    e = embd
+    block = [e, e, e * 3 * e, 3 * e, e * e, e, e, e, e * 4 * e, 4 * e, 4 * e * e, e]
+    return tuple([vocab * e, ctx * e] + block * layers + [e, e])
+
+
+N_PARAMS = size(124_439_808, 83_856)  # GPT-2 small (smoke: vocab 503, ctx 64, width 48, 2 layers)
+GPT2_SIZES = _gpt2_sizes(*size((50257, 1024, 768, 12), (503, 64, 48, 2)))
+LABEL = f"{N_PARAMS / 1e6:.0f}M" if N_PARAMS >= 1_000_000 else f"{N_PARAMS / 1e3:.0f}K"
 HP = dict(lr=3e-4, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.1)
 
 
-def _flat_setup(grad_dtype, lowp=None, bytes_per_param=28) -> dict:
-    import cupy as cp
+def _normal(rng: np.random.Generator, n: int) -> np.ndarray:
+    return rng.standard_normal(n, dtype=np.float32)
 
+
+def _flat_setup(grad_dtype, lowp=None, bytes_per_param=28) -> dict:
     n = N_PARAMS
-    rng = cp.random.default_rng(0)
-    s = {"p": rng.standard_normal(n, dtype=cp.float32), "m": cp.zeros(n, cp.float32),
-         "v": cp.zeros(n, cp.float32), "buf": cp.zeros(n, cp.float32),
-         "g": rng.standard_normal(n, dtype=cp.float32).astype(grad_dtype),
-         "low": None if lowp is None else cp.empty(n, dtype=lowp),
+    rng = np.random.default_rng(0)
+    s = {"p": device_array(_normal(rng, n)), "m": zeros(n, np.float32),
+         "v": zeros(n, np.float32), "buf": zeros(n, np.float32),
+         "g": device_array(_normal(rng, n).astype(grad_dtype)),
+         "low": None if lowp is None else empty(n, lowp),
          "stream": gp.Stream.current(),
          # the copy baseline reads and writes as many bytes as the step moves
-         "scratch": cp.empty(n * bytes_per_param // 2, cp.uint8)}
+         "scratch": empty(n * bytes_per_param // 2, np.uint8)}
     s["adamw"] = gp.AdamWPlan.select(s["stream"], gp.AdamWDescriptor(n, np.float32, grad_dtype,
                                                                       lowp))
     s["sgd"] = gp.SGDPlan.select(s["stream"], gp.SGDDescriptor(n, np.float32, grad_dtype, lowp))
-    s["scratch2"] = cp.empty_like(s["scratch"])
+    s["scratch2"] = empty(s["scratch"].shape, np.uint8)
     return s
 
 
@@ -48,16 +59,14 @@ def _copy(s: dict) -> None:
 
 
 def _multi_setup() -> dict:
-    import cupy as cp
-
     assert sum(GPT2_SIZES) == N_PARAMS
-    rng = cp.random.default_rng(0)
+    rng = np.random.default_rng(0)
     stream = gp.Stream.current()
     plan = gp.AdamWMultiTensorPlan.select(stream, gp.AdamWMultiTensorDescriptor(GPT2_SIZES))
-    return {"ps": [rng.standard_normal(k, dtype=cp.float32) for k in GPT2_SIZES],
-            "gs": [rng.standard_normal(k, dtype=cp.float32) for k in GPT2_SIZES],
-            "ms": [cp.zeros(k, cp.float32) for k in GPT2_SIZES],
-            "vs": [cp.zeros(k, cp.float32) for k in GPT2_SIZES],
+    return {"ps": [device_array(_normal(rng, k)) for k in GPT2_SIZES],
+            "gs": [device_array(_normal(rng, k)) for k in GPT2_SIZES],
+            "ms": [zeros(k, np.float32) for k in GPT2_SIZES],
+            "vs": [zeros(k, np.float32) for k in GPT2_SIZES],
             "plan": plan, "stream": stream,
             "ws": gp.Workspace.allocate(stream, plan.workspace_size())}
 
@@ -82,14 +91,15 @@ def _per_tensor(s: dict) -> None:
 # bytes per parameter: AdamW reads p, g, m, v and writes p, m, v (f32: 28 B; bf16 grad: 26 B,
 # +2 B for a bf16 weight copy); SGD with momentum reads p, g, buf and writes p, buf (20 B).
 CASES = [
-    Case("adamw_124M_f32", lambda: _flat_setup(np.float32), _adamw, bytes_moved=28 * N_PARAMS,
+    Case(f"adamw_{LABEL}_f32", lambda: _flat_setup(np.float32), _adamw, bytes_moved=28 * N_PARAMS,
          flops=14 * N_PARAMS, baseline=_copy, baseline_name="cupy D2D copy, same bytes"),
-    Case("adamw_124M_bf16grad_bf16copy", lambda: _flat_setup(gp.bfloat16, gp.bfloat16), _adamw,
+    Case(f"adamw_{LABEL}_bf16grad_bf16copy", lambda: _flat_setup(gp.bfloat16, gp.bfloat16), _adamw,
          bytes_moved=28 * N_PARAMS, flops=14 * N_PARAMS, baseline=_copy,
          baseline_name="cupy D2D copy, same bytes"),
-    Case("adamw_gpt2_multi_tensor", _multi_setup, _multi, bytes_moved=28 * N_PARAMS,
-         flops=14 * N_PARAMS, baseline=_per_tensor, baseline_name="one AdamWPlan per tensor"),
-    Case("sgd_momentum_124M_f32", lambda: _flat_setup(np.float32, bytes_per_param=20), _sgd,
+    Case("adamw_gpt2_multi_tensor", _per_tensor_setup, _multi, bytes_moved=28 * N_PARAMS,
+         flops=14 * N_PARAMS, baseline=_per_tensor, baseline_name="one AdamWPlan per tensor",
+         baseline_gpu_only=False),
+    Case(f"sgd_momentum_{LABEL}_f32", lambda: _flat_setup(np.float32, bytes_per_param=20), _sgd,
          bytes_moved=20 * N_PARAMS, flops=6 * N_PARAMS, baseline=_copy,
          baseline_name="cupy D2D copy, same bytes"),
 ]

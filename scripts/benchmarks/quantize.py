@@ -1,20 +1,29 @@
-"""Per-token quantization benchmarks on a 16384 x 4096 bf16 activation (128 MiB)."""
+"""Per-token quantization benchmarks on a 16384 x 4096 bf16 activation (128 MiB; smoke:
+48 x 4096, the same row length)."""
 
 from __future__ import annotations
 
 import numpy as np
 
 import gpuplan as gp
-from scripts.benchmarks.common import Case, device_array, plan_state, random_host, run_plan_state
+from scripts.benchmarks.common import (
+    Case,
+    device_array,
+    empty,
+    plan_state,
+    random_host,
+    run_plan_state,
+    size,
+)
 
-N, D = 16384, 4096
+N, D = size((16384, 4096), (48, 4096))
 DT = gp.bfloat16
 
 
 def _quantize_setup() -> dict:
     x = device_array(random_host((N, D), DT, scale=3.0))
-    q = gp.empty((N, D), np.int8, device="cuda")
-    scale = gp.empty((N,), np.float32, device="cuda")
+    q = empty((N, D), np.int8)
+    scale = empty((N,), np.float32)
     return plan_state(gp.QuantizePerTokenPlan, gp.QuantizePerTokenDescriptor(N, D, DT),
                       gp.QuantizePerTokenArgs(x, q, scale), x=x)
 
@@ -33,7 +42,7 @@ def _dequantize_setup() -> dict:
     rng = np.random.default_rng(3)
     q = device_array(rng.integers(-127, 128, (N, D)).astype(np.int8))
     scale = device_array(rng.uniform(0.001, 0.1, N).astype(np.float32))
-    y = gp.empty((N, D), DT, device="cuda")
+    y = empty((N, D), DT)
     return plan_state(gp.DequantizePerTokenPlan, gp.DequantizePerTokenDescriptor(N, D, DT),
                       gp.DequantizePerTokenArgs(q, scale, y), q=q, scale=scale)
 
@@ -48,7 +57,7 @@ def _dequantize_baseline(st: dict) -> None:
 def _dequantize_backward_setup() -> dict:
     scale = device_array(np.random.default_rng(4).uniform(0.001, 0.1, N).astype(np.float32))
     d_out = device_array(random_host((N, D), DT, seed=5))
-    d_in = gp.empty((N, D), DT, device="cuda")
+    d_in = empty((N, D), DT)
     desc = gp.DequantizePerTokenBackwardDescriptor(N, D, DT)
     return plan_state(gp.DequantizePerTokenBackwardPlan, desc,
                       gp.DequantizePerTokenBackwardArgs(scale, d_out, d_in),
@@ -64,7 +73,7 @@ def _dequantize_backward_baseline(st: dict) -> None:
 
 def _quantize_backward_setup() -> dict:
     d_q = device_array(random_host((N, D), np.float32, seed=6))
-    d_x = gp.empty((N, D), DT, device="cuda")
+    d_x = empty((N, D), DT)
     desc = gp.QuantizePerTokenBackwardDescriptor(N, D, DT)  # d_q's dtype (f32): the array's
     return plan_state(gp.QuantizePerTokenBackwardPlan, desc,
                       gp.QuantizePerTokenBackwardArgs(d_q, d_x), d_q=d_q)
@@ -77,14 +86,14 @@ def _quantize_backward_baseline(st: dict) -> None:
 
 ND = N * D
 CASES = [
-    Case("quantize_per_token_bf16_16384x4096", _quantize_setup, run_plan_state,
+    Case(f"quantize_per_token_bf16_{N}x{D}", _quantize_setup, run_plan_state,
          ND * 2 + ND + N * 4, baseline=_quantize_baseline, baseline_name="cupy ops"),
-    Case("dequantize_per_token_bf16_16384x4096", _dequantize_setup, run_plan_state,
+    Case(f"dequantize_per_token_bf16_{N}x{D}", _dequantize_setup, run_plan_state,
          ND + N * 4 + ND * 2, baseline=_dequantize_baseline, baseline_name="cupy ops"),
-    Case("dequantize_per_token_bwd_bf16_16384x4096", _dequantize_backward_setup,
+    Case(f"dequantize_per_token_bwd_bf16_{N}x{D}", _dequantize_backward_setup,
          run_plan_state, N * 4 + 2 * ND * 2, baseline=_dequantize_backward_baseline,
          baseline_name="cupy ops"),
-    Case("quantize_per_token_bwd_f32_to_bf16_16384x4096", _quantize_backward_setup,
+    Case(f"quantize_per_token_bwd_f32_to_bf16_{N}x{D}", _quantize_backward_setup,
          run_plan_state, ND * 4 + ND * 2, baseline=_quantize_backward_baseline,
          baseline_name="cupy astype"),
 ]

@@ -1,24 +1,33 @@
 """Reduction benchmarks: sums and max over last/leading/all/strided axes of 8192x8192 bf16
-and f32, and the one-launch global L2 norm of a GPT-sized parameter list, against CuPy."""
+and f32, and the one-launch global L2 norm of a GPT-sized parameter list, against CuPy.
+Smoke: 192x1000 and a 2-layer list of width 64."""
 
 from __future__ import annotations
 
 import numpy as np
 
 import gpuplan as gp
-from scripts.benchmarks.common import Case, device_array, plan_state, random_host, run_plan_state
+from scripts.benchmarks.common import (
+    Case,
+    device_array,
+    empty,
+    plan_state,
+    random_host,
+    run_plan_state,
+    size,
+)
 
-ROWS, COLS = 8192, 8192
+ROWS, COLS = size((8192, 8192), (192, 1000))
+STRIDED = size((64, 128, 1024), (6, 40, 520))  # mean over axes (0, 2)
+MIDDLE = size((256, 32, COLS), (12, 16, COLS))  # sum over axis 1
 
 
 def _reduce(op: str, dtype, shape: tuple, axes, label: str) -> Case:
     desc = gp.ReduceDescriptor(op, shape, axes, False, dtype)
 
     def setup() -> dict:
-        import cupy as cp
-
         x = device_array(random_host(shape, dtype))
-        y = cp.empty(desc.out_shape(), dtype=dtype)
+        y = empty(desc.out_shape(), dtype)
         return plan_state(gp.ReducePlan, desc, gp.ReduceArgs(x, y), x=x, y=y, axes=axes)
 
     def baseline(s: dict) -> None:
@@ -33,21 +42,24 @@ def _reduce(op: str, dtype, shape: tuple, axes, label: str) -> Case:
                 baseline_name=f"cupy.{op}")
 
 
-# A 350M-parameter-like list: per layer two [1024, 4096] and two [1024, 1024] matrices
-# plus vectors, 24 layers, and an embedding.
-_NORM_SHAPES = [(50304, 1024)] + [s for _ in range(24) for s in
-                                  ((1024, 4096), (4096, 1024), (1024, 3072), (1024, 1024),
-                                   (4096,), (1024,), (1024,), (1024,))]
+def _norm_shapes(vocab: int, width: int, layers: int) -> list[tuple]:
+    """An embedding, then per layer [w, 4w], [4w, w], [w, 3w] and [w, w] matrices and four
+    vectors."""
+    w = width
+    layer = ((w, 4 * w), (4 * w, w), (w, 3 * w), (w, w), (4 * w,), (w,), (w,), (w,))
+    return [(vocab, w)] + [s for _ in range(layers) for s in layer]
+
+
+# A 350M-parameter-like list: 24 layers of width 1024 (smoke: 2 of width 64).
+_NORM_SHAPES = _norm_shapes(*size((50304, 1024, 24), (1000, 64, 2)))
 
 
 def _global_norm(dtype) -> Case:
     def setup() -> dict:
-        import cupy as cp
-
         arrays = tuple(device_array(random_host(s, dtype, seed=i))
                        for i, s in enumerate(_NORM_SHAPES))
         acc = np.float64 if np.dtype(dtype) == np.float64 else np.float32
-        out = cp.empty((), dtype=acc)
+        out = empty((), acc)
         desc = gp.GlobalNormDescriptor(tuple(a.size for a in arrays),
                                        tuple(np.dtype(a.dtype) for a in arrays))
         return plan_state(gp.GlobalNormPlan, desc, gp.GlobalNormArgs(arrays, out),
@@ -76,8 +88,8 @@ def _cases() -> list[Case]:
             _reduce("sum", dtype, (ROWS, COLS), 0, "cols"),
             _reduce("sum", dtype, (ROWS, COLS), None, "all"),
             _reduce("max", dtype, (ROWS, COLS), 1, "rows"),
-            _reduce("mean", dtype, (64, 128, 1024), (0, 2), "strided"),
-            _reduce("sum", dtype, (256, 32, COLS), 1, "middle"),
+            _reduce("mean", dtype, STRIDED, (0, 2), "strided"),
+            _reduce("sum", dtype, MIDDLE, 1, "middle"),
         ]
         cases.append(_global_norm(dtype))
     return cases
