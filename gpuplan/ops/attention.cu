@@ -196,7 +196,9 @@ attention_forward_tc(const T* __restrict__ q, const T* __restrict__ k, const T* 
     const long long b = static_cast<int>(blockIdx.x) / tiles;
     const long long q0 = static_cast<long long>(static_cast<int>(blockIdx.x) % tiles) * TC_BQ;
     const long long offset = lk - lq;
-    const float sc = static_cast<float>(scale);
+    const float sc2 = static_cast<float>(scale * 1.4426950408889634);  // scale * log2(e)
+    const long long eb = p_drop > 0.0f ? gp::drop_entry(b, drop_group, drop_stride, drop_shift)
+                                       : 0;  // the dropout stream's batch entry
     const T* kb = k + b * lk * D;
     const T* vb = v + b * lk * D;
     const long long q1 = q0 + TC_BQ < lq ? q0 + TC_BQ : lq;
@@ -252,40 +254,53 @@ attention_forward_tc(const T* __restrict__ q, const T* __restrict__ k, const T* 
             }
         }
         // Online softmax on rows g (e = 0, 1) and g + 8 (e = 2, 3); a row's 64 columns are
-        // spread over the 4 threads of a quad (shuffles with lane masks 1 and 2).
+        // spread over the 4 threads of a quad (shuffles with lane masks 1 and 2). Scores are
+        // kept in the log2 domain (z = s * scale * log2(e), p = 2^(z - m)): one multiply, a
+        // max, a subtract and an ex2 per score. Masks cost only on the tiles that need them
+        // (the last key tile, and the tiles the causal diagonal crosses for this warp's 16
+        // rows; warp-uniform), and then in 32-bit column arithmetic.
         const long long k0 = static_cast<long long>(kt) * TC_BK;
+        const bool unmasked = k0 + TC_BK <= lk &&
+                              (!causal || k0 + TC_BK - 1 <= q0 + warp * 16 + offset);
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             const long long i = row_g + 8 * h;
-            float mx = neg_inf<float>();
 #pragma unroll
             for (int n = 0; n < NT; ++n)
 #pragma unroll
-                for (int e = 0; e < 2; ++e) {
-                    const long long j = k0 + n * 8 + 2 * t + e;
-                    const bool valid = j < lk && (!causal || j <= i + offset);
-                    const float z = valid ? s[n][2 * h + e] * sc : neg_inf<float>();
-                    s[n][2 * h + e] = z;
-                    mx = fmaxf(mx, z);
-                }
+                for (int e = 0; e < 2; ++e) s[n][2 * h + e] *= sc2;
+            if (!unmasked) {  // columns > last are masked: last in [-1, TC_BK - 1]
+                long long lim = lk - 1 - k0;
+                if (causal && i + offset - k0 < lim) lim = i + offset - k0;
+                const int last = lim < -1 ? -1 : (lim > TC_BK ? TC_BK : static_cast<int>(lim));
+#pragma unroll
+                for (int n = 0; n < NT; ++n)
+#pragma unroll
+                    for (int e = 0; e < 2; ++e)
+                        if (n * 8 + 2 * t + e > last) s[n][2 * h + e] = neg_inf<float>();
+            }
+            float mx = neg_inf<float>();
+#pragma unroll
+            for (int n = 0; n < NT; ++n)
+                mx = fmaxf(mx, fmaxf(s[n][2 * h], s[n][2 * h + 1]));
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
             const float mn = fmaxf(m[h], mx);
-            const bool any = mn != neg_inf<float>();
-            const float alpha = any ? exp_(m[h] - mn) : 1.0f;
+            // A row with no visible key yet subtracts 0: its scores are -inf, 2^-inf = 0.
+            const float base = mn == neg_inf<float>() ? 0.0f : mn;
+            const float alpha = exp2f(m[h] - base);
             float sum = 0.0f;
 #pragma unroll
             for (int n = 0; n < NT; ++n)
 #pragma unroll
                 for (int e = 0; e < 2; ++e) {
-                    const float p = any ? exp_(s[n][2 * h + e] - mn) : 0.0f;
+                    const float p = exp2f(s[n][2 * h + e] - base);
                     s[n][2 * h + e] = p;
                     sum += p;
                 }
             m[h] = mn;
             l[h] = l[h] * alpha + sum;
             if (p_drop > 0.0f) {  // O takes the dropped probabilities; l the undropped ones
-                const long long eb = gp::drop_entry(b, drop_group, drop_stride, drop_shift);
                 const auto row = static_cast<unsigned long long>((eb * lq + i) * lk + k0);
 #pragma unroll
                 for (int n = 0; n < NT; ++n) {
@@ -331,7 +346,9 @@ attention_forward_tc(const T* __restrict__ q, const T* __restrict__ k, const T* 
             orow[n * 8 + 2 * t] = gp::from_acc<T>(acc[n][2 * h] * inv);
             orow[n * 8 + 2 * t + 1] = gp::from_acc<T>(acc[n][2 * h + 1] * inv);
         }
-        if (t == 0) lse[b * lq + i] = total > 0.0f ? m[h] + log_(total) : neg_inf<float>();
+        if (t == 0)  // m is in the log2 domain
+            lse[b * lq + i] = total > 0.0f ? (m[h] + log2f(total)) * 0.6931471805599453f
+                                           : neg_inf<float>();
     }
 }
 

@@ -17,9 +17,9 @@
 #include "gpuplan_philox.cuh"
 
 namespace attn {
-using gp::exp_;
 
 constexpr int WARPS = 4, THREADS = 32 * WARPS, BO = 16 * WARPS;
+constexpr float kLog2e = 1.4426950408889634f;  // P = 2^(S scale log2(e) - lse log2(e))
 
 // Rows [row0, row0 + ROWS) of a [n_rows, D] matrix into a padded shared tile, zeros past
 // n_rows (VEC: cp.async chunks, committed by the caller).
@@ -139,6 +139,9 @@ attention_backward_dkdv_tc(const T* __restrict__ q, const T* __restrict__ k,
     const long long k0 = static_cast<long long>(static_cast<int>(blockIdx.x) % tiles) * BO;
     const long long offset = lk - lq;
     const float sc = static_cast<float>(scale);
+    const float sc2 = static_cast<float>(scale * 1.4426950408889634);  // scale * log2(e)
+    const long long eb = p_drop > 0.0f ? gp::drop_entry(b, drop_group, drop_stride, drop_shift)
+                                       : 0;  // the dropout stream's batch entry
     const T* qb = q + b * lq * D;
     const T* dob = dout + b * lq * D;
     long long i_start = causal ? k0 - offset : 0;  // earlier queries see none of these keys
@@ -151,7 +154,7 @@ attention_backward_dkdv_tc(const T* __restrict__ q, const T* __restrict__ k,
         tile_load<T, D, BS, VEC>(sdo + buf * STREAMED, dob, i0, lq);
         if (threadIdx.x < BS) {
             const long long i = i0 + threadIdx.x;
-            slse[buf * BS + threadIdx.x] = i < lq ? lse[b * lq + i] : 0.0f;
+            slse[buf * BS + threadIdx.x] = i < lq ? lse[b * lq + i] * kLog2e : 0.0f;
             sdelta[buf * BS + threadIdx.x] = i < lq ? delta[b * lq + i] : 0.0f;
         }
     };
@@ -183,23 +186,53 @@ attention_backward_dkdv_tc(const T* __restrict__ q, const T* __restrict__ k,
         zero(dp);
         mma_pair_nt<T, D, NT>(s, dp, k_addr, v_addr, q_base, do_base, lane);
         const long long i0 = i_start + static_cast<long long>(it) * BS;
+        // P^T = 2^(S^T scale log2(e) - lse log2(e)) (slse holds lse log2(e)). Masks cost
+        // only on tiles that need them (warp-uniform test): there, key row j sees the query
+        // columns [lo, hi) of the tile.
+        const long long jw = k0 + warp * 16;
+        const bool unmasked =
+            i0 + BS <= lq && jw + 15 < lk && (!causal || jw + 15 <= i0 + offset);
+        int lo[2] = {0, 0}, hi[2] = {BS, BS};
+        if (!unmasked) {
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const long long j = j_g + 8 * h;
+                const long long a = causal ? j - offset - i0 : 0, z = j < lk ? lq - i0 : 0;
+                lo[h] = a < 0 ? 0 : (a > BS ? BS : static_cast<int>(a));
+                hi[h] = z < 0 ? 0 : (z > BS ? BS : static_cast<int>(z));
+            }
+        }
 #pragma unroll
         for (int n = 0; n < NT; ++n)
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
                 const int col = n * 8 + 2 * t + (e & 1);
-                const long long i = i0 + col, j = j_g + 8 * (e >> 1);
-                const bool valid = i < lq && j < lk && (!causal || j <= i + offset);
-                const float p = valid ? exp_(s[n][e] * sc - slse[buf * BS + col]) : 0.0f;
-                float mul = 1.0f;
-                if (p_drop > 0.0f && p != 0.0f) {
-                    const long long eb = gp::drop_entry(b, drop_group, drop_stride, drop_shift);
-                    const auto el = static_cast<unsigned long long>((eb * lq + i) * lk + j);
-                    mul = gp::keep_one(el, seed, rng_offset, p_drop) ? drop_scale : 0.0f;
-                }
-                s[n][e] = p * mul;
-                dp[n][e] = p * (dp[n][e] * mul - sdelta[buf * BS + col]);
+                const float p = exp2f(s[n][e] * sc2 - slse[buf * BS + col]);
+                s[n][e] = unmasked || (col >= lo[e >> 1] && col < hi[e >> 1]) ? p : 0.0f;
             }
+        if (p_drop > 0.0f) {
+#pragma unroll
+            for (int n = 0; n < NT; ++n)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int col = n * 8 + 2 * t + (e & 1);
+                    const long long i = i0 + col, j = j_g + 8 * (e >> 1);
+                    const float p = s[n][e];
+                    float mul = 1.0f;
+                    if (p != 0.0f) {
+                        const auto el = static_cast<unsigned long long>((eb * lq + i) * lk + j);
+                        mul = gp::keep_one(el, seed, rng_offset, p_drop) ? drop_scale : 0.0f;
+                    }
+                    s[n][e] = p * mul;
+                    dp[n][e] = p * (dp[n][e] * mul - sdelta[buf * BS + col]);
+                }
+        } else {
+#pragma unroll
+            for (int n = 0; n < NT; ++n)
+#pragma unroll
+                for (int e = 0; e < 4; ++e)
+                    dp[n][e] = s[n][e] * (dp[n][e] - sdelta[buf * BS + n * 8 + 2 * t + (e & 1)]);
+        }
         mma_acc_nn<T, D, NT>(gv, s, do_base, lane);
         mma_acc_nn<T, D, NT>(gk, dp, q_base, lane);
         __syncthreads();  // the next prefetch overwrites this buffer
@@ -231,6 +264,9 @@ attention_backward_dq_tc(const T* __restrict__ q, const T* __restrict__ k,
     const long long q0 = static_cast<long long>(static_cast<int>(blockIdx.x) % tiles) * BO;
     const long long offset = lk - lq;
     const float sc = static_cast<float>(scale);
+    const float sc2 = static_cast<float>(scale * 1.4426950408889634);  // scale * log2(e)
+    const long long eb = p_drop > 0.0f ? gp::drop_entry(b, drop_group, drop_stride, drop_shift)
+                                       : 0;  // the dropout stream's batch entry
     const T* kb = k + b * lk * D;
     const T* vb = v + b * lk * D;
     const long long i_g = q0 + warp * 16 + g;  // queries i_g and i_g + 8
@@ -238,7 +274,7 @@ attention_backward_dq_tc(const T* __restrict__ q, const T* __restrict__ k,
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         const long long i = i_g + 8 * h;
-        lse_h[h] = i < lq ? lse[b * lq + i] : 0.0f;
+        lse_h[h] = i < lq ? lse[b * lq + i] * kLog2e : 0.0f;  // log2 domain
         delta_h[h] = i < lq ? delta[b * lq + i] : 0.0f;
     }
     long long kend = lk;
@@ -278,23 +314,36 @@ attention_backward_dq_tc(const T* __restrict__ q, const T* __restrict__ k,
         zero(dp);
         mma_pair_nt<T, D, NT>(s, dp, q_addr, do_addr, k_base, v_base, lane);
         const long long k0 = static_cast<long long>(kt) * BS;
+        // P = 2^(S scale log2(e) - lse log2(e)); masks only on the tiles that need them
+        // (warp-uniform test): there, query row i sees the key columns <= last[h].
+        const long long iw = q0 + warp * 16;
+        const bool unmasked =
+            k0 + BS <= lk && iw + 15 < lq && (!causal || k0 + BS - 1 <= iw + offset);
+        int last[2] = {BS - 1, BS - 1};
+        if (!unmasked) {
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const long long i = i_g + 8 * h;
+                long long lim = i < lq ? lk - 1 - k0 : -1;
+                if (causal && i + offset - k0 < lim) lim = i + offset - k0;
+                last[h] = lim < -1 ? -1 : (lim > BS ? BS : static_cast<int>(lim));
+            }
+        }
 #pragma unroll
         for (int n = 0; n < NT; ++n)
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
-                const long long i = i_g + 8 * h, j0 = k0 + n * 8 + 2 * t;
                 bool keep[2] = {true, true};
                 if (p_drop > 0.0f) {
-                    const long long eb = gp::drop_entry(b, drop_group, drop_stride, drop_shift);
+                    const long long i = i_g + 8 * h, j0 = k0 + n * 8 + 2 * t;
                     const auto el = static_cast<unsigned long long>((eb * lq + i) * lk + j0);
                     gp::keep_pair(el, seed, rng_offset, p_drop, keep[0], keep[1]);
                 }
 #pragma unroll
                 for (int x = 0; x < 2; ++x) {
                     const int e = 2 * h + x;
-                    const long long j = j0 + x;
-                    const bool valid = i < lq && j < lk && (!causal || j <= i + offset);
-                    const float p = valid ? exp_(s[n][e] * sc - lse_h[h]) : 0.0f;
+                    float p = exp2f(s[n][e] * sc2 - lse_h[h]);
+                    p = unmasked || n * 8 + 2 * t + x <= last[h] ? p : 0.0f;
                     const float mul = p_drop > 0.0f ? (keep[x] ? drop_scale : 0.0f) : 1.0f;
                     s[n][e] = p * (dp[n][e] * mul - delta_h[h]);
                 }
