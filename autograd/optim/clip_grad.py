@@ -48,10 +48,14 @@ def clip_grad_norm_(parameters: Iterable[Any] | Any, max_norm: float,
     """Scale every ``p.grad`` in place by ``max_norm / (total + eps)`` when that is below 1.
 
     ``total = sqrt(sum over parameters of sum(grad**2))``; returns ``total`` as a Python
-    float (before clipping), like PyTorch's ``clip_grad_norm_``. Parameters without a
-    gradient are skipped; with none at all the norm is 0.0. One plan call computes the norm
-    and scales (on a GPU the scaling reads the norm on the device); the result is bit for
-    bit `get_total_norm` then `clip_grads_with_norm_`.
+    float (before clipping). PyTorch's ``clip_grad_norm_`` returns a device tensor instead;
+    the float costs one device-to-host read (a sync) per call on a GPU, and is what tells
+    the in-place version tracking whether the gradients were scaled. A step that must not
+    sync (a captured CUDA graph, see scripts/graph_step.py) calls
+    ``gp.functional.clip_grad_norm_`` on the gradient arrays, which keeps the norm on the
+    device. Parameters without a gradient are skipped; with none at all the norm is 0.0.
+    One plan call computes the norm and scales (on a GPU the scaling reads the norm on the
+    device); the result is bit for bit `get_total_norm` then `clip_grads_with_norm_`.
     """
     grads = [p.grad for p in _as_list(parameters) if p.grad is not None]
     if not grads:
