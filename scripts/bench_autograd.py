@@ -19,15 +19,19 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 
-import autograd as ag
-import gpuplan as gp
-from autograd import nn, optim
-from autograd.nn import functional as F
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout, uninstalled
+
+import autograd as ag  # noqa: E402
+import gpuplan as gp  # noqa: E402
+from autograd import nn, optim  # noqa: E402
+from autograd.nn import functional as F  # noqa: E402
 
 _EXECUTE = importlib.import_module("gpuplan.execute")  # gp.execute is the function
 

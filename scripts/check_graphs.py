@@ -126,16 +126,20 @@ def time_gpt(device: str, steps: int, size: str) -> tuple[float, float, float]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", choices=["cuda", "emulated"], default="cuda")
-    ap.add_argument("--steps", type=int, default=20, help="GPT steps timed per mode")
+    ap.add_argument("--steps", type=int, default=20,
+                    help="GPT steps per mode (at least 3: the first of each mode is not timed)")
     ap.add_argument("--size", choices=["small", "medium"], default=None,
                     help="GPT size (default: medium on cuda, small on the emulated device)")
     ns = ap.parse_args(argv)
-    if ns.device == "cuda" and not gp.backend.cuda_available():
+    if ns.steps < 3:
+        ap.error(f"--steps: expected at least 3, given {ns.steps}")
+    device = gp.backend.resolve_device(ns.device)  # "cuda" is emulated under GPUPLAN_DEVICE
+    if device == "cuda" and not gp.backend.cuda_available():
         print("check_graphs: no usable CUDA device", file=sys.stderr)
         return 2
-    size = ns.size or ("medium" if ns.device == "cuda" else "small")
-    diff = check_equal(ns.device, 5)
-    te, tc, rel = time_gpt(ns.device, ns.steps, size)
+    size = ns.size or ("medium" if device == "cuda" else "small")
+    diff = check_equal(device, 5)
+    te, tc, rel = time_gpt(device, ns.steps, size)
     ok = diff is None and rel < 1e-4
     print(f"graphs: mlp captured vs eager over 5 steps: "
           f"{'bitwise equal' if diff is None else 'MISMATCH: ' + diff}; gpt ({size}): eager "
