@@ -85,6 +85,12 @@ def main() -> int:
     if world.size < 2:
         print("bench_comm: run under mpiexec with at least 2 ranks", file=sys.stderr)
         return 2
+    if args.device == "cuda" and not gp.device_available():
+        if world.rank == 0:
+            print("bench_comm: --device cuda: gpuplan finds no usable CUDA device (no GPU, "
+                  "or CuPy cannot reach a driver; GPUPLAN_DEVICE=emulated runs the device "
+                  "path on the emulated device)", file=sys.stderr)
+        return 2
     devices = ["cpu"]
     if args.device == "cuda" or (args.device == "auto" and gp.device_available()):
         devices.append("cuda")

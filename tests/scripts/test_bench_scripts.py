@@ -194,6 +194,14 @@ def test_bench_comm_wants_two_ranks():
     assert "bench_comm: run under mpiexec with at least 2 ranks" in res.stderr
 
 
+def test_bench_comm_device_cuda_without_a_device_is_one_error():
+    res = _run(["scripts/bench_comm.py", "--device", "cuda", "--iters", "3", "--max-mib", "1"],
+               {"GPUPLAN_DISABLE_CUDA": "1"}, ranks=2)
+    assert res.returncode == 2
+    assert res.stderr.count("bench_comm: --device cuda: gpuplan finds no usable CUDA") == 1
+    assert "all_reduce" not in res.stdout
+
+
 # -- bench_pipeline.py -----------------------------------------------------------------------
 
 @pytest.mark.parametrize("device, env", [("cpu", {}), ("auto", EMULATED)])
