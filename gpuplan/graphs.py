@@ -245,11 +245,13 @@ class CapturedStep:
                 raise ValueError(f"CapturedStep: input {i}: expected shape {tuple(dst.shape)} "
                                  f"{np.dtype(dst.dtype)} (the captured static input), given "
                                  f"{tuple(src.shape)} {np.dtype(src.dtype)}")
-            with _current(stream):
-                if backend.is_device_array(src):
-                    backend.copy_into(dst, backend.ascontiguous(src),
-                                      stream.cuda_stream if stream.kind == "cuda" else None)
-                else:
+            if backend.is_device_array(src):
+                # On the current stream, where `src` was written: replay() then orders the
+                # graph's stream after it (and the last replay ran before this copy: replay()
+                # leaves the current stream waiting on the graph's).
+                backend.copy_into(dst, backend.ascontiguous(src))
+            else:
+                with _current(stream):
                     upload(stream, dst, np.asarray(src))
         self.graph.replay()
         return self.static_outputs
@@ -269,6 +271,10 @@ def capture_step(fn: Callable[..., Any], *static_inputs: Any, warmup: int = 3,
     if len(devices) != 1 or "cpu" in devices:
         raise GraphCaptureError(f"capture_step: static inputs must be device arrays on one "
                                 f"device, given arrays on {sorted(devices)}")
+    for i, a in enumerate(static_inputs):
+        if not a.flags.c_contiguous:  # replays copy whole buffers into them
+            raise GraphCaptureError(f"capture_step: static input {i}: expected a C-contiguous "
+                                    f"array, given one with strides {tuple(a.strides)}")
     stream = side_stream(devices.pop())
     if stream.kind == "cuda":  # the inputs were written on the current stream: wait for it
         stream.cuda_stream.wait_event(backend.cupy_module().cuda.get_current_stream().record())

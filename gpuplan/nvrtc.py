@@ -170,5 +170,25 @@ def launch(stream: Any, kernel: Any, grid: int | tuple, block: int | tuple, args
         LAUNCHED.add(name)
 
 
+#: Kernels whose dynamic shared-memory cap was raised, and to how many bytes (the function
+#: is held, so that its id is never reused by another).
+_SMEM_CAPS: dict[int, tuple[Any, int]] = {}
+
+
+def allow_dynamic_smem(fn: Any, nbytes: int, device_id: int) -> None:
+    """Raise compiled kernel `fn`'s dynamic shared-memory cap to `nbytes` when that is over
+    the 48 KB every kernel may use, before its first launch with that much. The attribute is
+    set with `device_id` current: a CuPy RawKernel applies it to its function for the
+    current device, whatever device it was fetched for."""
+    if nbytes <= 48 * 1024 or _SMEM_CAPS.get(id(fn), (None, 0))[1] >= nbytes:
+        return
+    if device_id == EMULATED_DEVICE_ID:
+        fn.max_dynamic_shared_size_bytes = nbytes
+    else:
+        with backend.cupy_module().cuda.Device(device_id):
+            fn.max_dynamic_shared_size_bytes = nbytes
+    _SMEM_CAPS[id(fn)] = (fn, nbytes)
+
+
 def cdiv(a: int, b: int) -> int:
     return -(-a // b)

@@ -37,7 +37,7 @@ from gpuplan.dtypes import FLOAT_DTYPES, HALF_DTYPES, accumulator, as_dtype, cud
 from gpuplan.dtypes import short_name as sn
 from gpuplan.errors import InvalidProblem, Unsupported, describe
 from gpuplan.execute import call
-from gpuplan.nvrtc import CudaModule, cdiv, launch
+from gpuplan.nvrtc import CudaModule, allow_dynamic_smem, cdiv, launch
 from gpuplan.ops import attention_host
 from gpuplan.ops.dropout import drop_scale
 from gpuplan.plan import BackendKind, Candidate, Plan, host_candidate
@@ -172,16 +172,6 @@ class _AttentionBase(Plan):
                 np.int64(args.drop_first_head))
 
 
-_SMEM_SET: dict[int, Any] = {}
-
-
-def allow_smem(fn: Any, nbytes: int) -> None:
-    """Raise a kernel's dynamic shared-memory cap to `nbytes` when it needs over 48 KB."""
-    if nbytes > 48 * 1024 and _SMEM_SET.get(id(fn), (None, 0))[1] < nbytes:
-        fn.max_dynamic_shared_size_bytes = nbytes
-        _SMEM_SET[id(fn)] = (fn, nbytes)  # held: its id is never reused by another function
-
-
 def simt_smem(acc: np.dtype, words: int) -> int:
     """Bytes of `words` accumulator elements (the SIMT kernels' shared tiles)."""
     return words * acc.itemsize
@@ -238,7 +228,7 @@ class AttentionPlan(_AttentionBase):
     def _run_device(self, stream: Stream, ws: Workspace, args: Any) -> None:
         vec = self._tc and all(backend.data_ptr(a) % 16 == 0 for a in (args.q, args.k, args.v))
         fn = _MODULE.function(self._kernels[vec], stream.device_id)
-        allow_smem(fn, self._smem)
+        allow_dynamic_smem(fn, self._smem, stream.device_id)
         launch(stream, fn, self._grid, self._block,
                (args.q, args.k, args.v, args.o, args.lse) + self._consts + self._scalars
                + self._rng(args),

@@ -26,7 +26,7 @@ import numpy as np
 from gpuplan import backend
 from gpuplan.dtypes import FLOAT_DTYPES, HALF_DTYPES, cuda_name
 from gpuplan.execute import call
-from gpuplan.nvrtc import CudaModule, cdiv, launch
+from gpuplan.nvrtc import CudaModule, allow_dynamic_smem, cdiv, launch
 from gpuplan.ops import attention_host
 from gpuplan.ops.attention import (
     FIELDS,
@@ -40,7 +40,6 @@ from gpuplan.ops.attention import (
     TC_THREADS,
     AttentionDescriptor,
     _AttentionBase,
-    allow_smem,
     contiguous,
     drop_layout,
     lse_dtype,
@@ -169,7 +168,7 @@ class AttentionBackwardPlan(_AttentionBase):
             if grid == 0:
                 continue
             fn = self._module.function(name, stream.device_id)
-            allow_smem(fn, self._smem[i])
+            allow_dynamic_smem(fn, self._smem[i], stream.device_id)
             launch(stream, fn, grid, self._block,
                    arrays + self._consts[i] + self._scalars + self._rng(args),
                    shared_mem=self._smem[i])

@@ -31,7 +31,7 @@ from gpuplan.dtypes import FLOAT_DTYPES, HALF_DTYPES, accumulator, as_dtype, cud
 from gpuplan.dtypes import short_name as sn
 from gpuplan.errors import InvalidProblem, Unsupported, describe
 from gpuplan.execute import call
-from gpuplan.nvrtc import cdiv, launch
+from gpuplan.nvrtc import allow_dynamic_smem, cdiv, launch
 from gpuplan.ops.gemm_sku import (
     EPILOGUE_MODULE,
     EPILOGUES,
@@ -42,7 +42,6 @@ from gpuplan.ops.gemm_sku import (
     TC_TILE,
     CublasGemm,
     activation_name,
-    allow_dynamic_smem,
     cublas,
     epilogue_activation,
     fma_name,
@@ -298,7 +297,7 @@ class GemmPlan(Plan):
                and backend.data_ptr(args.b) % 16 == 0)
         fn = self._module.function(self._kernels[vec], stream.device_id)
         if self._smem:
-            allow_dynamic_smem(fn, self._smem)
+            allow_dynamic_smem(fn, self._smem, stream.device_id)
         scalar = self._kscalar  # the accumulator's: f32 for the tensor-core kernels
         launch(stream, fn, self._grid, self._block,
                (args.a, args.b, args.c, args.preact, args.bias if d.has_bias else args.c)

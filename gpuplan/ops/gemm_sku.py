@@ -92,16 +92,6 @@ def cublas() -> Any | None:
     return cublas
 
 
-_SMEM_SET: dict[int, Any] = {}
-
-
-def allow_dynamic_smem(fn: Any, nbytes: int) -> None:
-    """Raise a kernel's dynamic shared-memory cap above 48 KB (once per compiled function)."""
-    if id(fn) not in _SMEM_SET:
-        fn.max_dynamic_shared_size_bytes = nbytes
-        _SMEM_SET[id(fn)] = fn  # held, so that its id is never reused by another function
-
-
 @dataclass(frozen=True)
 class CublasGemm:
     """The constant arguments of the cuBLAS SKU's cublasGemmStridedBatchedEx for one

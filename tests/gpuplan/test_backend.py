@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import types
 
 import numpy as np
 import pytest
@@ -53,3 +54,40 @@ def test_emulated_arrays_stay_on_the_emulated_device():
     assert type(host) is np.ndarray and not np.shares_memory(host, x)
     with pytest.raises(ValueError, match="device"):
         gp.backend.resolve_device("tpu")
+
+
+def test_dynamic_smem_cap_is_raised_once_with_the_kernels_device_current(monkeypatch):
+    """A CuPy RawKernel sets max_dynamic_shared_size_bytes on its function for the *current*
+    device, so the cap must be raised with the launch's device current (a process that
+    uses several devices would otherwise raise it on another device's copy)."""
+    from gpuplan import nvrtc
+
+    current = [0]
+
+    class Device:
+        def __init__(self, i):
+            self.i = i
+
+        def __enter__(self):
+            self.prev, current[0] = current[0], self.i
+
+        def __exit__(self, *exc):
+            current[0] = self.prev
+
+    class Kernel:
+        raised: list = []
+
+        def __setattr__(self, name, value):
+            Kernel.raised.append((name, value, current[0]))
+
+    monkeypatch.setattr(nvrtc.backend, "cupy_module",
+                        lambda: types.SimpleNamespace(cuda=types.SimpleNamespace(Device=Device)))
+    monkeypatch.setattr(nvrtc, "_SMEM_CAPS", {})
+    fn = Kernel()
+    nvrtc.allow_dynamic_smem(fn, 48 * 1024, 1)  # within the default 48 KB: nothing to raise
+    nvrtc.allow_dynamic_smem(fn, 80 * 1024, 1)
+    nvrtc.allow_dynamic_smem(fn, 64 * 1024, 1)  # already above that
+    nvrtc.allow_dynamic_smem(fn, 96 * 1024, 1)
+    assert Kernel.raised == [("max_dynamic_shared_size_bytes", 80 * 1024, 1),
+                             ("max_dynamic_shared_size_bytes", 96 * 1024, 1)]
+    assert current[0] == 0  # the caller's device again

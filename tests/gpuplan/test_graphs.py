@@ -148,6 +148,12 @@ def test_capture_step_checks_its_inputs(accelerator):
         gp.graphs.capture_step(lambda a: a, x, warmup=0)
     with pytest.raises(GraphCaptureError, match="device"):
         gp.graphs.capture_step(lambda a: a, np.ones(4, np.float32))
+    strided = gp.to_device(np.ones((4, 2), np.float32), accelerator)[:, 0]
+    with pytest.raises(GraphCaptureError, match=r"static input 0: expected a C-contiguous"):
+        gp.graphs.capture_step(lambda a: a, strided)
+    # A device input is copied into the static one (on the current stream) before the replay.
+    y = gp.to_device(np.full(4, 5.0, np.float32), accelerator)
+    np.testing.assert_array_equal(gp.to_host(step(y)), np.full(4, 15.0))
 
 
 def test_a_replay_after_an_array_it_touches_was_freed_raises(accelerator):
