@@ -73,6 +73,9 @@ def _missing() -> str:
 class NcclTransport:
     """Stream-ordered NCCL collectives over C-contiguous CuPy arrays of one communicator."""
 
+    #: Elements per ncclBroadcast call (the largest C int).
+    BCAST_CHUNK = 2**31 - 1
+
     def __init__(self, mpi_comm: Any) -> None:
         nccl = nccl_module()
         if nccl is None:
@@ -106,10 +109,21 @@ class NcclTransport:
 
     @staticmethod
     def _event_after(stream: Any) -> Callable[[], bool]:
-        """A CUDA event recorded on `stream` now; returns its non-blocking query."""
-        event = backend.cupy_module().cuda.Event(block=False, disable_timing=True)
+        """A CUDA event recorded on `stream` now; returns its non-blocking query. The
+        watchdog thread runs the query (and drops the event): it first makes this rank's
+        device its own, since a new thread's CUDA calls otherwise go to device 0 and would
+        open a context there for every rank of the node."""
+        cuda = backend.cupy_module().cuda
+        device = cuda.runtime.getDevice()
+        event = cuda.Event(block=False, disable_timing=True)
         event.record(stream)
-        return lambda: event.done
+
+        def done() -> bool:
+            if cuda.runtime.getDevice() != device:
+                cuda.runtime.setDevice(device)
+            return event.done
+
+        return done
 
     def _watch(self, op: str, stream: Any, root: int | None = None) -> None:
         """Put the collective just enqueued on `stream` under the watchdog."""
@@ -138,8 +152,13 @@ class NcclTransport:
         self._watch("reduce_scatter", stream)
 
     def broadcast(self, buf: Any, root: int) -> None:
+        """ncclBroadcast in chunks of at most BCAST_CHUNK elements: CuPy's bcast binding
+        takes the count as a C int (the other collectives take a size_t)."""
         stream = self._stream()
-        self.comm.bcast(buf.data.ptr, buf.size, self._dtype(buf), root, stream.ptr)
+        dtype, step = self._dtype(buf), int(np.dtype(buf.dtype).itemsize)
+        for start in range(0, buf.size, self.BCAST_CHUNK):
+            count = min(self.BCAST_CHUNK, buf.size - start)
+            self.comm.bcast(buf.data.ptr + start * step, count, dtype, root, stream.ptr)
         self._watch("broadcast", stream, root)
 
 

@@ -187,7 +187,9 @@ def upload(stream: Stream, dst: Any, host: np.ndarray) -> None:
     The plans' way to stage host-built tables: while `stream` captures a graph, the host
     data is first snapshotted into memory the graph owns (pinned on a GPU), so the captured
     copy reads the same values at every replay even after `host` is rewritten; a plain
-    ``set()`` from pageable memory cannot be captured."""
+    ``set()`` from pageable memory cannot be captured. Outside a capture `host` may be
+    rewritten once this returns only because it is pageable (NumPy) memory, which CUDA
+    stages before returning; a pinned buffer would be read later, asynchronously."""
     host = np.ascontiguousarray(host, dtype=dst.dtype).reshape(dst.shape)
     if stream.is_host:
         np.copyto(dst, host)

@@ -81,9 +81,9 @@ class GraphedStep:
         device = self.trainer.device
         self.x, self.y = gp.to_device(x, device).copy(), gp.to_device(y, device).copy()
         stream = gp.graphs.side_stream(device)
-        with gp.graphs._current(stream):  # the side stream waits for the eager steps
-            if stream.kind == "cuda":
-                gp.backend.synchronize()
+        if stream.kind == "cuda":  # the eager steps (on the current stream) finish first
+            gp.backend.synchronize()
+        with gp.graphs._current(stream):
             self.trainer.opt.zero_grad()  # gradients made in A's pool, static from now on
             self.a = gp.graphs.CUDAGraph()
             with gp.graphs.graph(self.a, stream=stream):

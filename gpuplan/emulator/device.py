@@ -166,6 +166,11 @@ class EmulatedKernel:
         if kind in (INT, UINT, BOOL):
             if isinstance(a, (bool, np.bool_)):
                 value = int(a)
+            elif isinstance(a, np.integer) and a.dtype.itemsize < size and a < 0:
+                # CuPy stores a NumPy scalar at its own width in zeroed storage: a GPU
+                # would read this negative value zero-extended, i.e. as a large positive one.
+                raise refuse(f"a negative {a.dtype} scalar {a!r} ({a.dtype.itemsize} bytes: "
+                             f"CuPy zero-extends it; pass an int{8 * size} or a Python int)")
             elif isinstance(a, (int, np.integer)):
                 value = int(a)
             else:

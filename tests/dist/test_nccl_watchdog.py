@@ -137,3 +137,52 @@ def test_wait_until_read_waits_for_the_reader_of_a_pipe():
 def test_emit_writes_one_line_and_returns_once_it_is_read(capfd):
     watchdog.emit("[rank 0/2] watchdog: a test line")
     assert capfd.readouterr().err == "[rank 0/2] watchdog: a test line\n"
+
+
+def test_broadcast_is_split_into_calls_of_at_most_bcast_chunk_elements(monkeypatch):
+    """CuPy's bcast binding takes a C int count: a larger buffer goes in several calls, each
+    at its own offset, one watch for the whole broadcast."""
+    calls = []
+    nccl = _StubTransport(lambda: True)
+    nccl.comm = SimpleNamespace(bcast=lambda *args: calls.append(args))
+    monkeypatch.setattr(_StubTransport, "BCAST_CHUNK", 4)
+    nccl.broadcast(_array(10), root=1)  # float32: 4 bytes an element, at address 4096
+    assert calls == [(4096, 4, 7, 1, 0), (4096 + 16, 4, 7, 1, 0), (4096 + 32, 2, 7, 1, 0)]
+    assert [w[1] for w in watchdog.device_work()] == ["broadcast"]
+    calls.clear()
+    nccl.broadcast(_array(4), root=0)
+    assert calls == [(4096, 4, 7, 0, 0)]
+    assert nccl_backend.NcclTransport.BCAST_CHUNK == 2**31 - 1
+
+
+def test_the_watchdog_thread_queries_events_on_the_ranks_device(monkeypatch):
+    """A new thread's CUDA calls go to device 0: the event query made in the watchdog thread
+    first makes the recording rank's device that thread's device."""
+    current = {"main": 2}
+
+    def who() -> str:
+        return "main" if threading.current_thread() is threading.main_thread() else "watch"
+
+    class Event:
+        def __init__(self, **kw):
+            pass
+
+        def record(self, stream):
+            pass
+
+        @property
+        def done(self):
+            seen.append(current.get(who(), 0))
+            return True
+
+    runtime = SimpleNamespace(getDevice=lambda: current.get(who(), 0),
+                              setDevice=lambda d: current.__setitem__(who(), d))
+    cuda = SimpleNamespace(Event=Event, runtime=runtime)
+    monkeypatch.setattr(nccl_backend.backend, "cupy_module",
+                        lambda: SimpleNamespace(cuda=cuda))
+    seen: list[int] = []
+    done = nccl_backend.NcclTransport._event_after(SimpleNamespace(ptr=0))
+    thread = threading.Thread(target=done)
+    thread.start()
+    thread.join()
+    assert seen == [2] and current == {"main": 2, "watch": 2}

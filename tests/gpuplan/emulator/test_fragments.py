@@ -14,7 +14,13 @@ import numpy as np
 import pytest
 
 import gpuplan as gp
-from gpuplan.emulator import DEVICE_ID, EmulatedModule, KernelFault, UnknownInstruction
+from gpuplan.emulator import (
+    DEVICE_ID,
+    EmulatedModule,
+    KernelFault,
+    LaunchError,
+    UnknownInstruction,
+)
 
 # -- helpers ------------------------------------------------------------------------------
 
@@ -337,6 +343,22 @@ def test_out_of_bounds_store_faults(errors_module):
     assert "out-of-bounds store" in msg, msg
     assert "past the end of argument 0" in msg, msg
     assert "thread (100,0,0)" in msg, msg  # the thread with i == n
+
+
+def test_scalar_arguments_are_read_as_cupy_passes_them(errors_module):
+    """CuPy stores a NumPy scalar at its own width in zeroed storage and a Python int as 8
+    bytes: a narrower negative NumPy integer would reach a GPU kernel zero-extended, so the
+    emulated device refuses it; non-negative narrower ones and wider in-range ones read as
+    they would on a GPU."""
+    store = errors_module.get_function("store_le_n")  # (float* y, int n): y[i] = 1, i <= n
+    for n in (np.int16(3), np.int64(3), 3):
+        y = dev(np.zeros(128, dtype=np.float32))
+        store((1,), (128,), (y, n))
+        np.testing.assert_array_equal(gp.to_host(y)[:6], [1, 1, 1, 1, 0, 0])
+    with pytest.raises(LaunchError, match=r"argument 1: .*negative int16 scalar .*zero-extends"):
+        store((1,), (128,), (dev(np.zeros(128, dtype=np.float32)), np.int16(-1)))
+    with pytest.raises(LaunchError, match="does not fit"):
+        store((1,), (128,), (dev(np.zeros(128, dtype=np.float32)), np.int64(2**40)))
 
 
 def test_trap_faults(errors_module):
