@@ -148,12 +148,17 @@ attention_forward_simt(const T* __restrict__ q, const T* __restrict__ k,
 }
 
 // ---------------------------------------------------------------------------------------
-// Tensor-core kernel, f16/bf16, D = 64 or 128 (sm_80+): 4 warps x 16 query rows per CTA,
-// 64-key K/V tiles double-buffered (cp.async when VEC: 16-byte aligned bases), S = Q K^T and
+// Tensor-core kernel, f16/bf16, D = 64 or 128 (sm_80+): 4 warps per CTA, each owning R
+// blocks of 16 query rows (R = 2 for D = 64, 1 for D = 128: TC_ROWS(D) rows per CTA), 64-key
+// K/V tiles double-buffered (cp.async when VEC: 16-byte aligned bases), S = Q K^T and
 // O += P V by mma.sync m16n8k16 with f32 accumulators; P stays in registers (C fragments
-// repacked as A fragments). Shared tiles are row-major with rows padded by 8 halves (ldmatrix
-// rows in distinct banks): Q [64][D + 8], then K and V [2][64][D + 8].
-constexpr int TC_WARPS = 4, TC_BQ = 16 * TC_WARPS, TC_BK = 64, TC_THREADS = 32 * TC_WARPS;
+// repacked as A fragments). Each K or V fragment read from shared memory feeds the R row
+// blocks' mma (FlashAttention-2's 32 rows per warp for D = 64): shared-memory traffic per
+// mma halves; D = 128 keeps one block, its accumulators already fill the registers.
+// Shared tiles are row-major with rows padded by 8 halves (ldmatrix rows in distinct banks):
+// Q [TC_ROWS(D)][D + 8], then K and V [2][64][D + 8].
+constexpr int TC_WARPS = 4, TC_BK = 64, TC_THREADS = 32 * TC_WARPS;
+__host__ __device__ constexpr int tc_row_blocks(int d) { return d == 64 ? 2 : 1; }
 
 // Copy rows [row0, row0 + ROWS) of a [n_rows, D] matrix into a padded shared tile (zeros past
 // n_rows). VEC: 16-byte cp.async chunks (commit/wait by the caller); else plain copies.
@@ -186,90 +191,102 @@ attention_forward_tc(const T* __restrict__ q, const T* __restrict__ k, const T* 
                      unsigned long long seed, unsigned long long rng_offset, float p_drop,
                      float drop_scale, long long drop_group, long long drop_stride,
                      long long drop_shift) {
-    constexpr int LD = D + 8, TILE = TC_BQ * LD, NT = TC_BK / 8, DT = D / 8;
+    constexpr int R = tc_row_blocks(D), BQ = 16 * R * TC_WARPS;
+    constexpr int LD = D + 8, KTILE = TC_BK * LD, NT = TC_BK / 8, DT = D / 8;
     extern __shared__ __align__(16) unsigned char smem_raw[];
     T* sq = reinterpret_cast<T*>(smem_raw);
-    T* sk = sq + TILE;        // [2][TC_BK][LD]
-    T* sv = sk + 2 * TILE;    // [2][TC_BK][LD]
+    T* sk = sq + BQ * LD;     // [2][TC_BK][LD]
+    T* sv = sk + 2 * KTILE;   // [2][TC_BK][LD]
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     const int tiles = static_cast<int>(q_tiles);
     const long long b = static_cast<int>(blockIdx.x) / tiles;
-    const long long q0 = static_cast<long long>(static_cast<int>(blockIdx.x) % tiles) * TC_BQ;
+    const long long q0 = static_cast<long long>(static_cast<int>(blockIdx.x) % tiles) * BQ;
     const long long offset = lk - lq;
     const float sc2 = static_cast<float>(scale * 1.4426950408889634);  // scale * log2(e)
     const long long eb = p_drop > 0.0f ? gp::drop_entry(b, drop_group, drop_stride, drop_shift)
                                        : 0;  // the dropout stream's batch entry
     const T* kb = k + b * lk * D;
     const T* vb = v + b * lk * D;
-    const long long q1 = q0 + TC_BQ < lq ? q0 + TC_BQ : lq;
+    const long long q1 = q0 + BQ < lq ? q0 + BQ : lq;
     const long long kend = key_end(q1, lk, offset, causal);
     const int n_tiles = static_cast<int>((kend + TC_BK - 1) / TC_BK);
 
-    tc_load<T, D, TC_BQ, VEC>(sq, q + b * lq * D, q0, lq);
+    tc_load<T, D, BQ, VEC>(sq, q + b * lq * D, q0, lq);
     if (n_tiles > 0) {
         tc_load<T, D, TC_BK, VEC>(sk, kb, 0, lk);
         tc_load<T, D, TC_BK, VEC>(sv, vb, 0, lk);
     }
     gp::cp_async_commit();
 
-    float acc[DT][4], m[2], l[2];
+    // Row block r of this warp: rows wrow + 16 r + g (h = 0) and + 8 (h = 1).
+    const long long wrow = q0 + warp * 16 * R;
+    float acc[R][DT][4], m[R][2], l[R][2];
+    unsigned q_addr[R];
 #pragma unroll
-    for (int n = 0; n < DT; ++n)
+    for (int r = 0; r < R; ++r) {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) acc[n][e] = 0.0f;
-    m[0] = m[1] = neg_inf<float>();
-    l[0] = l[1] = 0.0f;  // this thread's share of rows g and g + 8
-    const unsigned q_addr = gp::smem_addr(sq) + 2u * gp::a_lane(lane, LD, warp * 16, 0);
-    const long long row_g = q0 + warp * 16 + g;  // rows row_g and row_g + 8
+        for (int n = 0; n < DT; ++n)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[r][n][e] = 0.0f;
+        m[r][0] = m[r][1] = neg_inf<float>();
+        l[r][0] = l[r][1] = 0.0f;  // this thread's share of the row's sum
+        q_addr[r] = gp::smem_addr(sq) + 2u * gp::a_lane(lane, LD, (warp * R + r) * 16, 0);
+    }
 
     for (int kt = 0; kt < n_tiles; ++kt) {
         const int buf = kt & 1;
         if (kt + 1 < n_tiles) {  // prefetch the next tile into the other buffer
-            tc_load<T, D, TC_BK, VEC>(sk + (buf ^ 1) * TILE, kb, (kt + 1) * TC_BK, lk);
-            tc_load<T, D, TC_BK, VEC>(sv + (buf ^ 1) * TILE, vb, (kt + 1) * TC_BK, lk);
+            tc_load<T, D, TC_BK, VEC>(sk + (buf ^ 1) * KTILE, kb, (kt + 1) * TC_BK, lk);
+            tc_load<T, D, TC_BK, VEC>(sv + (buf ^ 1) * KTILE, vb, (kt + 1) * TC_BK, lk);
             gp::cp_async_commit();
             gp::cp_async_wait<1>();
         } else {
             gp::cp_async_wait<0>();
         }
         __syncthreads();
-        const unsigned k_base = gp::smem_addr(sk + buf * TILE);
-        const unsigned v_base = gp::smem_addr(sv + buf * TILE);
+        const unsigned k_base = gp::smem_addr(sk + buf * KTILE);
+        const unsigned v_base = gp::smem_addr(sv + buf * KTILE);
 
-        float s[NT][4];
+        float s[R][NT][4];
 #pragma unroll
-        for (int n = 0; n < NT; ++n)
+        for (int r = 0; r < R; ++r)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) s[n][e] = 0.0f;
+            for (int n = 0; n < NT; ++n)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) s[r][n][e] = 0.0f;
 #pragma unroll
         for (int kk = 0; kk < D / 16; ++kk) {
-            unsigned af[4];
-            gp::ldmatrix_x4<false>(af, q_addr + 2u * (kk * 16));
+            unsigned af[R][4];
+#pragma unroll
+            for (int r = 0; r < R; ++r) gp::ldmatrix_x4<false>(af[r], q_addr[r] + 2u * (kk * 16));
 #pragma unroll
             for (int p = 0; p < NT / 2; ++p) {
                 unsigned bf[4];
                 gp::ldmatrix_x4<false>(bf, k_base + 2u * gp::b_lane(lane, LD, p * 16, kk * 16));
-                gp::Mma<T>::run(s[2 * p], af, bf[0], bf[1]);
-                gp::Mma<T>::run(s[2 * p + 1], af, bf[2], bf[3]);
+#pragma unroll
+                for (int r = 0; r < R; ++r) {
+                    gp::Mma<T>::run(s[r][2 * p], af[r], bf[0], bf[1]);
+                    gp::Mma<T>::run(s[r][2 * p + 1], af[r], bf[2], bf[3]);
+                }
             }
         }
-        // Online softmax on rows g (e = 0, 1) and g + 8 (e = 2, 3); a row's 64 columns are
-        // spread over the 4 threads of a quad (shuffles with lane masks 1 and 2). Scores are
-        // kept in the log2 domain (z = s * scale * log2(e), p = 2^(z - m)): one multiply, a
-        // max, a subtract and an ex2 per score. Masks cost only on the tiles that need them
-        // (the last key tile, and the tiles the causal diagonal crosses for this warp's 16
-        // rows; warp-uniform), and then in 32-bit column arithmetic.
+        // Online softmax on rows g (e = 0, 1) and g + 8 (e = 2, 3) of each row block; a row's
+        // 64 columns are spread over the 4 threads of a quad (shuffles with lane masks 1 and
+        // 2). Scores are kept in the log2 domain (z = s * scale * log2(e), p = 2^(z - m)): one
+        // multiply, a max, a subtract and an ex2 per score. Masks cost only on the tiles that
+        // need them (the last key tile, and the tiles the causal diagonal crosses for this
+        // warp's rows; warp-uniform), and then in 32-bit column arithmetic.
         const long long k0 = static_cast<long long>(kt) * TC_BK;
-        const bool unmasked = k0 + TC_BK <= lk &&
-                              (!causal || k0 + TC_BK - 1 <= q0 + warp * 16 + offset);
+        const bool unmasked = k0 + TC_BK <= lk && (!causal || k0 + TC_BK - 1 <= wrow + offset);
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const long long i = row_g + 8 * h;
+        for (int rh = 0; rh < 2 * R; ++rh) {  // row block r = rh / 2, half h = rh % 2
+            const int r = rh >> 1, h = rh & 1;
+            const long long i = wrow + 16 * r + g + 8 * h;
 #pragma unroll
             for (int n = 0; n < NT; ++n)
 #pragma unroll
-                for (int e = 0; e < 2; ++e) s[n][2 * h + e] *= sc2;
-            if (!unmasked) {  // columns > last are masked: last in [-1, TC_BK - 1]
+                for (int e = 0; e < 2; ++e) s[r][n][2 * h + e] *= sc2;
+            if (!unmasked) {  // columns > last are masked: last in [-1, TC_BK]
                 long long lim = lk - 1 - k0;
                 if (causal && i + offset - k0 < lim) lim = i + offset - k0;
                 const int last = lim < -1 ? -1 : (lim > TC_BK ? TC_BK : static_cast<int>(lim));
@@ -277,55 +294,59 @@ attention_forward_tc(const T* __restrict__ q, const T* __restrict__ k, const T* 
                 for (int n = 0; n < NT; ++n)
 #pragma unroll
                     for (int e = 0; e < 2; ++e)
-                        if (n * 8 + 2 * t + e > last) s[n][2 * h + e] = neg_inf<float>();
+                        if (n * 8 + 2 * t + e > last) s[r][n][2 * h + e] = neg_inf<float>();
             }
             float mx = neg_inf<float>();
 #pragma unroll
             for (int n = 0; n < NT; ++n)
-                mx = fmaxf(mx, fmaxf(s[n][2 * h], s[n][2 * h + 1]));
+                mx = fmaxf(mx, fmaxf(s[r][n][2 * h], s[r][n][2 * h + 1]));
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-            const float mn = fmaxf(m[h], mx);
+            const float mn = fmaxf(m[r][h], mx);
             // A row with no visible key yet subtracts 0: its scores are -inf, 2^-inf = 0.
             const float base = mn == neg_inf<float>() ? 0.0f : mn;
-            const float alpha = exp2f(m[h] - base);
+            const float alpha = exp2f(m[r][h] - base);
             float sum = 0.0f;
 #pragma unroll
             for (int n = 0; n < NT; ++n)
 #pragma unroll
                 for (int e = 0; e < 2; ++e) {
-                    const float p = exp2f(s[n][2 * h + e] - base);
-                    s[n][2 * h + e] = p;
+                    const float p = exp2f(s[r][n][2 * h + e] - base);
+                    s[r][n][2 * h + e] = p;
                     sum += p;
                 }
-            m[h] = mn;
-            l[h] = l[h] * alpha + sum;
+            m[r][h] = mn;
+            l[r][h] = l[r][h] * alpha + sum;
             if (p_drop > 0.0f) {  // O takes the dropped probabilities; l the undropped ones
                 const auto row = static_cast<unsigned long long>((eb * lq + i) * lk + k0);
 #pragma unroll
                 for (int n = 0; n < NT; ++n) {
                     bool keep0, keep1;
                     gp::keep_pair(row + n * 8 + 2 * t, seed, rng_offset, p_drop, keep0, keep1);
-                    s[n][2 * h] = keep0 ? s[n][2 * h] * drop_scale : 0.0f;
-                    s[n][2 * h + 1] = keep1 ? s[n][2 * h + 1] * drop_scale : 0.0f;
+                    s[r][n][2 * h] = keep0 ? s[r][n][2 * h] * drop_scale : 0.0f;
+                    s[r][n][2 * h + 1] = keep1 ? s[r][n][2 * h + 1] * drop_scale : 0.0f;
                 }
             }
 #pragma unroll
             for (int n = 0; n < DT; ++n) {
-                acc[n][2 * h] *= alpha;
-                acc[n][2 * h + 1] *= alpha;
+                acc[r][n][2 * h] *= alpha;
+                acc[r][n][2 * h + 1] *= alpha;
             }
         }
 #pragma unroll
         for (int kk = 0; kk < TC_BK / 16; ++kk) {
-            unsigned af[4];
-            gp::c_to_a<T, NT>(af, s, kk);
+            unsigned af[R][4];
+#pragma unroll
+            for (int r = 0; r < R; ++r) gp::c_to_a<T, NT>(af[r], s[r], kk);
 #pragma unroll
             for (int p = 0; p < DT / 2; ++p) {
                 unsigned bf[4];
                 gp::ldmatrix_x4<true>(bf, v_base + 2u * gp::bt_lane(lane, LD, kk * 16, p * 16));
-                gp::Mma<T>::run(acc[2 * p], af, bf[0], bf[1]);
-                gp::Mma<T>::run(acc[2 * p + 1], af, bf[2], bf[3]);
+#pragma unroll
+                for (int r = 0; r < R; ++r) {
+                    gp::Mma<T>::run(acc[r][2 * p], af[r], bf[0], bf[1]);
+                    gp::Mma<T>::run(acc[r][2 * p + 1], af[r], bf[2], bf[3]);
+                }
             }
         }
         __syncthreads();  // the next prefetch overwrites this tile's buffer
@@ -333,21 +354,22 @@ attention_forward_tc(const T* __restrict__ q, const T* __restrict__ k, const T* 
     gp::cp_async_wait<0>();
 
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        float total = l[h];
+    for (int rh = 0; rh < 2 * R; ++rh) {
+        const int r = rh >> 1, h = rh & 1;
+        float total = l[r][h];
         total += __shfl_xor_sync(0xffffffffu, total, 1);
         total += __shfl_xor_sync(0xffffffffu, total, 2);
-        const long long i = row_g + 8 * h;
+        const long long i = wrow + 16 * r + g + 8 * h;
         if (i >= lq) continue;
         const float inv = total > 0.0f ? 1.0f / total : 0.0f;
         T* orow = o + (b * lq + i) * D;
 #pragma unroll
         for (int n = 0; n < DT; ++n) {
-            orow[n * 8 + 2 * t] = gp::from_acc<T>(acc[n][2 * h] * inv);
-            orow[n * 8 + 2 * t + 1] = gp::from_acc<T>(acc[n][2 * h + 1] * inv);
+            orow[n * 8 + 2 * t] = gp::from_acc<T>(acc[r][n][2 * h] * inv);
+            orow[n * 8 + 2 * t + 1] = gp::from_acc<T>(acc[r][n][2 * h + 1] * inv);
         }
         if (t == 0)  // m is in the log2 domain
-            lse[b * lq + i] = total > 0.0f ? (m[h] + log2f(total)) * 0.6931471805599453f
+            lse[b * lq + i] = total > 0.0f ? (m[r][h] + log2f(total)) * 0.6931471805599453f
                                            : neg_inf<float>();
     }
 }

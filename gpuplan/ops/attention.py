@@ -54,9 +54,16 @@ TC_HEAD_DIMS = (64, 128)
 SIMT_CHUNKS = (1, 2, 4)
 #: SIMT tiles (attention.cu attn::): 4 warps x 4 rows of queries, 32 keys per K/V tile.
 SIMT_THREADS, SIMT_BQ, SIMT_BK = 128, 16, 32
-#: Tensor-core forward: 4 warps x 16 query rows, 64-key tiles, rows padded by 8 halves.
-TC_THREADS, TC_BQ, TC_BK, TC_PAD = 128, 64, 64, 8
+#: Tensor-core forward: 4 warps, 64-key tiles, rows padded by 8 halves; tc_rows(head_dim)
+#: query rows per CTA.
+TC_THREADS, TC_BK, TC_PAD = 128, 64, 8
 _MAX_GRID = 2**31 - 1
+
+
+def tc_rows(head_dim: int) -> int:
+    """Query rows per CTA of the tensor-core forward: 4 warps x 16 rows x the row blocks a
+    warp owns (attention.cu tc_row_blocks: 2 for head_dim 64, 1 for 128)."""
+    return 4 * 16 * (2 if head_dim == 64 else 1)
 
 
 def simt_chunks(head_dim: int) -> int:
@@ -185,14 +192,15 @@ def tc_tile_bytes(rows: int, head_dim: int) -> int:
 class AttentionPlan(_AttentionBase):
     """(o, lse) = attention(q, k, v) as in the module docstring.
 
-    SKUs on a GPU: ``tensor_core`` (f16/bf16, head_dim 64 or 128, sm_80+): 64 query rows per
-    CTA (16 per warp), 64-key K/V tiles double-buffered by cp.async, S = Q K^T and O += P V
-    by mma.sync m16n8k16 with f32 accumulators, P kept in registers (rounded to the input
-    dtype for the second mma). ``simt`` (every dtype, head_dim <= 128): 16 query rows per
-    CTA (4 per warp), 32-key tiles, one key per lane for S and head-dim columns per lane
-    for O; half types accumulate in f32. Host: ``numpy`` in the accumulator dtype
-    (gpuplan.ops.attention_host: chunks of batch entries, causal row blocks, BLAS GEMMs and
-    compiled float32 softmax kernels).
+    SKUs on a GPU: ``tensor_core`` (f16/bf16, head_dim 64 or 128, sm_80+): 128 query rows
+    per CTA for head_dim 64 (32 per warp, so each K/V fragment read from shared memory feeds
+    two mma), 64 for 128 (16 per warp), 64-key K/V tiles double-buffered by cp.async, S = Q
+    K^T and O += P V by mma.sync m16n8k16 with f32 accumulators, P kept in registers
+    (rounded to the input dtype for the second mma), softmax in the log2 domain. ``simt``
+    (every dtype, head_dim <= 128): 16 query rows per CTA (4 per warp), 32-key tiles, one
+    key per lane for S and head-dim columns per lane for O; half types accumulate in f32.
+    Host: ``numpy`` in the accumulator dtype (gpuplan.ops.attention_host: chunks of batch
+    entries, causal row blocks, BLAS GEMMs and compiled float32 softmax kernels).
     """
 
     op = "attention"
@@ -203,7 +211,7 @@ class AttentionPlan(_AttentionBase):
         d = self.desc
         if self._cand.variant == "numpy":
             return
-        q_tiles = cdiv(d.lq, TC_BQ if self._tc else SIMT_BQ)
+        q_tiles = cdiv(d.lq, tc_rows(d.head_dim) if self._tc else SIMT_BQ)
         self._grid = q_tiles * d.batch
         if self._grid > _MAX_GRID:
             raise Unsupported(describe(self.op, "desc", "at most 2**31 - 1 query tiles",
@@ -213,7 +221,8 @@ class AttentionPlan(_AttentionBase):
         if self._tc:
             self._kernels = (_fwd_tc(self._t, d.head_dim, False),
                              _fwd_tc(self._t, d.head_dim, True))
-            self._smem = 5 * tc_tile_bytes(TC_BQ, d.head_dim)  # Q, 2 x K, 2 x V
+            self._smem = (tc_tile_bytes(tc_rows(d.head_dim), d.head_dim)  # Q
+                          + 4 * tc_tile_bytes(TC_BK, d.head_dim))  # 2 x K, 2 x V
             self._block = TC_THREADS
         else:
             self._kernels = (_fwd_simt(self._t, self._chunks),) * 2
