@@ -247,105 +247,111 @@ attention_forward_tc(const T* __restrict__ q, const T* __restrict__ k, const T* 
         const unsigned k_base = gp::smem_addr(sk + buf * KTILE);
         const unsigned v_base = gp::smem_addr(sv + buf * KTILE);
 
-        float s[R][NT][4];
-#pragma unroll
-        for (int r = 0; r < R; ++r)
-#pragma unroll
-            for (int n = 0; n < NT; ++n)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) s[r][n][e] = 0.0f;
-#pragma unroll
-        for (int kk = 0; kk < D / 16; ++kk) {
-            unsigned af[R][4];
-#pragma unroll
-            for (int r = 0; r < R; ++r) gp::ldmatrix_x4<false>(af[r], q_addr[r] + 2u * (kk * 16));
-#pragma unroll
-            for (int p = 0; p < NT / 2; ++p) {
-                unsigned bf[4];
-                gp::ldmatrix_x4<false>(bf, k_base + 2u * gp::b_lane(lane, LD, p * 16, kk * 16));
-#pragma unroll
-                for (int r = 0; r < R; ++r) {
-                    gp::Mma<T>::run(s[r][2 * p], af[r], bf[0], bf[1]);
-                    gp::Mma<T>::run(s[r][2 * p + 1], af[r], bf[2], bf[3]);
-                }
-            }
-        }
-        // Online softmax on rows g (e = 0, 1) and g + 8 (e = 2, 3) of each row block; a row's
-        // 64 columns are spread over the 4 threads of a quad (shuffles with lane masks 1 and
-        // 2). Scores are kept in the log2 domain (z = s * scale * log2(e), p = 2^(z - m)): one
-        // multiply, a max, a subtract and an ex2 per score. Masks cost only on the tiles that
-        // need them (the last key tile, and the tiles the causal diagonal crosses for this
-        // warp's rows; warp-uniform), and then in 32-bit column arithmetic.
+        // A warp whose rows see none of this tile's keys (causal, above the diagonal)
+        // skips it: its scores would all be masked (the barriers stay shared).
         const long long k0 = static_cast<long long>(kt) * TC_BK;
-        const bool unmasked = k0 + TC_BK <= lk && (!causal || k0 + TC_BK - 1 <= wrow + offset);
+        const bool skip = causal && k0 > wrow + 16 * R - 1 + offset;
+        if (!skip) {
+            float s[R][NT][4];
 #pragma unroll
-        for (int rh = 0; rh < 2 * R; ++rh) {  // row block r = rh / 2, half h = rh % 2
-            const int r = rh >> 1, h = rh & 1;
-            const long long i = wrow + 16 * r + g + 8 * h;
-#pragma unroll
-            for (int n = 0; n < NT; ++n)
-#pragma unroll
-                for (int e = 0; e < 2; ++e) s[r][n][2 * h + e] *= sc2;
-            if (!unmasked) {  // columns > last are masked: last in [-1, TC_BK]
-                long long lim = lk - 1 - k0;
-                if (causal && i + offset - k0 < lim) lim = i + offset - k0;
-                const int last = lim < -1 ? -1 : (lim > TC_BK ? TC_BK : static_cast<int>(lim));
+            for (int r = 0; r < R; ++r)
 #pragma unroll
                 for (int n = 0; n < NT; ++n)
 #pragma unroll
-                    for (int e = 0; e < 2; ++e)
-                        if (n * 8 + 2 * t + e > last) s[r][n][2 * h + e] = neg_inf<float>();
-            }
-            float mx = neg_inf<float>();
+                    for (int e = 0; e < 4; ++e) s[r][n][e] = 0.0f;
 #pragma unroll
-            for (int n = 0; n < NT; ++n)
-                mx = fmaxf(mx, fmaxf(s[r][n][2 * h], s[r][n][2 * h + 1]));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-            const float mn = fmaxf(m[r][h], mx);
-            // A row with no visible key yet subtracts 0: its scores are -inf, 2^-inf = 0.
-            const float base = mn == neg_inf<float>() ? 0.0f : mn;
-            const float alpha = exp2f(m[r][h] - base);
-            float sum = 0.0f;
+            for (int kk = 0; kk < D / 16; ++kk) {
+                unsigned af[R][4];
 #pragma unroll
-            for (int n = 0; n < NT; ++n)
+                for (int r = 0; r < R; ++r)
+                    gp::ldmatrix_x4<false>(af[r], q_addr[r] + 2u * (kk * 16));
 #pragma unroll
-                for (int e = 0; e < 2; ++e) {
-                    const float p = exp2f(s[r][n][2 * h + e] - base);
-                    s[r][n][2 * h + e] = p;
-                    sum += p;
-                }
-            m[r][h] = mn;
-            l[r][h] = l[r][h] * alpha + sum;
-            if (p_drop > 0.0f) {  // O takes the dropped probabilities; l the undropped ones
-                const auto row = static_cast<unsigned long long>((eb * lq + i) * lk + k0);
+                for (int p = 0; p < NT / 2; ++p) {
+                    unsigned bf[4];
+                    gp::ldmatrix_x4<false>(bf, k_base + 2u * gp::b_lane(lane, LD, p * 16, kk * 16));
 #pragma unroll
-                for (int n = 0; n < NT; ++n) {
-                    bool keep0, keep1;
-                    gp::keep_pair(row + n * 8 + 2 * t, seed, rng_offset, p_drop, keep0, keep1);
-                    s[r][n][2 * h] = keep0 ? s[r][n][2 * h] * drop_scale : 0.0f;
-                    s[r][n][2 * h + 1] = keep1 ? s[r][n][2 * h + 1] * drop_scale : 0.0f;
+                    for (int r = 0; r < R; ++r) {
+                        gp::Mma<T>::run(s[r][2 * p], af[r], bf[0], bf[1]);
+                        gp::Mma<T>::run(s[r][2 * p + 1], af[r], bf[2], bf[3]);
+                    }
                 }
             }
+            // Online softmax on rows g (e = 0, 1) and g + 8 (e = 2, 3) of each row block; a row's
+            // 64 columns are spread over the 4 threads of a quad (shuffles with lane masks 1 and
+            // 2). Scores are kept in the log2 domain (z = s * scale * log2(e), p = 2^(z - m)): one
+            // multiply, a max, a subtract and an ex2 per score. Masks cost only on the tiles that
+            // need them (the last key tile, and the tiles the causal diagonal crosses for this
+            // warp's rows; warp-uniform), and then in 32-bit column arithmetic.
+            const bool unmasked = k0 + TC_BK <= lk && (!causal || k0 + TC_BK - 1 <= wrow + offset);
 #pragma unroll
-            for (int n = 0; n < DT; ++n) {
-                acc[r][n][2 * h] *= alpha;
-                acc[r][n][2 * h + 1] *= alpha;
+            for (int rh = 0; rh < 2 * R; ++rh) {  // row block r = rh / 2, half h = rh % 2
+                const int r = rh >> 1, h = rh & 1;
+                const long long i = wrow + 16 * r + g + 8 * h;
+#pragma unroll
+                for (int n = 0; n < NT; ++n)
+#pragma unroll
+                    for (int e = 0; e < 2; ++e) s[r][n][2 * h + e] *= sc2;
+                if (!unmasked) {  // columns > last are masked: last in [-1, TC_BK]
+                    long long lim = lk - 1 - k0;
+                    if (causal && i + offset - k0 < lim) lim = i + offset - k0;
+                    const int last = lim < -1 ? -1 : (lim > TC_BK ? TC_BK : static_cast<int>(lim));
+#pragma unroll
+                    for (int n = 0; n < NT; ++n)
+#pragma unroll
+                        for (int e = 0; e < 2; ++e)
+                            if (n * 8 + 2 * t + e > last) s[r][n][2 * h + e] = neg_inf<float>();
+                }
+                float mx = neg_inf<float>();
+#pragma unroll
+                for (int n = 0; n < NT; ++n)
+                    mx = fmaxf(mx, fmaxf(s[r][n][2 * h], s[r][n][2 * h + 1]));
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+                const float mn = fmaxf(m[r][h], mx);
+                // A row with no visible key yet subtracts 0: its scores are -inf, 2^-inf = 0.
+                const float base = mn == neg_inf<float>() ? 0.0f : mn;
+                const float alpha = exp2f(m[r][h] - base);
+                float sum = 0.0f;
+#pragma unroll
+                for (int n = 0; n < NT; ++n)
+#pragma unroll
+                    for (int e = 0; e < 2; ++e) {
+                        const float p = exp2f(s[r][n][2 * h + e] - base);
+                        s[r][n][2 * h + e] = p;
+                        sum += p;
+                    }
+                m[r][h] = mn;
+                l[r][h] = l[r][h] * alpha + sum;
+                if (p_drop > 0.0f) {  // O takes the dropped probabilities; l the undropped ones
+                    const auto row = static_cast<unsigned long long>((eb * lq + i) * lk + k0);
+#pragma unroll
+                    for (int n = 0; n < NT; ++n) {
+                        bool keep0, keep1;
+                        gp::keep_pair(row + n * 8 + 2 * t, seed, rng_offset, p_drop, keep0, keep1);
+                        s[r][n][2 * h] = keep0 ? s[r][n][2 * h] * drop_scale : 0.0f;
+                        s[r][n][2 * h + 1] = keep1 ? s[r][n][2 * h + 1] * drop_scale : 0.0f;
+                    }
+                }
+#pragma unroll
+                for (int n = 0; n < DT; ++n) {
+                    acc[r][n][2 * h] *= alpha;
+                    acc[r][n][2 * h + 1] *= alpha;
+                }
             }
-        }
 #pragma unroll
-        for (int kk = 0; kk < TC_BK / 16; ++kk) {
-            unsigned af[R][4];
+            for (int kk = 0; kk < TC_BK / 16; ++kk) {
+                unsigned af[R][4];
 #pragma unroll
-            for (int r = 0; r < R; ++r) gp::c_to_a<T, NT>(af[r], s[r], kk);
+                for (int r = 0; r < R; ++r) gp::c_to_a<T, NT>(af[r], s[r], kk);
 #pragma unroll
-            for (int p = 0; p < DT / 2; ++p) {
-                unsigned bf[4];
-                gp::ldmatrix_x4<true>(bf, v_base + 2u * gp::bt_lane(lane, LD, kk * 16, p * 16));
+                for (int p = 0; p < DT / 2; ++p) {
+                    unsigned bf[4];
+                    gp::ldmatrix_x4<true>(bf, v_base + 2u * gp::bt_lane(lane, LD, kk * 16, p * 16));
 #pragma unroll
-                for (int r = 0; r < R; ++r) {
-                    gp::Mma<T>::run(acc[r][2 * p], af[r], bf[0], bf[1]);
-                    gp::Mma<T>::run(acc[r][2 * p + 1], af[r], bf[2], bf[3]);
+                    for (int r = 0; r < R; ++r) {
+                        gp::Mma<T>::run(acc[r][2 * p], af[r], bf[0], bf[1]);
+                        gp::Mma<T>::run(acc[r][2 * p + 1], af[r], bf[2], bf[3]);
+                    }
                 }
             }
         }

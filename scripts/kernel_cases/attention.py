@@ -24,12 +24,14 @@ SIMT = [(2, 5, 7, 20, True), (1, 1, 1, 1, False), (2, 9, 4, 20, True), (1, 4, 0,
 # (batch, lq, lk, head_dim, causal, aligned): the tensor-core kernels (f16/bf16); unaligned
 # bases take the scalar-copy tile loads. The forward takes 128 query rows per CTA for
 # head_dim 64 (2 row blocks per warp) and 64 for 128: lq 150 and 131 give two query tiles
-# with a partial last one.
+# with a partial last one. Causal offsets lk - lq of 1 and 33 put a key tile's first key
+# exactly one past a warp's last visible one (the forward skips such tiles per warp).
 TC = [(2, 70, 130, 64, True, True), (1, 64, 64, 64, False, True), (1, 80, 30, 64, True, True),
       (1, 65, 97, 128, True, True), (1, 33, 70, 64, True, False),
       (1, 40, 20, 128, False, False), (1, 20, 150, 128, False, False),
       (1, 150, 170, 64, True, True), (1, 131, 70, 64, False, False),
-      (1, 131, 140, 128, True, True)]
+      (1, 131, 140, 128, True, True), (1, 129, 130, 64, True, True),
+      (1, 100, 133, 128, True, True)]
 # Dropout: (batch, lq, lk, head_dim, causal, p). Odd lk (a row's elements straddle Philox
 # counters, so the kernels' paired draws split), lq != lk, several tiles, p = 1 (all dropped).
 DROP_P, DROP_SEED, DROP_OFFSET = 0.3, 0x1234_5678_9ABC_DEF0, 2**64 - 3  # offset wraps
