@@ -11,6 +11,8 @@ from typing import Any
 
 import numpy as np
 
+import gpuplan as gp
+
 __all__ = ["DataError", "TokenDataset", "DataLoader", "read_token_file", "LLMC_FORMATS",
            "FULL_CHECK_TOKENS"]
 
@@ -116,7 +118,9 @@ class TokenDataset:
             self.tokens, self.info = read_token_file(source, dtype)
         else:
             self.name = name or "array"
-            self.tokens = source if isinstance(source, np.ndarray) else np.asarray(source)
+            self.tokens = (source if type(source) is np.ndarray
+                           else np.asarray(gp.to_host(source)) if gp.is_device_array(source)
+                           else np.asarray(source))
             if self.tokens.ndim != 1 or self.tokens.dtype.kind not in "iu":
                 raise TypeError(f"TokenDataset: expected a 1-D integer array, given "
                                 f"{self.tokens.dtype} of shape {self.tokens.shape}")

@@ -262,7 +262,8 @@ class Tensor:
 
     def _comparison(name: str) -> Any:  # noqa: N805 - a method factory, run in the class body
         def compare(self: Tensor, other: Any) -> Tensor:
-            if not isinstance(other, (Tensor, int, float, np.ndarray, np.number, np.bool_)):
+            if not (isinstance(other, (Tensor, int, float, np.ndarray, np.number, np.bool_))
+                    or gp.is_device_array(other)):  # a CuPy array is no np.ndarray
                 return NotImplemented
             return _arith.compare(name, self, other)
         return compare

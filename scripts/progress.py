@@ -86,6 +86,15 @@ def peak_tflops(name: str, dtype: str) -> float | None:
     return None
 
 
+def gpus_in_job(mpi_comm, device_id: int) -> int:
+    """How many distinct GPUs the job's ranks use: ranks may share one (gpu_check runs 2 and
+    4 ranks on one GPU), so the job's peak FLOP/s is per GPU, not per rank. A collective:
+    every rank calls it."""
+    import socket
+
+    return len(set(mpi_comm.allgather((socket.gethostname(), int(device_id)))))
+
+
 def device_name(device: str) -> str:
     """The GPU's name for "cuda"; the CPU model and core count otherwise (prefixed by
     "emulated sm_80 on" for the emulated device)."""
@@ -109,7 +118,9 @@ def device_name(device: str) -> str:
 
 
 def memory_mib(device: str) -> float:
-    """This process's peak memory: the CuPy pool's bytes on a GPU, the peak RSS on the host."""
+    """This process's memory: on a GPU the bytes CuPy's default pool holds now (not a peak;
+    a CUDA graph's private pool, cuBLAS and NCCL workspaces are not in it), on the host the
+    peak RSS."""
     if device == "cuda":
         import cupy
 

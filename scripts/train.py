@@ -140,7 +140,11 @@ class Trainer:
         self.flops_token = progress_mod.flops_per_token(self.cfg, self.n_params, ns.block_size)
         name = progress_mod.device_name(self.device)
         peak = progress_mod.peak_tflops(name, ns.dtype) if self.device == "cuda" else None
-        self.peak = None if peak is None else peak * 1e12 * world.size
+        if peak is not None:  # per GPU: ranks that share one count once
+            gpus = progress_mod.gpus_in_job(
+                world.mpi_comm, gp.backend.cupy_module().cuda.runtime.getDevice())
+            peak *= gpus
+        self.peak = None if peak is None else peak * 1e12
         self.device_label = name
         self.graphed = graph_step.GraphedStep(self) if ns.cuda_graph else None
 

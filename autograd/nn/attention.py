@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+import gpuplan as gp
 from autograd.functions.attention import additive_mask, attention_weights
 from autograd.functions.matmul import linear, matmul
 from autograd.functions.shape import chunk
@@ -17,11 +18,13 @@ from autograd.nn.module import Module
 from autograd.tensor import Tensor
 
 
-def _not(mask: Any) -> Any:
+def _not(mask: Any, like: Tensor) -> Any:
     """A bool mask in torch MHA's convention (True = do not attend) in sdpa's (True =
-    attend): index bookkeeping on the mask array."""
+    attend), on `like`'s device: index bookkeeping on the mask array."""
     data = mask.data if isinstance(mask, Tensor) else mask
-    return Tensor(~data) if data.dtype == bool else mask
+    if data.dtype != bool:
+        return mask
+    return Tensor(gp.to_device(~data, gp.device_of(like.data)))
 
 
 class MultiheadAttention(Module):
@@ -83,7 +86,7 @@ class MultiheadAttention(Module):
         """One mask for sdpa over [N, H, Lq, Lk] (bool: True = attend, or float additive)."""
         n, masks = like.shape[0], []
         if attn_mask is not None:
-            m = _not(attn_mask)
+            m = _not(attn_mask, like)
             if m.ndim == 3:  # [N * H, Lq, Lk]
                 if tuple(m.shape) != (n * self.num_heads, lq, lk):
                     raise ValueError(f"MultiheadAttention: a 3-D attn_mask must have shape "
@@ -94,7 +97,7 @@ class MultiheadAttention(Module):
                                  f"or {(n * self.num_heads, lq, lk)}, given {tuple(m.shape)}")
             masks.append(m)
         if key_padding_mask is not None:
-            k = _not(key_padding_mask)
+            k = _not(key_padding_mask, like)
             if tuple(k.shape) != (n, lk):
                 raise ValueError(f"MultiheadAttention: key_padding_mask must have shape "
                                  f"{(n, lk)}, given {tuple(k.shape)}")

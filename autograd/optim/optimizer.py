@@ -141,7 +141,8 @@ class Optimizer:
                         raise ValueError(f"{type(self).__name__}.load_state_dict: state "
                                          f"{k!r} of parameter {index}: expected shape "
                                          f"{tuple(p.data.shape)}, given {tuple(v.shape)}")
-                    entry[k] = gp.to_device(np.array(v, copy=True), device)
+                    # to_host: a CuPy array refuses NumPy's implicit conversion
+                    entry[k] = gp.to_device(np.array(gp.to_host(v), copy=True), device)
                 else:
                     entry[k] = v
             self.state[id(p)] = entry

@@ -105,3 +105,19 @@ def test_metrics_log_resume_drops_records_past_the_step_and_a_cut_line(tmp_path)
     assert [r["step"] for r in _records(path)] == [1, 25, 50, 75]
     assert _records(path)[-1]["train_loss"] == 0.5
     assert not list(tmp_path.glob(".*.tmp"))
+
+
+def test_gpus_in_job_counts_each_host_and_device_once():
+    class Comm:
+        def __init__(self, others):
+            self.others = others
+
+        def allgather(self, mine):
+            return [mine, *self.others]
+
+    import socket
+
+    host = socket.gethostname()
+    assert progress.gpus_in_job(Comm([]), 0) == 1
+    assert progress.gpus_in_job(Comm([(host, 0), (host, 0), (host, 0)]), 0) == 1  # 4 ranks
+    assert progress.gpus_in_job(Comm([(host, 1), ("other", 0), ("other", 1)]), 0) == 4

@@ -129,3 +129,20 @@ def test_against_torch():
     out, w = m(*(ag.tensor(x),) * 3, key_padding_mask=pad)
     np.testing.assert_allclose(out.numpy(), want_o.detach().numpy(), rtol=1e-10, atol=1e-12)
     np.testing.assert_allclose(w.numpy(), want_w.detach().numpy(), rtol=1e-10, atol=1e-12)
+
+
+def test_host_bool_masks_follow_the_inputs_to_the_device():
+    """NumPy bool masks (torch's convention) with device inputs: moved to the inputs'
+    device, both alone and combined, giving the host module's result."""
+    host = _mha()
+    dev = _mha().to("emulated")
+    x = RNG.standard_normal((5, 2, E))
+    blocked = np.triu(np.ones((5, 5), bool), 1)
+    pad = np.array([[False] * 4 + [True], [False] * 5])
+    for kw in (dict(attn_mask=blocked), dict(key_padding_mask=pad),
+               dict(attn_mask=blocked, key_padding_mask=pad)):
+        want, _ = host(ag.tensor(x), ag.tensor(x), ag.tensor(x), **kw)
+        xd = ag.tensor(x).to("emulated")
+        got, _ = dev(xd, xd, xd, **kw)
+        np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-12, atol=1e-12,
+                                   err_msg=str(list(kw)))
