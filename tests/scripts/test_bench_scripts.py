@@ -11,7 +11,6 @@ import itertools
 import math
 import os
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -20,6 +19,7 @@ import numpy as np
 import pytest
 
 import gpuplan as gp
+from tests.scripts.test_train import _mpiexec
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = ROOT / "scripts"
@@ -44,14 +44,6 @@ def _load(name: str):
 
 check_graphs, bench_autograd, gpu_check = (_load(n) for n in
                                            ("check_graphs", "bench_autograd", "gpu_check"))
-
-
-def _mpiexec() -> str:
-    local = Path(sys.executable).parent / "mpiexec"
-    found = str(local) if local.exists() else shutil.which("mpiexec")
-    if found is None:
-        pytest.skip("no mpiexec")
-    return found
 
 
 def _run(args: list[str], env: dict | None = None, ranks: int = 0,

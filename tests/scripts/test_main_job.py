@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.scripts.test_train import _mpiexec
+
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "train.py"
 TINY = ["--n-layer", "2", "--n-head", "2", "--n-embd", "16", "--block-size", "16",
@@ -75,14 +77,6 @@ def test_a_killed_run_keeps_its_metrics(tmp_path):
     assert proc.returncode == -signal.SIGKILL, err
     steps = [r["step"] for r in records(path)[:3]]  # whole lines, whatever the kill cut
     assert steps == [1, 2, 3]
-
-
-def _mpiexec() -> str:
-    local = Path(sys.executable).parent / "mpiexec"
-    found = str(local) if local.exists() else shutil.which("mpiexec")
-    if found is None:
-        pytest.skip("no mpiexec")
-    return found
 
 
 def test_help_is_printed_once_under_mpiexec():
