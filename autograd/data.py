@@ -118,9 +118,10 @@ class TokenDataset:
             self.tokens, self.info = read_token_file(source, dtype)
         else:
             self.name = name or "array"
-            self.tokens = (source if type(source) is np.ndarray
-                           else np.asarray(gp.to_host(source)) if gp.is_device_array(source)
-                           else np.asarray(source))
+            # A device array comes to the host (CuPy refuses NumPy's implicit conversion); a
+            # host array, a np.memmap included, is kept as it is.
+            self.tokens = (gp.to_host(source) if gp.is_device_array(source)
+                           else source if isinstance(source, np.ndarray) else np.asarray(source))
             if self.tokens.ndim != 1 or self.tokens.dtype.kind not in "iu":
                 raise TypeError(f"TokenDataset: expected a 1-D integer array, given "
                                 f"{self.tokens.dtype} of shape {self.tokens.shape}")

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import autograd as ag
+import gpuplan as gp
 from autograd import data
 
 
@@ -148,3 +149,13 @@ def test_ranks_of_a_mesh_draw_the_single_process_global_batch():
         x, y = single.global_batch(step)
         np.testing.assert_array_equal(np.concatenate([g[i][0] for g in gathered]), x)
         np.testing.assert_array_equal(np.concatenate([g[i][1] for g in gathered]), y)
+
+
+def test_an_in_memory_source_is_kept_on_the_host():
+    """A host array (a memmap included) is used as it is; a device array is copied to the
+    host (on a GPU NumPy cannot read a CuPy array implicitly)."""
+    tokens = np.arange(64, dtype=np.int64) % 7
+    assert data.TokenDataset(tokens, block_size=8, vocab_size=7).tokens is tokens
+    dev = data.TokenDataset(gp.to_device(tokens, "emulated"), block_size=8,
+                            vocab_size=7).tokens
+    assert type(dev) is np.ndarray and np.array_equal(dev, tokens)
