@@ -2,7 +2,9 @@
 
 `EmulatedArray` is an ndarray subclass, so NumPy operations work on it and keep it on the
 emulated device (as CuPy operations keep arrays on a GPU), while plans see a device array
-and run their CUDA path. Like `cupy.ndarray` it has ``.get()`` (a host copy), ``.set()``,
+and run their CUDA path. As with CuPy, mixing it with a host array in one NumPy call or
+assigning a host array into it raises TypeError (strict mode; GPUPLAN_EMULATOR_STRICT=0
+turns it off). Like `cupy.ndarray` it has ``.get()`` (a host copy), ``.set()``,
 ``.device`` and ``.data.ptr``. Allocations made through `namespace` are 256-byte aligned,
 as cudaMalloc's are, so the kernels' vectorized paths see the alignment a GPU gives them.
 """
@@ -10,6 +12,7 @@ as cudaMalloc's are, so the kernels' vectorized paths see the alignment a GPU gi
 from __future__ import annotations
 
 import functools
+import os
 from typing import Any
 
 import numpy as np
@@ -63,7 +66,7 @@ class EmulatedArray(np.ndarray):
 
     def set(self, arr: Any, stream: Any = None) -> None:
         """Copy host data in, as cupy.ndarray.set()."""
-        self[...] = np.asarray(arr).reshape(self.shape)
+        self.view(np.ndarray)[...] = np.asarray(arr).reshape(self.shape)
 
     def __repr__(self) -> str:
         return "emulated " + repr(np.asarray(self))
@@ -179,6 +182,65 @@ def set_capture_hooks(on: bool) -> None:
             delattr(EmulatedArray, name)
 
 
+# -- strict mode (on unless GPUPLAN_EMULATOR_STRICT=0): outside captures too, NumPy calls
+# that mix an EmulatedArray with a host array (more than a scalar), and host arrays assigned
+# into an EmulatedArray, raise TypeError as CuPy does for its arrays (no implicit host <->
+# device copies), so code that would fail on a GPU fails here. What it cannot see:
+# np.asarray(emulated) gives a host view silently (CuPy raises), as an ndarray subclass
+# reaches NumPy's C conversion without a hook.
+
+
+def _host_operands(x: Any) -> list:
+    return [a for a in _arrays(x) if not isinstance(a, EmulatedArray) and a.ndim > 0]
+
+
+def _strict_refuse(what: str, host: list) -> TypeError:
+    shapes = ", ".join(str(a.shape) for a in host[:3])
+    return TypeError(f"{what}: a host NumPy array (shape {shapes}) with an emulated-device "
+                     f"array; CuPy refuses implicit host-device mixing (copy it with "
+                     f"gpuplan.to_device / to_host first)")
+
+
+def _strict_ufunc(self: EmulatedArray, ufunc: Any, method: str, *inputs: Any,
+                  **kwargs: Any) -> Any:
+    out = kwargs.get("out")
+    host = _host_operands((inputs, out or ()))
+    if host:
+        raise _strict_refuse(f"numpy.{ufunc.__name__}", host)
+    r = getattr(ufunc, method)(*_plain(inputs), **{k: _plain(v) for k, v in kwargs.items()})
+    if out is not None:
+        return out[0] if len(out) == 1 else out
+    return _to_emulated(r)  # as NumPy wraps a subclass's results; scalars stay scalars
+
+
+def _strict_function(self: EmulatedArray, func: Any, types: Any, args: Any,
+                     kwargs: Any) -> Any:
+    host = _host_operands((args, kwargs))
+    if host:
+        raise _strict_refuse(f"numpy.{func.__name__}", host)
+    return np.ndarray.__array_function__(self, func, types, args, kwargs)
+
+
+def _strict_setitem(self: EmulatedArray, key: Any, value: Any) -> None:
+    if isinstance(value, np.ndarray) and not isinstance(value, EmulatedArray) and value.ndim:
+        raise _strict_refuse("ndarray.__setitem__", [value])
+    np.ndarray.__setitem__(self, key, value)
+
+
+_STRICT_HOOKS = {"__array_ufunc__": _strict_ufunc, "__array_function__": _strict_function,
+                 "__setitem__": _strict_setitem}
+
+
+def set_strict(on: bool) -> None:
+    """Install (on) or remove strict mode's methods on EmulatedArray (capture hooks, when
+    installed, take precedence: they are installed after and saved these)."""
+    for name, hook in _STRICT_HOOKS.items():
+        if on:
+            setattr(EmulatedArray, name, hook)
+        elif EmulatedArray.__dict__.get(name) is hook:
+            delattr(EmulatedArray, name)
+
+
 def _arrays(x: Any) -> list:
     if isinstance(x, np.ndarray):
         return [x]
@@ -243,7 +305,10 @@ def asarray(a: Any, dtype: Any = None, order: Any = None, copy: bool | None = No
         a = a.get()
     host = np.asarray(a, dtype=dtype)
     out = empty(host.shape, host.dtype)
-    out[...] = host
+    if _capture.active() is None:
+        out.view(np.ndarray)[...] = host  # the upload itself (allowed in strict mode)
+    else:
+        out[...] = host  # the capture hook refuses it: a pageable copy
     return out
 
 
@@ -317,3 +382,6 @@ def _wrap(fn: Any) -> Any:
 
 
 namespace = _Namespace()
+
+if os.environ.get("GPUPLAN_EMULATOR_STRICT", "1") != "0":
+    set_strict(True)

@@ -47,7 +47,7 @@ def place(a: np.ndarray, aligned: bool = True):
         return emu(a)
     buf = emu(np.zeros(a.size + 1, a.dtype))
     view = buf[1:].reshape(a.shape)
-    view[...] = a
+    view[...] = emu(a)  # device to device: a GPU array takes no host array by assignment
     assert view.data.ptr % 16, "meant to be misaligned"
     return view
 

@@ -45,7 +45,7 @@ def place(a: np.ndarray, misaligned: bool = False) -> Any:
     if not misaligned:
         return emu(a)
     buf = emu(np.zeros(a.shape[0] + 1, a.dtype))[1:]
-    buf[...] = a
+    buf[...] = emu(a)  # device to device: a GPU array takes no host array by assignment
     return buf
 
 
