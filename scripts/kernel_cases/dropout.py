@@ -10,7 +10,17 @@ import numpy as np
 import gpuplan as gp
 from gpuplan.ops.dropout import keep_mask_host
 from gpuplan.testing import run_plan
-from kernel_cases.common import DTYPES, Case, check, dtype_id, emu, f64, host, random, run_emulated
+from kernel_cases.common import (
+    DTYPES,
+    Case,
+    check,
+    dtype_id,
+    f64,
+    host,
+    place,
+    random,
+    run_emulated,
+)
 
 N = 1027  # 256 full vector groups and a partial last group (scalar tail); > one block
 P = 0.3
@@ -24,15 +34,6 @@ def _bits_equal(actual, expected: np.ndarray, what: str) -> None:
                                   err_msg=f"{what}: device bits differ from the host SKU's")
 
 
-def _on_device(a: np.ndarray, misaligned: bool):
-    """An emulated copy of `a`: 256-byte aligned, or one element off (the scalar path)."""
-    if not misaligned:
-        return emu(a)
-    buf = emu(np.zeros(a.shape[0] + 1, a.dtype))[1:]
-    buf[...] = emu(a)  # device to device: a GPU array takes no host array by assignment
-    return buf
-
-
 def apply(dtype, backward: bool, misaligned: bool) -> None:
     # forward and backward share the descriptor; (seed, offset) are run arguments
     plan_cls, args_cls = ((gp.DropoutBackwardPlan, gp.DropoutBackwardArgs) if backward
@@ -40,9 +41,9 @@ def apply(dtype, backward: bool, misaligned: bool) -> None:
     desc = gp.DropoutDescriptor(N, P, dtype)
     x = random((N,), dtype, seed=1 + backward, low=0.25, high=2.0)  # no zeros: mask readable
     x[1::2] *= -1
-    y = _on_device(np.full((N,), 7, dtype), misaligned)
+    y = place(np.full((N,), 7, dtype), misaligned)
     plan = run_emulated(plan_cls, desc,
-                        args_cls(_on_device(x, misaligned), y, seed=SEED, offset=OFFSET))
+                        args_cls(place(x, misaligned), y, seed=SEED, offset=OFFSET))
     assert plan.sku().variant == "philox", plan.sku()
     keep = keep_mask_host(N, P, SEED, OFFSET)
     what = "dropout backward" if backward else "dropout"
@@ -54,7 +55,7 @@ def apply(dtype, backward: bool, misaligned: bool) -> None:
 
 
 def mask(misaligned: bool) -> None:
-    m = _on_device(np.zeros((N,), np.bool_), misaligned)
+    m = place(np.zeros((N,), np.bool_), misaligned)
     plan = run_emulated(gp.DropoutMaskPlan, gp.DropoutMaskDescriptor(N, P),
                         gp.DropoutMaskArgs(m, seed=SEED, offset=OFFSET))
     assert plan.sku().variant == "philox", plan.sku()
