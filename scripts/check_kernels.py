@@ -8,7 +8,7 @@ source compiled by g++, see gpuplan/emulator) through its plan's launch code, ag
 family's float64 NumPy reference (the cases are in scripts/kernel_cases/). It ends with
 `executed N of M kernel instances, K failures` and exits non-zero unless N == M and K == 0.
 
-    python scripts/check_kernels.py [--arch 80 90] [--module embedding]
+    python scripts/check_kernels.py [--arch 80 90] [--module embedding] [--jobs 2]
     python scripts/check_kernels.py --execute [--module embedding] [--device cuda]
 """
 
@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import io
+import os
 import re
 import sys
 import time
@@ -76,6 +77,42 @@ def compile_module(mod, arch: str) -> tuple[list[dict], float]:
     return parse_ptxas(log.getvalue(), demangle), dt
 
 
+def _compile_job(job: tuple[int, str]) -> tuple[list[dict], float] | str:
+    """One (module, arch) compile in a worker process: the module is found again by its
+    index in the registry (CudaModule objects are not sent between processes); an error
+    comes back as its text, so that every failure is reported."""
+    import gpuplan  # noqa: F401 - imports every family, which declares its CudaModule
+    from gpuplan.nvrtc import registry
+
+    index, arch = job
+    try:
+        return compile_module(registry()[index], arch)
+    except Exception as exc:  # noqa: BLE001 - report every module's failure
+        return f"{type(exc).__name__}: {exc}"
+
+
+def compile_all(mods: list, archs: list[str], jobs: int):
+    """Yield (module, arch, rows and seconds, or the error text) in registry order. NVRTC
+    runs on one thread per program, so `jobs` > 1 compiles in that many processes."""
+    from gpuplan.nvrtc import registry
+
+    index = {id(m): i for i, m in enumerate(registry())}
+    work = [(mod, arch) for mod in mods for arch in archs]
+    if jobs <= 1 or len(work) <= 1:
+        for mod, arch in work:
+            yield mod, arch, _compile_job((index[id(mod)], arch))
+        return
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    # Spawned workers: a forked copy of a process that has loaded CuPy is not safe.
+    ctx = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=min(jobs, len(work)), mp_context=ctx) as pool:
+        results = pool.map(_compile_job, [(index[id(m)], a) for m, a in work])
+        for (mod, arch), result in zip(work, results, strict=True):
+            yield mod, arch, result
+
+
 def execute(mods: list, families: list[str], quiet: bool, device: str) -> int:
     """Run the kernel cases of `families` on `device` (the emulated device, or a GPU);
     count the instances that really launched."""
@@ -125,6 +162,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--module", action="append", default=None,
                     help="only modules whose file stem contains this")
     ap.add_argument("--quiet", action="store_true", help="print only the summary and failures")
+    ap.add_argument("--jobs", type=int, default=len(os.sched_getaffinity(0)),
+                    help="compile in this many processes (default: the usable CPUs)")
     ap.add_argument("--execute", action="store_true",
                     help="run every instance on the emulated device against its reference")
     ap.add_argument("--device", choices=["emulated", "cuda"], default="emulated",
@@ -134,6 +173,8 @@ def main(argv: list[str] | None = None) -> int:
     bad = [a for a in ns.arch if not a.isdigit()]
     if bad:
         ap.error(f"--arch: compute capabilities such as 80 or sm_90, given {' '.join(bad)}")
+    if ns.jobs < 1:
+        ap.error(f"--jobs: a number of processes >= 1, given {ns.jobs}")
 
     import gpuplan  # noqa: F401 - imports every family, which declares its CudaModule
     from gpuplan.nvrtc import registry
@@ -148,26 +189,24 @@ def main(argv: list[str] | None = None) -> int:
                        ns.device)
     failures: list[str] = []
     n_kernels = 0
-    for mod in mods:
-        for arch in ns.arch:
-            try:
-                rows, dt = compile_module(mod, arch)
-            except Exception as exc:  # noqa: BLE001 - report every module's failure
-                failures.append(f"{mod.path.name} sm_{arch}: {exc}")
-                print(f"FAIL {mod.path.name} sm_{arch}:\n{exc}", file=sys.stderr)
-                continue
-            entry = [r for r in rows if r["kernel"] in mod.name_expressions]
-            n_kernels += len(entry)
-            print(f"{mod.path.name} sm_{arch}: {len(entry)} kernels in {dt:.1f} s")
-            for r in entry:
-                spill = r["spill_st"] + r["spill_ld"]
-                flag = "  SPILL" if spill else ""
-                if not ns.quiet or spill:
-                    print(f"  {r['kernel']:<70} regs={r['regs']:>3} stack={r['stack']:>4} "
-                          f"spill={spill:>4} smem={r['smem']}{flag}")
-                if spill:
-                    failures.append(
-                        f"{mod.path.name} sm_{arch} {r['kernel']}: {spill} bytes spilled")
+    for mod, arch, result in compile_all(mods, ns.arch, ns.jobs):
+        if isinstance(result, str):
+            failures.append(f"{mod.path.name} sm_{arch}: {result}")
+            print(f"FAIL {mod.path.name} sm_{arch}:\n{result}", file=sys.stderr)
+            continue
+        rows, dt = result
+        entry = [r for r in rows if r["kernel"] in mod.name_expressions]
+        n_kernels += len(entry)
+        print(f"{mod.path.name} sm_{arch}: {len(entry)} kernels in {dt:.1f} s")
+        for r in entry:
+            spill = r["spill_st"] + r["spill_ld"]
+            flag = "  SPILL" if spill else ""
+            if not ns.quiet or spill:
+                print(f"  {r['kernel']:<70} regs={r['regs']:>3} stack={r['stack']:>4} "
+                      f"spill={spill:>4} smem={r['smem']}{flag}")
+            if spill:
+                failures.append(
+                    f"{mod.path.name} sm_{arch} {r['kernel']}: {spill} bytes spilled")
     print(f"compile check: {len(mods)} modules, {n_kernels} kernel instances, "
           f"arch {' '.join('sm_' + a for a in ns.arch)}, {len(failures)} failures")
     for f in failures:

@@ -7,6 +7,11 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 . .venv/bin/activate
 export PYTHONHASHSEED=0 OMP_NUM_THREADS=1
+# The unit and emulated-device tests and the kernel compile check run in TEST_JOBS processes
+# (default: the usable CPUs); TEST_JOBS=1 runs them in one. The mpi tests are ranks already.
+jobs=${TEST_JOBS:-$(python -c 'import os; print(len(os.sched_getaffinity(0)))')}
+case "$jobs" in ''|*[!0-9]*|0) echo "TEST_JOBS: a number of processes >= 1, given '$jobs'" >&2; exit 2 ;; esac
+if [ "$jobs" -gt 1 ]; then xdist=(-n "$jobs" --dist worksteal); else xdist=(-p no:xdist); fi
 
 echo "== lint: ruff check . (dist/ included: pyproject lists ruff's excludes itself) =="
 python -m ruff check .
@@ -15,10 +20,10 @@ grep -q "/dist/communicator.py" <<< "$checked" || {
     echo "ruff does not check dist/ (a default exclude came back?)" >&2; exit 1; }
 
 echo "== unit tests =="
-python -m pytest -q -m "not mpi" "$@"
+python -m pytest -q -m "not mpi" "${xdist[@]}" "$@"
 
 echo "== gpu tests on the emulated device (GPUPLAN_DEVICE=emulated) =="
-GPUPLAN_DEVICE=emulated python -m pytest -q -m "gpu and not mpi" "$@"
+GPUPLAN_DEVICE=emulated python -m pytest -q -m "gpu and not mpi" "${xdist[@]}" "$@"
 
 for n in 2 4; do
     echo "== mpi tests: mpiexec -n $n =="
@@ -27,7 +32,7 @@ for n in 2 4; do
 done
 
 echo "== kernel compile check =="
-python scripts/check_kernels.py --quiet
+python scripts/check_kernels.py --quiet --jobs "$jobs"
 
 echo "== every kernel instance on the emulated device =="
 python scripts/check_kernels.py --execute --quiet
