@@ -93,15 +93,16 @@ def main() -> int:
         return 2
     devices = ["cpu"]
     if args.device == "cuda" or (args.device == "auto" and gp.device_available()):
-        devices.append("cuda")
+        # the device the buffers really live on: "emulated" under GPUPLAN_DEVICE=emulated
+        devices.append(gp.backend.resolve_device("cuda"))
 
     def sync_for(device):
-        return (lambda: gp.backend.synchronize()) if device == "cuda" else (lambda: None)
+        return (lambda: gp.backend.synchronize()) if device != "cpu" else (lambda: None)
 
     sizes = [1 << k for k in range(10, 40, 2) if (1 << k) <= args.max_mib << 20]
     if world.rank == 0:
         print(f"# ranks={world.size} backend={world.backend} iters={args.iters}")
-        print(f"{'op':<10} {'device':<6} {'bytes':>10} {'ours GB/s':>10} {'mpi4py GB/s':>12}")
+        print(f"{'op':<10} {'device':<8} {'bytes':>10} {'ours GB/s':>10} {'mpi4py GB/s':>12}")
     for device in devices:
         for name, fn in (("all_reduce", bench_all_reduce), ("send_recv", bench_send_recv)):
             for nbytes in sizes:
@@ -109,7 +110,7 @@ def main() -> int:
                 res = fn(world, device, nbytes, iters, sync_for(device))
                 if world.rank == 0:
                     raw = f"{res['mpi4py']:12.3f}" if "mpi4py" in res else f"{'-':>12}"
-                    print(f"{name:<10} {device:<6} {nbytes:>10} {res['ours']:10.3f} {raw}",
+                    print(f"{name:<10} {device:<8} {nbytes:>10} {res['ours']:10.3f} {raw}",
                           flush=True)
     return 0
 

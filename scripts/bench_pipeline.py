@@ -128,11 +128,18 @@ def main() -> int:
         print("bench_pipeline: run under mpiexec with at least 2 ranks", file=sys.stderr)
         return 2
     device = args.device
+    if device == "cuda" and not gp.device_available():
+        if rank == 0:
+            print("bench_pipeline: --device cuda: gpuplan finds no usable CUDA device (no GPU, "
+                  "or CuPy cannot reach a driver; GPUPLAN_DEVICE=emulated runs the device "
+                  "path on the emulated device)", file=sys.stderr)
+        return 2
     if device == "auto":
         device = "cuda" if gp.device_available() else "cpu"
+    device = gp.backend.resolve_device(device)  # "emulated" under GPUPLAN_DEVICE=emulated
 
     def sync():
-        if device == "cuda":
+        if device != "cpu":
             gp.backend.synchronize()
 
     ms = [int(v) for v in args.m.split(",")]

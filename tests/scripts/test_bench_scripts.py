@@ -166,7 +166,7 @@ def test_bench_comm_host_and_device_rows_as_gpu_check_reads_them(monkeypatch):
     assert lines[1].split() == ["op", "device", "bytes", "ours", "GB/s", "mpi4py", "GB/s"]
     rows = [line.split() for line in lines[2:]]
     sizes = [str(4 ** k * 1024) for k in range(6)]  # 1 KiB .. 1 MiB, every other power of 2
-    assert [r[:3] for r in rows] == [[op, dev, size] for dev in ("cpu", "cuda")
+    assert [r[:3] for r in rows] == [[op, dev, size] for dev in ("cpu", "emulated")
                                      for op in ("all_reduce", "send_recv") for size in sizes]
     for _, dev, _, ours, raw in rows:
         _positive(ours)
@@ -203,7 +203,7 @@ def test_bench_pipeline_rows_are_consistent(device, env):
                env, ranks=2)
     assert res.returncode == 0, res.stdout + res.stderr
     lines = res.stdout.splitlines()
-    shown = "cuda" if device == "auto" else "cpu"  # auto: "cuda", the emulated device here
+    shown = "emulated" if device == "auto" else "cpu"  # auto: the emulated device here
     assert re.fullmatch(rf"# ranks=2 backend=\S+ device={shown} \| stage = 1 x Linear\(32, 32\)"
                         r", 8 rows per micro-batch \(\d+ MFLOP per GEMM\) \| median of 2 steps",
                         lines[0]), lines[0]
@@ -219,6 +219,14 @@ def test_bench_pipeline_rows_are_consistent(device, env):
         assert _shows(ideal, lambda t, m=m: m * t, per_mb)
         assert _shows(bubble, lambda i, t: 1 - i / t, ideal, step)
         assert _shows(ratio, lambda t, mb, m=m: t / ((m + 1) * mb), step, per_mb)
+
+
+def test_bench_pipeline_device_cuda_without_a_device_is_one_error():
+    res = _run(["scripts/bench_pipeline.py", "--device", "cuda", "--steps", "2"],
+               {"GPUPLAN_DISABLE_CUDA": "1"}, ranks=2)
+    assert res.returncode == 2
+    assert res.stderr.count("bench_pipeline: --device cuda: gpuplan finds no usable CUDA") == 1
+    assert "gpipe" not in res.stdout
 
 
 # -- bench_autograd.py -----------------------------------------------------------------------
