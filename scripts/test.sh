@@ -8,8 +8,9 @@ bash scripts/setup.sh
 . .venv/bin/activate
 export PYTHONHASHSEED=0 OMP_NUM_THREADS=1
 # The unit and emulated-device tests and the kernel compile check run in TEST_JOBS processes
-# (default: the usable CPUs); TEST_JOBS=1 runs them in one. The mpi tests are ranks already.
-jobs=${TEST_JOBS:-$(python -c 'import os; print(len(os.sched_getaffinity(0)))')}
+# (default: the usable CPUs, at most 8: past that, worker start-up and memory outweigh the
+# gain); TEST_JOBS=1 runs them in one. The mpi tests are ranks already.
+jobs=${TEST_JOBS:-$(python -c 'import os; print(min(8, len(os.sched_getaffinity(0))))')}
 case "$jobs" in ''|*[!0-9]*|0) echo "TEST_JOBS: a number of processes >= 1, given '$jobs'" >&2; exit 2 ;; esac
 if [ "$jobs" -gt 1 ]; then xdist=(-n "$jobs" --dist worksteal); else xdist=(-p no:xdist); fi
 
