@@ -1,7 +1,8 @@
 """Zero-copy exchange with NumPy, CuPy and PyTorch: __array__, DLPack, __cuda_array_interface__.
 
 Host tensors share memory with NumPy both ways (``np.asarray(t)``, ``np.from_dlpack(t)``,
-``autograd.from_dlpack(a)``). CUDA tensors are CuPy arrays: DLPack and
+``autograd.from_dlpack(a)``; bfloat16, which NumPy's DLPack lacks, through
+autograd.dlpack_bf16). CUDA tensors are CuPy arrays: DLPack and
 ``__cuda_array_interface__`` hand out their device pointer, and ``from_dlpack`` wraps a
 CUDA producer through CuPy. The emulated device has no DLPack device type and no CUDA
 pointer (its memory is host memory posing as a device's), so it exports neither: a
@@ -15,6 +16,7 @@ from typing import Any
 import numpy as np
 
 import gpuplan as gp
+from autograd import dlpack_bf16
 from autograd.tensor import Tensor
 
 #: DLPack device types (dlpack.h DLDeviceType).
@@ -50,8 +52,11 @@ def dlpack_device(t: Tensor) -> tuple[int, int]:
 
 
 def dlpack(t: Tensor, **kwargs: Any) -> Any:
-    """The DLPack capsule of t's array (keyword arguments of the array API passed on)."""
+    """The DLPack capsule of t's array (keyword arguments of the array API passed on); host
+    bfloat16, which NumPy cannot export, through autograd.dlpack_bf16."""
     dlpack_device(t)  # refuses the emulated device
+    if dlpack_bf16.is_bfloat16(t.data):
+        return dlpack_bf16.export(t.data, **kwargs)
     kwargs = {k: v for k, v in kwargs.items() if v is not None}
     return t.data.__dlpack__(**kwargs)
 
@@ -77,7 +82,14 @@ def from_dlpack(obj: Any) -> Tensor:
                         f"{type(obj).__name__}")
     kind, _ = obj.__dlpack_device__()
     if kind == KDL_CPU:
-        return Tensor(np.from_dlpack(obj))
+        try:
+            return Tensor(np.from_dlpack(obj))
+        except (BufferError, RuntimeError, TypeError, ValueError):
+            # NumPy reads no bfloat16: read the capsule here (None: not bfloat16 either)
+            host = dlpack_bf16.import_capsule(obj.__dlpack__())
+            if host is None:
+                raise
+            return Tensor(host)
     if kind == KDL_CUDA:
         cp = gp.backend.cupy_module() if gp.backend.cuda_available() else None
         if cp is None:

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import gc
+import sys
+
 import numpy as np
 import pytest
 
 import autograd as ag
+from gpuplan.dtypes import bfloat16
 
 A = np.arange(12.0).reshape(3, 4)
 
@@ -77,6 +81,73 @@ def test_torch_round_trip_is_zero_copy():
     assert pt.data_ptr() == t.data.ctypes.data
     back = ag.from_dlpack(pt)
     assert back.data.ctypes.data == pt.data_ptr()
+
+
+# -- bfloat16 over DLPack (NumPy's DLPack has no bfloat16; autograd.dlpack_bf16) ---------------
+
+BF16 = np.arange(12, dtype=np.float32).reshape(3, 4).astype(bfloat16)
+
+
+def _bits(a) -> np.ndarray:
+    return np.asarray(a).view(np.uint16)
+
+
+def test_bfloat16_capsules_share_memory_and_free_their_hold():
+    from autograd import dlpack_bf16
+
+    a = BF16.copy()
+    for view in (a, a[:, 1::2], a.T, a[1, 2, ...]):
+        held = sys.getrefcount(view)
+        back = dlpack_bf16.import_capsule(dlpack_bf16.export(view))
+        assert back.dtype == bfloat16 and back.shape == view.shape
+        assert back.strides == view.strides and np.shares_memory(back, a)
+        np.testing.assert_array_equal(_bits(back), _bits(view))
+        assert sys.getrefcount(view) > held    # the capsule's holder keeps it alive
+        del back
+        gc.collect()
+        assert sys.getrefcount(view) == held   # the deleter ran
+    held = sys.getrefcount(a)
+    capsule = dlpack_bf16.export(a)            # never consumed: its destructor lets go
+    assert sys.getrefcount(a) > held
+    del capsule
+    assert sys.getrefcount(a) == held
+    with pytest.raises(RuntimeError):          # NumPy refuses the capsule ...
+        np.from_dlpack(ag.tensor(a))
+    gc.collect()
+    assert sys.getrefcount(a) == held          # ... and the refused capsule let go
+    # A reversed view is copied (PyTorch aborts on negative strides), unless copy=False.
+    back = dlpack_bf16.import_capsule(dlpack_bf16.export(a[::-1]))
+    np.testing.assert_array_equal(_bits(back), _bits(a[::-1]))
+    assert not np.shares_memory(back, a)
+    with pytest.raises(BufferError, match=r"strides \(-8, 2\) .*need a copy, but copy=False"):
+        dlpack_bf16.export(a[::-1], copy=False)
+    with pytest.raises(BufferError, match=r"exports to the CPU \(1, 0\) only, given "
+                                          r"dl_device=\(2, 0\)"):
+        dlpack_bf16.export(a, dl_device=(2, 0))
+    with pytest.raises(BufferError, match="a host array takes stream=None, given 1"):
+        dlpack_bf16.export(a, stream=1)
+    f32 = np.zeros(3, np.float32)                 # not bfloat16: left to NumPy, untouched
+    assert dlpack_bf16.import_capsule(f32.__dlpack__()) is None
+
+
+def test_bfloat16_torch_round_trip_is_zero_copy():
+    torch = pytest.importorskip("torch")
+    t = ag.tensor(BF16.copy())
+    pt = torch.from_dlpack(t)
+    assert pt.dtype == torch.bfloat16 and pt.data_ptr() == t.data.ctypes.data
+    np.testing.assert_array_equal(pt.view(torch.int16).numpy().view(np.uint16), _bits(t.data))
+    pt[0, 0] = -3.5
+    assert float(t.data[0, 0]) == -3.5
+    back = ag.from_dlpack(pt.T)
+    assert back.dtype == bfloat16 and back.data.ctypes.data == pt.data_ptr()
+    np.testing.assert_array_equal(_bits(back.data), _bits(t.data.T))
+    src = torch.arange(6, dtype=torch.float32).to(torch.bfloat16)
+    got = ag.from_dlpack(src)
+    del src
+    gc.collect()
+    np.testing.assert_array_equal(got.data.astype(np.float32), np.arange(6))  # still alive
+    assert torch.from_dlpack(ag.tensor(np.array(2.5, bfloat16))).item() == 2.5
+    assert ag.from_dlpack(torch.zeros(0, 3, dtype=torch.bfloat16)).shape == (0, 3)
 
 
 # -- inference_mode -----------------------------------------------------------------------------
