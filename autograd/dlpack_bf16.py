@@ -58,6 +58,8 @@ _api.PyCapsule_SetName.restype = ctypes.c_int
 _api.PyCapsule_SetName.argtypes = [ctypes.py_object, ctypes.c_char_p]
 _api.PyCapsule_SetContext.restype = ctypes.c_int
 _api.PyCapsule_SetContext.argtypes = [ctypes.py_object, ctypes.c_void_p]
+_api.PyCapsule_SetDestructor.restype = ctypes.c_int
+_api.PyCapsule_SetDestructor.argtypes = [ctypes.py_object, ctypes.c_void_p]
 _api.Py_IncRef.restype = None
 _api.Py_IncRef.argtypes = [ctypes.py_object]
 
@@ -134,8 +136,11 @@ def export(a: np.ndarray, *, stream: Any = None, max_version: Any = None,
             raise BufferError(f"__dlpack__: strides {a.strides} (negative, or not whole "
                               f"elements) need a copy, but copy=False was given")
         copy = True
+    if not a.flags.writeable and not copy:  # DLPack 0.8 cannot say read-only: as NumPy
+        raise BufferError("__dlpack__: a read-only bfloat16 array cannot be exported (DLPack "
+                          "has no read-only flag); pass copy=True or copy the array first")
     if copy:
-        a = np.ascontiguousarray(a) if a.ndim else a.copy()
+        a = np.array(a, copy=True, order="C")
     ndim = a.ndim
     shape = (ctypes.c_int64 * max(ndim, 1))(*a.shape)
     strides = (ctypes.c_int64 * max(ndim, 1))(*(s // a.itemsize for s in a.strides))
@@ -152,9 +157,10 @@ def export(a: np.ndarray, *, stream: Any = None, max_version: Any = None,
     holder = (managed, shape, strides, a)
     managed.manager_ctx = id(holder)
     managed.deleter = _DELETER(deleter)
-    capsule = _api.PyCapsule_New(ctypes.addressof(managed), _NAME, destructor)
-    _api.PyCapsule_SetContext(capsule, id(holder))
     _api.Py_IncRef(holder)  # dropped by the deleter, or by the destructor if unconsumed
+    capsule = _api.PyCapsule_New(ctypes.addressof(managed), _NAME, None)
+    _api.PyCapsule_SetContext(capsule, id(holder))
+    _api.PyCapsule_SetDestructor(capsule, destructor)  # only now: the context is set
     return capsule
 
 
@@ -179,16 +185,18 @@ def import_capsule(capsule: Any) -> np.ndarray | None:
         strides = tuple(t.strides[i] * 2 for i in range(t.ndim))
     else:  # NULL strides: compact row-major
         strides = tuple(int(np.prod(shape[i + 1:], dtype=np.int64)) * 2 for i in range(t.ndim))
-    _api.PyCapsule_SetName(capsule, _USED)  # consumed: our finalizer calls the deleter
     size = int(np.prod(shape, dtype=np.int64))
     if size == 0:
+        _api.PyCapsule_SetName(capsule, _USED)
         _release(address)
         return np.empty(shape, dtype=bfloat16)
     lo = sum(min(0, (n - 1) * s) for n, s in zip(shape, strides, strict=True))
     hi = sum(max(0, (n - 1) * s) for n, s in zip(shape, strides, strict=True)) + 2
     start = (t.data or 0) + t.byte_offset + lo
     raw = (ctypes.c_uint8 * (hi - lo)).from_address(start)
-    weakref.finalize(raw, _release, address)  # the producer's memory lives while raw does
+    # The producer's memory lives while raw does; not at exit while raw may still be read.
+    weakref.finalize(raw, _release, address).atexit = False
+    _api.PyCapsule_SetName(capsule, _USED)  # consumed: the finalizer calls the deleter
     flat = np.frombuffer(raw, dtype=np.uint8)  # flat.base is raw
     return np.lib.stride_tricks.as_strided(flat[-lo:].view(bfloat16), shape=shape,
                                            strides=strides)

@@ -124,6 +124,12 @@ def test_bfloat16_capsules_share_memory_and_free_their_hold():
     with pytest.raises(BufferError, match=r"exports to the CPU \(1, 0\) only, given "
                                           r"dl_device=\(2, 0\)"):
         dlpack_bf16.export(a, dl_device=(2, 0))
+    frozen = a.copy()
+    frozen.flags.writeable = False             # as NumPy: DLPack cannot say read-only
+    with pytest.raises(BufferError, match=r"a read-only bfloat16 array cannot be exported"):
+        dlpack_bf16.export(frozen)
+    copied = dlpack_bf16.import_capsule(dlpack_bf16.export(frozen, copy=True))
+    assert not np.shares_memory(copied, frozen)
     with pytest.raises(BufferError, match="a host array takes stream=None, given 1"):
         dlpack_bf16.export(a, stream=1)
     f32 = np.zeros(3, np.float32)                 # not bfloat16: left to NumPy, untouched
