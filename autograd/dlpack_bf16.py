@@ -69,8 +69,9 @@ _USED = ctypes.create_string_buffer(b"used_dltensor")
 
 
 @functools.lru_cache(maxsize=1)
-def _callbacks() -> tuple[int, int]:
-    """(deleter, capsule destructor) as C function addresses, compiled by Numba on first use.
+def _callbacks() -> tuple[Any, Any]:
+    """(deleter, capsule destructor): Numba C callbacks compiled on first use (the cache keeps
+    them alive; `.address` is the C function pointer).
 
     They run no Python code: the destructor may run while an exception propagates (a
     consumer that refused the capsule), and the deleter on a thread without the GIL (a
@@ -109,11 +110,7 @@ def _callbacks() -> tuple[int, int]:
         if is_valid(capsule, name):  # still "dltensor": nobody consumed it
             decref(get_context(capsule))
 
-    _KEEP.extend((deleter, destructor))
-    return deleter.address, destructor.address
-
-
-_KEEP: list = []  # the compiled callbacks, alive as long as the module
+    return deleter, destructor
 
 
 def is_bfloat16(a: Any) -> bool:
@@ -156,11 +153,11 @@ def export(a: np.ndarray, *, stream: Any = None, max_version: Any = None,
     t.byte_offset = 0
     holder = (managed, shape, strides, a)
     managed.manager_ctx = id(holder)
-    managed.deleter = _DELETER(deleter)
+    managed.deleter = _DELETER(deleter.address)
     _api.Py_IncRef(holder)  # dropped by the deleter, or by the destructor if unconsumed
     capsule = _api.PyCapsule_New(ctypes.addressof(managed), _NAME, None)
     _api.PyCapsule_SetContext(capsule, id(holder))
-    _api.PyCapsule_SetDestructor(capsule, destructor)  # only now: the context is set
+    _api.PyCapsule_SetDestructor(capsule, destructor.address)  # only now: the context is set
     return capsule
 
 
