@@ -6,5 +6,8 @@ from setuptools import find_packages, setup
 # scripts, not named as a package would be: it is installed under the name gpuplan_scripts
 # (its modules import each other by bare name, from their own folder, as they do when run
 # as `python scripts/train.py`).
-setup(packages=[*find_packages(include=["gpuplan*", "autograd*", "dist*"]), "gpuplan_scripts"],
+# gpuplan/ops/include holds the CUDA headers the op families share: a data folder, listed so
+# that its package data (*.cuh) is installed.
+setup(packages=[*find_packages(include=["gpuplan*", "autograd*", "dist*"]), "gpuplan.ops.include",
+                "gpuplan_scripts"],
       package_dir={"gpuplan_scripts": "scripts"})

@@ -3,8 +3,6 @@
 Importing gpuplan never touches CUDA: kernels compile lazily, per device, on first use.
 """
 
-import importlib as _importlib
-
 from gpuplan import functional, graphs
 from gpuplan.backend import (
     array_namespace,
@@ -28,7 +26,179 @@ from gpuplan.errors import (
     WorkspaceTooSmall,
 )
 from gpuplan.execute import concurrently, execute
-from gpuplan.ops import FAMILIES as _FAMILIES
+from gpuplan.ops.activation import (
+    UnaryArgs,
+    UnaryBackwardArgs,
+    UnaryBackwardDescriptor,
+    UnaryBackwardPlan,
+    UnaryDescriptor,
+    UnaryPlan,
+)
+from gpuplan.ops.attention import (
+    AttentionArgs,
+    AttentionBackwardArgs,
+    AttentionBackwardDescriptor,
+    AttentionBackwardPlan,
+    AttentionDescriptor,
+    AttentionPlan,
+)
+from gpuplan.ops.binary import (
+    BiasAddArgs,
+    BiasAddDescriptor,
+    BiasAddPlan,
+    BinaryArgs,
+    BinaryBackwardArgs,
+    BinaryBackwardDescriptor,
+    BinaryBackwardPlan,
+    BinaryDescriptor,
+    BinaryPlan,
+)
+from gpuplan.ops.cast import (
+    CastArgs,
+    CastDescriptor,
+    CastPlan,
+)
+from gpuplan.ops.clip_grad import (
+    ClipGradNormArgs,
+    ClipGradNormDescriptor,
+    ClipGradNormPlan,
+)
+from gpuplan.ops.cross_entropy import (
+    CrossEntropyArgs,
+    CrossEntropyBackwardArgs,
+    CrossEntropyBackwardDescriptor,
+    CrossEntropyBackwardPlan,
+    CrossEntropyDescriptor,
+    CrossEntropyFinishArgs,
+    CrossEntropyFinishPlan,
+    CrossEntropyPartialArgs,
+    CrossEntropyPartialBackwardArgs,
+    CrossEntropyPartialBackwardPlan,
+    CrossEntropyPartialDescriptor,
+    CrossEntropyPartialMaxArgs,
+    CrossEntropyPartialMaxPlan,
+    CrossEntropyPartialPlan,
+    CrossEntropyPlan,
+)
+from gpuplan.ops.dropout import (
+    DropoutArgs,
+    DropoutBackwardArgs,
+    DropoutBackwardDescriptor,
+    DropoutBackwardPlan,
+    DropoutDescriptor,
+    DropoutMaskArgs,
+    DropoutMaskDescriptor,
+    DropoutMaskPlan,
+    DropoutPlan,
+)
+from gpuplan.ops.embedding import (
+    EmbeddingArgs,
+    EmbeddingBackwardArgs,
+    EmbeddingBackwardDescriptor,
+    EmbeddingBackwardPlan,
+    EmbeddingDescriptor,
+    EmbeddingPlan,
+)
+from gpuplan.ops.gather import (
+    GatherArgs,
+    GatherDescriptor,
+    GatherPlan,
+    ScatterAddArgs,
+    ScatterAddDescriptor,
+    ScatterAddPlan,
+)
+from gpuplan.ops.gemm import (
+    GemmArgs,
+    GemmDescriptor,
+    GemmPlan,
+)
+from gpuplan.ops.normalization import (
+    LayerNormArgs,
+    LayerNormBackwardArgs,
+    LayerNormBackwardDescriptor,
+    LayerNormBackwardPlan,
+    LayerNormDescriptor,
+    LayerNormPlan,
+    RMSNormArgs,
+    RMSNormBackwardArgs,
+    RMSNormBackwardDescriptor,
+    RMSNormBackwardPlan,
+    RMSNormDescriptor,
+    RMSNormPlan,
+)
+from gpuplan.ops.optimizer import (
+    AdamWArgs,
+    AdamWDescriptor,
+    AdamWMultiTensorArgs,
+    AdamWMultiTensorDescriptor,
+    AdamWMultiTensorPlan,
+    AdamWPlan,
+    SGDArgs,
+    SGDDescriptor,
+    SGDPlan,
+)
+from gpuplan.ops.quantize import (
+    DequantizePerTokenArgs,
+    DequantizePerTokenBackwardArgs,
+    DequantizePerTokenBackwardDescriptor,
+    DequantizePerTokenBackwardPlan,
+    DequantizePerTokenDescriptor,
+    DequantizePerTokenPlan,
+    QuantizePerTokenArgs,
+    QuantizePerTokenBackwardArgs,
+    QuantizePerTokenBackwardDescriptor,
+    QuantizePerTokenBackwardPlan,
+    QuantizePerTokenDescriptor,
+    QuantizePerTokenPlan,
+)
+from gpuplan.ops.reduce_dim import (
+    ArgSelectArgs,
+    ArgSelectDescriptor,
+    ArgSelectPlan,
+    ProdBackwardArgs,
+    ProdBackwardDescriptor,
+    ProdBackwardPlan,
+    TopkArgs,
+    TopkDescriptor,
+    TopkPlan,
+    VarianceArgs,
+    VarianceDescriptor,
+    VariancePlan,
+)
+from gpuplan.ops.reduction import (
+    GlobalNormArgs,
+    GlobalNormDescriptor,
+    GlobalNormPlan,
+    ReduceArgs,
+    ReduceDescriptor,
+    ReducePlan,
+)
+from gpuplan.ops.residual_norm import (
+    ResidualLayerNormArgs,
+    ResidualLayerNormBackwardArgs,
+    ResidualLayerNormBackwardDescriptor,
+    ResidualLayerNormBackwardPlan,
+    ResidualLayerNormDescriptor,
+    ResidualLayerNormPlan,
+)
+from gpuplan.ops.select import (
+    TriangleArgs,
+    TriangleDescriptor,
+    TrianglePlan,
+    WhereArgs,
+    WhereDescriptor,
+    WherePlan,
+)
+from gpuplan.ops.softmax import (
+    LogSoftmaxBackwardPlan,
+    LogSoftmaxPlan,
+    SoftmaxArgs,
+    SoftmaxBackwardArgs,
+    SoftmaxBackwardDescriptor,
+    SoftmaxBackwardPlan,
+    SoftmaxDescriptor,
+    SoftmaxPlan,
+)
 from gpuplan.plan import (
     BackendKind,
     KernelSku,
@@ -37,12 +207,5 @@ from gpuplan.plan import (
     PrecisionGuarantee,
 )
 from gpuplan.stream import Stream, Workspace
-
-# Re-export every family's plan, descriptor and args classes (gp.EmbeddingPlan, ...).
-for _family in _FAMILIES:
-    _mod = _importlib.import_module(f"gpuplan.ops.{_family}")
-    for _name in _mod.__all__:
-        globals()[_name] = getattr(_mod, _name)
-del _family, _mod, _name
 
 __version__ = "0.1.0"

@@ -8,13 +8,13 @@ of a few seconds the first time) happens at the first host call that can use a k
 at ``import gpuplan``.
 
 Which ops use them, float32 operands only (f64 keeps the NumPy passes and their accuracy):
-GELU forward and backward (gpuplan.ops.gelu_host, the host GEMM's GELU epilogue, and the
+GELU forward and backward (gpuplan.ops.activation.host, the host GEMM's GELU epilogue, and the
 f16/bf16 GELU's float32 blocks), LayerNorm, RMSNorm and residual + LayerNorm, forward and
-backward (gpuplan.ops.norm_host), AdamW (gpuplan.ops.adamw_host), the attention plans'
-softmax and score gradients (gpuplan.host_kernels_attention, from gpuplan.ops.attention_host)
-and the reduce's column sums over leading axes (bias gradients) and the embedding backward
-(gpuplan.host_kernels_sums), both loaded through `extra`. gpuplan.host_pool's threads poll
-with `wait_until` before they sleep.
+backward (gpuplan.ops.normalization.host), AdamW (gpuplan.ops.optimizer.adamw_host), the
+attention plans' softmax and score gradients (gpuplan.host_kernels_attention, from
+gpuplan.ops.attention.host) and the reduce's column sums over leading axes (bias gradients)
+and the embedding backward (gpuplan.host_kernels_sums), both loaded through `extra`.
+gpuplan.host_pool's threads poll with `wait_until` before they sleep.
 """
 
 from __future__ import annotations

@@ -323,8 +323,8 @@ def norm_backward(dy, x, weight, mean, rstd, ds, dx, part_w, part_b, rms, has_we
 
 @njit(types.void(_VEC, _IN_VEC, _VEC, _VEC, *[_F32] * 8), **_OPTIONS)
 def adamw(p, g, m, v, decay, b1, omb1, b2, omb2, step_size, inv_sqrt_bc2, eps):
-    """One AdamW step in place, the float32 roundings of gpuplan.ops.adamw_host's NumPy passes
-    in their order: m = b1 m + omb1 g, v = b2 v + omb2 g g,
+    """One AdamW step in place, the float32 roundings of gpuplan.ops.optimizer.adamw_host's
+    NumPy passes in their order: m = b1 m + omb1 g, v = b2 v + omb2 g g,
     p = p decay - step_size m / (sqrt(v) inv_sqrt_bc2 + eps)."""
     for i in range(p.size):
         gi = g[i]

@@ -1,7 +1,7 @@
 """Compiled float32 host kernels (numba) of the host attention plans: the softmax of a block
 of scores, and the backward's probabilities and score gradients, one pass per row each.
 
-The host attention (gpuplan.ops.attention_host) runs its products as BLAS GEMMs over a block
+The host attention (gpuplan.ops.attention.host) runs its products as BLAS GEMMs over a block
 of query rows and the keys they can see; between the GEMMs NumPy would make ~8 passes over
 the block's scores (scale, mask, max, subtract, exp, sum, normalise; the backward as many).
 These kernels make one pass per row over the row's unmasked scores, with the row still in

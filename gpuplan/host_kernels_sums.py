@@ -4,7 +4,7 @@ host reduce over leading axes (a bias gradient) and the embedding backward's sca
 Both give the NumPy path's bits: float32 additions in its order. Column sums add row by row
 from zero, NumPy's order for a float32 sum over axis 0; the embedding backward sums each
 target row's gradients from zero in ascending index position, then adds that sum to the
-table's row once (gpuplan.ops.embedding's `_sequential_segment_sum`, the device segment
+table's row once (gpuplan.ops.embedding.plans's `_sequential_segment_sum`, the device segment
 kernel's order). Loaded through `gpuplan.host_jit.extra("host_kernels_sums")`; the GIL is
 released.
 

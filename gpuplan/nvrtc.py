@@ -26,6 +26,8 @@ from gpuplan import backend
 from gpuplan.emulator.array import DEVICE_ID as EMULATED_DEVICE_ID
 from gpuplan.emulator.device import EmulatedModule
 
+#: The CUDA headers the families share (gpuplan_common.cuh, ...).
+INCLUDE_DIR = Path(__file__).resolve().parent / "ops" / "include"
 _INCLUDE_RE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
 #: Options we add to CuPy's own (CuPy adds --std=c++17, its include paths and -arch).
 COMPILE_OPTIONS: tuple[str, ...] = ("--std=c++17", "-DGPUPLAN_NVRTC=1")
@@ -47,8 +49,9 @@ class CudaModule:
                  ) -> None:
         self.path = Path(anchor).with_name(filename)
         self.name_expressions = tuple(dict.fromkeys(name_expressions))
-        # The op directory is on the include path for gpuplan_common.cuh.
-        self._base_options = (COMPILE_OPTIONS + (f"-I{self.path.parent}",) + tuple(options)
+        # The family's folder and the shared headers' folder are on the include path.
+        self._base_options = (COMPILE_OPTIONS + (f"-I{self.path.parent}", f"-I{INCLUDE_DIR}")
+                              + tuple(options)
                               + enum_options(enums or {}))
         self._options: tuple[str, ...] | None = None
         self._modules: dict[int, Any] = {}
@@ -66,15 +69,19 @@ class CudaModule:
         return self._options
 
     def headers(self) -> list[Path]:
-        """Every header included with quotes, found beside the .cu file (recursively)."""
+        """Every header included with quotes, found beside the .cu file or in the shared
+        headers' folder (recursively), as the compiler finds them."""
         seen: dict[Path, None] = {}
         todo = [self.path]
         while todo:
             for inc in _INCLUDE_RE.findall(todo.pop().read_text()):
-                p = self.path.parent / inc
-                if p.is_file() and p not in seen:
-                    seen[p] = None
-                    todo.append(p)
+                for d in (self.path.parent, INCLUDE_DIR):
+                    p = d / inc
+                    if p.is_file():
+                        if p not in seen:
+                            seen[p] = None
+                            todo.append(p)
+                        break
         return list(seen)
 
     def headers_hash(self) -> str:

@@ -5,7 +5,7 @@ per kernel; exits non-zero on any compile error or any spill.
 
 With --execute, every kernel instance instead runs on the emulated device (the same .cu
 source compiled by g++, see gpuplan/emulator) through its plan's launch code, against the
-family's float64 NumPy reference (the cases are in scripts/kernel_cases/). It ends with
+family's float64 reference (each family's cases: gpuplan/ops/<family>/cases.py). It ends with
 `executed N of M kernel instances, K failures` and exits non-zero unless N == M and K == 0.
 
     python scripts/check_kernels.py [--arch 80 90] [--module embedding] [--jobs 2]
@@ -116,16 +116,16 @@ def compile_all(mods: list, archs: list[str], jobs: int):
 def execute(mods: list, families: list[str], quiet: bool, device: str) -> int:
     """Run the kernel cases of `families` on `device` (the emulated device, or a GPU);
     count the instances that really launched."""
-    from kernel_cases import common
+    from gpuplan import nvrtc, testing
+    from gpuplan.ops import folder
 
-    from gpuplan import nvrtc
-
-    common.set_device(device)
+    testing.set_device(device)
     declared = {(m.path.name, n) for m in mods for n in m.name_expressions}
     failures: list[str] = []
     t_all = time.perf_counter()
     for family in families:
-        cases = importlib.import_module(f"kernel_cases.{family}").CASES
+        cases = importlib.import_module(f"gpuplan.ops.{family}.cases").CASES
+        files = {m.path.name for m in mods if m.path.parent == folder(family)}
         t0 = time.perf_counter()
         bad = 0
         for case in cases:
@@ -138,8 +138,8 @@ def execute(mods: list, families: list[str], quiet: bool, device: str) -> int:
                 failures.append(f"{family} {case.name}: {type(exc).__name__}: "
                                 f"{msg[0] if msg else ''} ({where.filename}:{where.lineno})")
                 print(f"FAIL {family} {case.name}:\n{exc}", file=sys.stderr)
-        ran = {k for k in nvrtc.LAUNCHED if k[0] == f"{family}.cu"}
-        print(f"{family}.cu: {len(cases)} cases, {bad} failed, "
+        ran = {k for k in nvrtc.LAUNCHED if k[0] in files}
+        print(f"{family} ({', '.join(sorted(files))}): {len(cases)} cases, {bad} failed, "
               f"{len(ran & declared)} instances executed, {time.perf_counter() - t0:.1f} s")
     executed = nvrtc.LAUNCHED & declared
     missing = sorted(declared - executed)
@@ -147,7 +147,7 @@ def execute(mods: list, families: list[str], quiet: bool, device: str) -> int:
         print("not executed:")
     for mod, name in missing[:50] if quiet else missing:
         print(f"  {mod}: {name}")
-    print(f"{common.DEVICE} device: {len(mods)} modules in {time.perf_counter() - t_all:.0f} s")
+    print(f"{testing.DEVICE} device: {len(mods)} modules in {time.perf_counter() - t_all:.0f} s")
     for f in failures:
         print(f"  {f}")
     print(f"executed {len(executed)} of {len(declared)} kernel instances, "
@@ -183,9 +183,9 @@ def main(argv: list[str] | None = None) -> int:
     if ns.module:
         mods = [m for m in mods if any(s in m.path.stem for s in ns.module)]
     if ns.execute:
-        # One family per .cu stem (a file may back several modules: gemm.cu's plain and
-        # fused instances).
-        return execute(mods, list(dict.fromkeys(m.path.stem for m in mods)), ns.quiet,
+        # The families whose folders hold the selected modules (a family may have several
+        # .cu files, and a file may back several modules: gemm.cu's plain and fused ones).
+        return execute(mods, list(dict.fromkeys(m.path.parent.name for m in mods)), ns.quiet,
                        ns.device)
     failures: list[str] = []
     n_kernels = 0

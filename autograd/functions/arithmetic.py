@@ -21,7 +21,7 @@ from autograd.function import Function
 from autograd.functions import shape as _shape
 from autograd.tensor import Tensor
 from gpuplan.dtypes import FLOAT_DTYPES, as_dtype, bfloat16, float16, float32, int64
-from gpuplan.ops.binary_table import BINARY_DTYPES, BINARY_OPS, dtype_kind
+from gpuplan.ops.binary.table import BINARY_DTYPES, BINARY_OPS, dtype_kind
 
 _ROWS = {op.name: op for op in BINARY_OPS}
 _BOOL = np.dtype(np.bool_)
@@ -29,7 +29,7 @@ _BOOL = np.dtype(np.bool_)
 
 class Binary(Function):
     """c = a <op> b (NumPy broadcasting); grads are summed back to a.shape and b.shape.
-    pow, maximum, minimum and remainder follow torch (see gpuplan.ops.binary_table);
+    pow, maximum, minimum and remainder follow torch (see gpuplan.ops.binary.table);
     floor_divide's gradient is zero (torch). a and b are saved only when the gradient reads
     them (not for add/sub: torch's rule, which also lets inference tensors be added)."""
 

@@ -22,7 +22,7 @@ from autograd.functions.shape import transpose
 from autograd.functions.softmax import softmax
 from autograd.tensor import Tensor
 from gpuplan import backend, host_pool
-from gpuplan.ops.attention import MAX_HEAD_DIM
+from gpuplan.ops.attention.plans import MAX_HEAD_DIM
 
 #: Elements a host thread copies at least when SplitHeads spreads its copies over the host
 #: threads (gpuplan.host_pool): its strided copies move 128-byte runs at head_dim 32.
@@ -97,7 +97,7 @@ def _fold(a: Any) -> Any:
 class ScaledDotProductAttention(Function):
     """O = softmax(scale * Q K^T [causal mask]) V over [..., L, D] (batch dims folded), by
     the fused plans: forward saves Q, K, V, O and the per-row log-sum-exp; backward gets
-    dQ, dK, dV from them (gpuplan.ops.attention_backward: dS = P (dO V^T - rowsum(dO O)),
+    dQ, dK, dV from them (gpuplan.ops.attention.backward: dS = P (dO V^T - rowsum(dO O)),
     dQ = scale dS K, dK = scale dS^T Q, dV = P^T dO, P recomputed tile by tile). With
     dropout > 0 the probabilities are dropped inside the plans by the keep bits of (seed,
     offset) over the [B, Lq, Lk] probabilities, which backward regenerates."""

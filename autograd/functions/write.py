@@ -26,7 +26,7 @@ from autograd.functions.shape import Cast, Reshape, _is_basic, device_index, sum
 from autograd.tensor import Tensor
 from gpuplan import backend
 from gpuplan.execute import call
-from gpuplan.ops.cast import CastDescriptor, CastPlan
+from gpuplan.ops.cast.plans import CastDescriptor, CastPlan
 
 
 def write_array(dest: Any, src: Any) -> None:

@@ -10,6 +10,7 @@ import numpy as np
 
 import gpuplan as gp
 from autograd.optim.optimizer import Optimizer
+from gpuplan.ops.optimizer.adamw import HYPER_SIZE
 
 
 def check_hyperparameter(optimizer: str, arg: str, what: str, value: Any,
@@ -95,7 +96,7 @@ class AdamW(Optimizer):
         """A device buffer of the bucket's step factors (gp.functional.adamw_hyper) and the
         before-replay hook that advances its step count and refreshes it."""
         group = entries[0][0]
-        buf = gp.empty((gp.ops.adamw.HYPER_SIZE,), dtype, device=stream.kind)
+        buf = gp.empty((HYPER_SIZE,), dtype, device=stream.kind)
 
         def refresh() -> None:
             for _, _, state, _ in entries:

@@ -9,7 +9,7 @@ import pytest
 import autograd as ag
 from autograd.nn import functional as F
 from gpuplan import backend
-from gpuplan.ops.cast import CastPlan
+from gpuplan.ops.cast.plans import CastPlan
 
 RNG = np.random.default_rng(3)
 A = RNG.standard_normal((3, 4))

@@ -13,7 +13,8 @@ import dist
 import gpuplan as gp
 from dist.communicator import resolve_backend
 from dist.staging import PinnedBufferCache
-from tests.plan_testing import DTYPES, assert_close, f64, on, random
+from gpuplan.testing import assert_close, f64, on, random
+from tests.plan_testing import DTYPES
 
 mpi = pytest.mark.mpi
 

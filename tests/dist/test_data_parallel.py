@@ -10,7 +10,7 @@ import dist
 import gpuplan as gp
 from autograd import nn
 from dist.data_parallel import _buckets
-from tests.plan_testing import random
+from gpuplan.testing import random
 
 F64 = np.float64
 

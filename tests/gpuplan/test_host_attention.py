@@ -1,4 +1,4 @@
-"""The host attention SKU (gpuplan.ops.attention_host): its compiled float32 softmax kernels
+"""The host attention SKU (gpuplan.ops.attention.host): its compiled float32 softmax kernels
 (gpuplan.host_kernels_attention) and its NumPy passes against the float64 definition and each
 other, over causal row blocks (CAUSAL_ROWS) that split the queries unevenly, Lq != Lk both
 ways (queries that see no key), dropout, and non-finite scores."""
@@ -10,13 +10,10 @@ import pytest
 
 import gpuplan as gp
 from gpuplan import host_jit
-from gpuplan.ops import attention_host
+from gpuplan.ops.attention import host as attention_host
+from gpuplan.ops.attention.reference import attention_backward_reference, attention_reference
+from gpuplan.ops.dropout.reference import dropout_multipliers
 from gpuplan.testing import assert_close, random
-from gpuplan.testing_attention import (
-    attention_backward_reference,
-    attention_reference,
-    dropout_multipliers,
-)
 
 pytest.importorskip("numba")
 F = gp.functional

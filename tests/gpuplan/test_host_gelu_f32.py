@@ -84,7 +84,7 @@ def test_gelu_half_types_round_the_f32_result():
 def test_the_table_rows_give_the_plans_bits_on_float32_arrays():
     """The 'gelu' row's forward/backward on float32 arrays (what the host GEMM epilogue
     calls) run the same float32 block math as the plans."""
-    from gpuplan.ops.activation import ACTIVATIONS
+    from gpuplan.ops.activation.plans import ACTIVATIONS
     row = next(a for a in ACTIVATIONS if a.name == "gelu")
     rng = np.random.default_rng(3)
     x = rng.uniform(-7, 7, (300, 257)).astype(np.float32)

@@ -13,7 +13,8 @@ import pytest
 
 import gpuplan as gp
 from gpuplan import host_jit
-from gpuplan.testing import assert_close, layer_norm_reference, random
+from gpuplan.ops.normalization.reference import layer_norm_reference
+from gpuplan.testing import assert_close, random
 
 pytest.importorskip("numba")
 F = gp.functional
@@ -228,7 +229,7 @@ def test_sums_over_leading_axes_take_the_column_kernel_with_numpys_bits(kernels,
     sums (float32, row by row): NumPy's order, so the NumPy path's bits for any thread count
     and split, -0.0, inf and NaN included, and for no rows at all."""
     from gpuplan import host
-    from gpuplan.ops import reduce_launch
+    from gpuplan.ops.reduction import launch as reduce_launch
 
     monkeypatch.setattr(host, "_budget", threads)
     monkeypatch.setattr(reduce_launch, "_COLUMN_GRAIN", 64)  # split even these small shapes
@@ -281,7 +282,7 @@ def test_embedding_backward_kernel_gives_the_numpy_paths_bits(kernels, offset, p
     repeated rows summed from zero in index order then added to the table row once, rows
     outside the table and padding entries skipped, -0.0 and a non-zero table included."""
     from gpuplan.execute import call
-    from gpuplan.ops import embedding as emb
+    from gpuplan.ops.embedding import plans as emb
 
     sums = host_jit.extra("host_kernels_sums")
     used = []

@@ -12,7 +12,7 @@ import pytest
 import gpuplan as gp
 from gpuplan import host, host_jit, host_pool
 from gpuplan.execute import CONCURRENT_WORK
-from gpuplan.ops import attention_host
+from gpuplan.ops.attention import host as attention_host
 from gpuplan.testing import random
 
 F = gp.functional

@@ -13,7 +13,7 @@ from gpuplan import backend
 from gpuplan.execute import cached_plan, clear_plan_cache, execute
 from gpuplan.plan import Candidate, check_dtype, check_operand, host_candidate
 from gpuplan.spec import DType, Extent, Flag, In, Index, OpSpec, Out
-from tests.plan_testing import assert_rejected
+from gpuplan.testing import assert_rejected
 
 # -- a tiny test-only plan family: y = 2 * x, one SKU staging through the workspace ------------
 

@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 
 import gpuplan as gp
-from gpuplan.ops import adamw, dropout, sgd
+from gpuplan.ops.dropout import plans as dropout
+from gpuplan.ops.optimizer import adamw, sgd
 from gpuplan.spec import Scalar
-from tests.plan_testing import assert_rejected, on
+from gpuplan.testing import assert_rejected, on
 
 NAN, INF = math.nan, math.inf
 

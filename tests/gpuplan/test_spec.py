@@ -24,7 +24,8 @@ from gpuplan.spec import (
     Shape,
 )
 from gpuplan.spec_check import check_plan, sweep_bad_inputs
-from tests.plan_testing import DTYPES, random
+from gpuplan.testing import random
+from tests.plan_testing import DTYPES
 
 SPEC = OpSpec(
     "axpy_test",
@@ -157,7 +158,7 @@ def test_enum_options_come_from_the_table():
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("backward", [False, True])
 def test_every_activation_through_check_plan(device, dtype, backward):
-    from gpuplan.ops.activation import ACTIVATIONS
+    from gpuplan.ops.activation.plans import ACTIVATIONS
     from tests.gpuplan.ops.test_activation import ref_derivative, ref_unary
     for act in ACTIVATIONS:
         alpha = -1.5 if act.alpha else None

@@ -10,7 +10,7 @@ import numpy as np
 
 import autograd as ag
 from gpuplan.dtypes import as_dtype, is_float
-from tests.plan_testing import assert_close, f64
+from gpuplan.testing import assert_close, f64
 
 
 def leaves(device: str, *arrays: np.ndarray) -> list[ag.Tensor]:

@@ -7,9 +7,10 @@ import pytest
 
 import autograd as ag
 from autograd.nn import functional as F
-from gpuplan.testing_attention import attention_reference
+from gpuplan.ops.attention.reference import attention_reference
+from gpuplan.testing import assert_close, f64
 from tests.autograd.functions.helpers import check_dtypes, gradcheck_on
-from tests.plan_testing import DTYPES, assert_close, f64
+from tests.plan_testing import DTYPES
 
 
 def _x(*shape, seed=0):

@@ -13,7 +13,9 @@ import pytest
 import autograd as ag
 import gpuplan as gp
 from autograd.nn import functional as F
-from tests.plan_testing import DTYPES, assert_close, f64, quantize_reference64, scale_reference64
+from gpuplan.ops.quantize.reference import quantize_reference64, scale_reference64
+from gpuplan.testing import assert_close, f64
+from tests.plan_testing import DTYPES
 
 
 def _x(*shape, seed=0):

@@ -13,7 +13,7 @@ import autograd as ag
 import gpuplan as gp
 from autograd import nn, optim
 from gpuplan.dtypes import bfloat16
-from gpuplan.testing import layer_norm_reference
+from gpuplan.ops.normalization.reference import layer_norm_reference
 
 SMALL = dict(vocab_size=13, block_size=8, n_layer=2, n_head=2, n_embd=8)
 _erf = np.vectorize(math.erf)

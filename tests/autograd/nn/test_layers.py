@@ -11,8 +11,8 @@ import autograd as ag
 import gpuplan as gp
 from autograd import nn
 from gpuplan.dtypes import FLOAT_DTYPES, bfloat16, float16, float32, float64
-from gpuplan.testing import layer_norm_reference
-from tests.plan_testing import embedding_backward_reference
+from gpuplan.ops.embedding.reference import embedding_backward_reference
+from gpuplan.ops.normalization.reference import layer_norm_reference
 
 DTYPES = [pytest.param(d, id=gp.dtypes.short_name(d)) for d in FLOAT_DTYPES]
 TOL = {float64: (1e-12, 1e-12), float32: (3e-5, 3e-6), float16: (4e-3, 2e-3),

@@ -12,7 +12,7 @@ import gpuplan as gp
 from autograd import optim
 from autograd.nn import Parameter
 from gpuplan.dtypes import bfloat16, float16, float32
-from gpuplan.testing import adamw_reference, sgd_reference
+from gpuplan.ops.optimizer.reference import adamw_reference, sgd_reference
 
 SHAPES = [(7,), (5, 3), (33, 17)]
 RTOL_ATOL = {np.dtype(np.float32): (2e-5, 2e-6), np.dtype(np.float64): (1e-12, 1e-13)}

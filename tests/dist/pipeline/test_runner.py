@@ -9,7 +9,7 @@ import autograd as ag
 import dist
 import gpuplan as gp
 from autograd import nn
-from tests.plan_testing import random
+from gpuplan.testing import random
 
 F64 = np.float64
 WIDTHS = [5, 7, 6, 4, 3]  # stage s maps WIDTHS[s] -> WIDTHS[s + 1] (up to 4 stages)

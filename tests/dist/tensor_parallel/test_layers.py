@@ -11,7 +11,7 @@ import autograd as ag
 import dist
 import gpuplan as gp
 from autograd import nn
-from tests.plan_testing import random
+from gpuplan.testing import random
 
 F64 = np.float64
 RTOL = 1e-10

@@ -1,5 +1,5 @@
 """The emulated device's warp-level PTX (ldmatrix, mma.sync m16n8k16) checked against the PTX
-ISA fragment tables, written out here independently of gpuplan/ops/gemm.cu, and the clear
+ISA fragment tables, written out here independently of gpuplan/ops/gemm/gemm.cu, and the clear
 errors it gives for undefined behaviour (divergent or partial-mask warp collectives,
 out-of-bounds stores, __trap, unknown PTX, a missing __syncthreads).
 

@@ -26,12 +26,11 @@ import gpuplan as gp
 from gpuplan.dtypes import bfloat16, float16, float32
 from gpuplan.emulator import DEVICE_ID, EmulatedModule, KernelFault
 from gpuplan.emulator.build import local_sources
-from gpuplan.ops import gemm as gemm_family
-from gpuplan.ops import normalization as norm_family
-from gpuplan.testing import layer_norm_reference, random, tol
-
-OPS_DIR = Path(gemm_family._MODULE.path).parent
-
+from gpuplan.nvrtc import INCLUDE_DIR
+from gpuplan.ops.gemm import plans as gemm_family
+from gpuplan.ops.normalization import plans as norm_family
+from gpuplan.ops.normalization.reference import layer_norm_reference
+from gpuplan.testing import random, tol
 
 # -- mutations ------------------------------------------------------------------------------
 
@@ -142,7 +141,7 @@ def build_variant(family: Any, mutation_id: str | None, tmp_dir: Path) -> Emulat
     if key in _BUILT:
         return _BUILT[key]
     real = family._MODULE
-    for p in [real.path, *OPS_DIR.glob("*.cuh")]:
+    for p in [real.path, *INCLUDE_DIR.glob("*.cuh")]:
         shutil.copy(p, tmp_dir / p.name)
     if mutation_id is not None:
         m = MUTATIONS[mutation_id]

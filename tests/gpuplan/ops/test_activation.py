@@ -11,18 +11,9 @@ import pytest
 import autograd as ag
 import gpuplan as gp
 from gpuplan.host_math import erf
-from gpuplan.ops.activation import UNARY_OPS
-from tests.plan_testing import (
-    DTYPES,
-    assert_close,
-    assert_rejected,
-    compile_with_enums,
-    f64,
-    on,
-    random,
-    run_plan,
-    stream_for,
-)
+from gpuplan.ops.activation.plans import UNARY_OPS
+from gpuplan.testing import assert_close, assert_rejected, f64, on, random, run_plan, stream_for
+from tests.plan_testing import DTYPES, compile_with_enums
 
 SIZES = [1, 37, 4099]  # odd sizes: scalar tails after the 16-byte packs
 _ERF = np.vectorize(math.erf)
@@ -266,7 +257,7 @@ def test_functional_api(device):
 
 def _compile_activation(names: tuple[str, ...]) -> None:
     """activation.cu's forward and backward for the last row of `names`, compiled."""
-    from gpuplan.ops import activation
+    from gpuplan.ops.activation import plans as activation
     last = len(names) - 1
     compile_with_enums(activation._MODULE.path,
                        [f"unary_forward<float, {last}>", f"unary_backward<float, {last}>"],

@@ -10,13 +10,11 @@ import pytest
 import autograd as ag
 import gpuplan as gp
 from gpuplan.dtypes import HALF_DTYPES
+from gpuplan.ops.attention.reference import attention_backward_reference, attention_reference
+from gpuplan.ops.dropout.reference import dropout_multipliers
 from gpuplan.spec_check import check_plan
-from gpuplan.testing_attention import (
-    attention_backward_reference,
-    attention_reference,
-    dropout_multipliers,
-)
-from tests.plan_testing import DTYPES, assert_close, f64, on, random, stream_for, tol
+from gpuplan.testing import assert_close, f64, on, random, stream_for, tol
+from tests.plan_testing import DTYPES
 
 SCALE = 0.4
 # (batch, lq, lk, head_dim, causal): a single element; odd lengths with lq < lk and lq > lk

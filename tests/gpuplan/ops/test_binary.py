@@ -7,19 +7,10 @@ import numpy as np
 import pytest
 
 import gpuplan as gp
-from gpuplan.ops.binary import BINARY_OP_NAMES, DIFFERENTIABLE_OPS, broadcast_dims
+from gpuplan.ops.binary.plans import BINARY_OP_NAMES, DIFFERENTIABLE_OPS, broadcast_dims
 from gpuplan.spec_check import check_plan
-from tests.plan_testing import (
-    DTYPES,
-    assert_close,
-    assert_rejected,
-    compile_with_enums,
-    f64,
-    on,
-    random,
-    run_plan,
-    stream_for,
-)
+from gpuplan.testing import assert_close, assert_rejected, f64, on, random, run_plan, stream_for
+from tests.plan_testing import DTYPES, compile_with_enums
 
 SHAPE_PAIRS = [
     ((7,), (7,)),
@@ -311,7 +302,7 @@ def test_functional_binary_reuses_one_plan():
 def _compile_binary(names: tuple[str, ...], grad_of: int | None = None) -> None:
     """binary.cu's forward for the last row of `names` on int (and the gradient of row
     `grad_of`), compiled."""
-    from gpuplan.ops import binary
+    from gpuplan.ops.binary import plans as binary
     exprs = [f"binary_broadcast<int, {len(names) - 1}>"]
     if grad_of is not None:
         exprs.append(f"binary_grad<float, float, {grad_of}, 1>")

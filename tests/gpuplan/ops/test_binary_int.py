@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 
 import gpuplan as gp
-from gpuplan.ops.binary_table import BINARY_OPS, COMPARE_OPS
+from gpuplan.ops.binary.table import BINARY_OPS, COMPARE_OPS
 from gpuplan.spec_check import check_plan
-from tests.plan_testing import DTYPES, f64, on, random
+from gpuplan.testing import f64, on, random
+from tests.plan_testing import DTYPES
 
 INT_DTYPES = (np.int32, np.int64)
 INT_OPS = tuple(op.name for op in BINARY_OPS if "i" in op.kinds)

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import gpuplan as gp
-from tests.plan_testing import assert_close, assert_rejected, f64, on, random, run_plan, stream_for
+from gpuplan.testing import assert_close, assert_rejected, f64, on, random, run_plan, stream_for
 
 CAST_DTYPES = [pytest.param(np.dtype(d), id=gp.dtypes.short_name(d))
                for d in gp.FLOAT_DTYPES + (np.int32, np.int64)]

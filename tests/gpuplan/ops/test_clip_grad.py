@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 import gpuplan as gp
-from gpuplan.ops.reduce_launch import NORM_CHUNK
+from gpuplan.ops.reduction.launch import NORM_CHUNK
 from gpuplan.spec_check import check_plan
-from tests.plan_testing import assert_close, assert_rejected, f64, on, random, stream_for
+from gpuplan.testing import assert_close, assert_rejected, f64, on, random, stream_for
 
 EPS = 1e-6
 

@@ -8,21 +8,14 @@ import pytest
 import autograd as ag
 import gpuplan as gp
 from gpuplan.dtypes import accumulator
-from tests.plan_testing import (
-    DTYPES,
-    INDEX_DTYPES,
-    assert_close,
-    assert_rejected,
+from gpuplan.ops.cross_entropy.reference import (
     cross_entropy_grad_reference,
     cross_entropy_over_blocks,
     cross_entropy_reduce_reference,
     cross_entropy_reference,
-    f64,
-    on,
-    random,
-    run_plan,
-    stream_for,
 )
+from gpuplan.testing import assert_close, assert_rejected, f64, on, random, run_plan, stream_for
+from tests.plan_testing import DTYPES, INDEX_DTYPES
 
 SHAPES = [(1, 1), (7, 33), (5, 1024), (6, 1025), (3, 50257)]
 IGNORE = -100
@@ -264,7 +257,7 @@ def test_device_skus_and_determinism():
                                       first)
 
 
-# -- the vocabulary-parallel stages (gpuplan/ops/cross_entropy_partial.py) ----------------
+# -- the vocabulary-parallel stages (gpuplan/ops/cross_entropy/partial.py) ----------------
 
 PARTS = [(7, 33, 3), (6, 1025, 2), (5, 3, 4)]  # (n, vocab, blocks): 3 over 4 leaves one empty
 

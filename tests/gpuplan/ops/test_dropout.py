@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 
 import gpuplan as gp
-from gpuplan.ops import dropout as dmod
+from gpuplan.ops.dropout import plans as dmod
 from gpuplan.spec_check import check_plan
-from tests.plan_testing import DTYPES, assert_close, assert_rejected, f64, on, random, run_plan
+from gpuplan.testing import assert_close, assert_rejected, f64, on, random, run_plan
+from tests.plan_testing import DTYPES
 
 U32 = 0xFFFFFFFF
 

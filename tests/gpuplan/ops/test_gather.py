@@ -8,7 +8,8 @@ import pytest
 
 import gpuplan as gp
 from gpuplan.spec_check import check_plan
-from tests.plan_testing import DTYPES, f64, on, random
+from gpuplan.testing import f64, on, random
+from tests.plan_testing import DTYPES
 
 F = gp.functional
 

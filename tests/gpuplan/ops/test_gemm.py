@@ -8,20 +8,10 @@ import numpy as np
 import pytest
 
 import gpuplan as gp
+from gpuplan.ops.gemm.reference import assert_gemm_close, gemm_operands, gemm_reference
 from gpuplan.spec_check import check_plan
-from tests.plan_testing import (
-    DTYPES,
-    assert_gemm_close,
-    assert_rejected,
-    f64,
-    gemm_operands,
-    gemm_reference,
-    on,
-    random,
-    run_plan,
-    stream_for,
-    tol,
-)
+from gpuplan.testing import assert_rejected, f64, on, random, run_plan, stream_for, tol
+from tests.plan_testing import DTYPES
 
 SHAPES = [(1, 1, 1), (17, 33, 65), (129, 7, 300), (136, 264, 72)]  # (m, n, k)
 TRANS = [(False, False), (False, True), (True, False), (True, True)]

@@ -7,21 +7,18 @@ import numpy as np
 import pytest
 
 import gpuplan as gp
-from gpuplan.ops.gemm_sku import EPILOGUE_ACTIVATIONS, EPILOGUES
-from gpuplan.spec_check import check_plan
-from tests.gpuplan.ops.test_gemm import TRANS, TRANS_IDS, backends
-from tests.plan_testing import (
-    DTYPES,
+from gpuplan.ops.activation.reference import gelu_reference
+from gpuplan.ops.gemm.reference import (
     assert_gemm_close,
-    f64,
-    gelu_reference,
     gemm_epilogue_reference,
     gemm_operands,
     gemm_reference,
-    on,
-    random,
-    run_plan,
 )
+from gpuplan.ops.gemm.sku import EPILOGUE_ACTIVATIONS, EPILOGUES
+from gpuplan.spec_check import check_plan
+from gpuplan.testing import f64, on, random, run_plan
+from tests.gpuplan.ops.test_gemm import TRANS, TRANS_IDS, backends
+from tests.plan_testing import DTYPES
 
 
 def check_epilogue(device: str, desc: gp.GemmDescriptor, seed: int, alpha: float = 1.0,

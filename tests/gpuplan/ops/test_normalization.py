@@ -8,18 +8,10 @@ import pytest
 import autograd as ag
 import gpuplan as gp
 from gpuplan.dtypes import accumulator
+from gpuplan.ops.normalization.reference import layer_norm_reference
 from gpuplan.spec_check import check_plan
-from tests.plan_testing import (
-    DTYPES,
-    assert_close,
-    assert_rejected,
-    f64,
-    layer_norm_reference,
-    on,
-    random,
-    run_plan,
-    stream_for,
-)
+from gpuplan.testing import assert_close, assert_rejected, f64, on, random, run_plan, stream_for
+from tests.plan_testing import DTYPES
 
 # (rows, dim): one row, odd, around the warp/block threshold (1024), a long row.
 SHAPES = [(1, 1), (7, 33), (5, 1023), (9, 1025), (3, 4099)]

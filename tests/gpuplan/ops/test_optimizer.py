@@ -7,18 +7,9 @@ import numpy as np
 import pytest
 
 import gpuplan as gp
+from gpuplan.ops.optimizer.reference import adamw_reference, sgd_reference
 from gpuplan.spec_check import check_plan
-from tests.plan_testing import (
-    adamw_reference,
-    assert_close,
-    assert_rejected,
-    f64,
-    on,
-    random,
-    run_plan,
-    sgd_reference,
-    stream_for,
-)
+from gpuplan.testing import assert_close, assert_rejected, f64, on, random, run_plan, stream_for
 
 # (param dtype, grad dtype) pairs with kernels
 PAIRS = [

@@ -7,22 +7,16 @@ import pytest
 
 import gpuplan as gp
 from gpuplan.dtypes import FLOAT_DTYPES
-from gpuplan.spec_check import check_plan
-from tests.plan_testing import (
-    DTYPES,
-    assert_close,
-    assert_rejected,
-    f64,
+from gpuplan.ops.quantize.reference import (
     flush_f32,
-    on,
     quantize_reference64,
     quantize_reference_exact,
-    random,
-    run_plan,
     scale_reference64,
     scaled_reference_exact,
-    stream_for,
 )
+from gpuplan.spec_check import check_plan
+from gpuplan.testing import assert_close, assert_rejected, f64, on, random, run_plan, stream_for
+from tests.plan_testing import DTYPES
 
 SHAPES = [(1, 1), (7, 5), (33, 257), (129, 1000)]
 

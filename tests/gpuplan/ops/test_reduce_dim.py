@@ -7,9 +7,10 @@ import numpy as np
 import pytest
 
 import gpuplan as gp
-from gpuplan.ops.reduce_dim import dim_view
+from gpuplan.ops.reduce_dim.plans import dim_view
 from gpuplan.spec_check import check_plan
-from tests.plan_testing import DTYPES, f64, on, random, run_plan, stream_for
+from gpuplan.testing import f64, on, random, run_plan, stream_for
+from tests.plan_testing import DTYPES
 
 # (outer, length, inner): warp-per-row (inner 1, long rows) and thread-per-column layouts.
 VIEWS = [(3, 100, 1), (4, 7, 5), (1, 1, 1), (2, 33, 3), (1, 300, 1)]

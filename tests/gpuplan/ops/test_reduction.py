@@ -8,21 +8,12 @@ import numpy as np
 import pytest
 
 import gpuplan as gp
-from gpuplan.ops import reduce_launch
-from gpuplan.ops.reduce_launch import COMBINES, NORM_CHUNK, NORM_DTYPES
-from gpuplan.ops.reduction import REDUCE_OPS, reduce_layout
+from gpuplan.ops.reduction import launch as reduce_launch
+from gpuplan.ops.reduction.launch import COMBINES, NORM_CHUNK, NORM_DTYPES
+from gpuplan.ops.reduction.plans import REDUCE_OPS, reduce_layout
 from gpuplan.spec_check import check_plan
-from tests.plan_testing import (
-    DTYPES,
-    assert_close,
-    assert_rejected,
-    compile_with_enums,
-    f64,
-    on,
-    random,
-    run_plan,
-    stream_for,
-)
+from gpuplan.testing import assert_close, assert_rejected, f64, on, random, run_plan, stream_for
+from tests.plan_testing import DTYPES, compile_with_enums
 
 # (shape, axes): rows (warp and block per row, split long rows), cols (split tall ones),
 # general strided patterns, size-1 axes, negative axes and all-axes reductions.

@@ -9,16 +9,10 @@ import pytest
 import gpuplan as gp
 from gpuplan.dtypes import accumulator
 from gpuplan.host_pool import block_rows
+from gpuplan.ops.normalization.reference import layer_norm_backward_reference, layer_norm_reference
 from gpuplan.spec_check import check_plan
-from tests.plan_testing import (
-    DTYPES,
-    assert_close,
-    f64,
-    layer_norm_backward_reference,
-    layer_norm_reference,
-    on,
-    random,
-)
+from gpuplan.testing import assert_close, f64, on, random
+from tests.plan_testing import DTYPES
 
 # (rows, dim): one element, odd, a warp row, and a row for a whole block (dim > 1024).
 SHAPES = [(1, 1), (7, 33), (5, 1023), (3, 1500)]

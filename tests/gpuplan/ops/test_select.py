@@ -7,9 +7,10 @@ import numpy as np
 import pytest
 
 import gpuplan as gp
-from gpuplan.ops.select import SELECT_DTYPES
+from gpuplan.ops.select.plans import SELECT_DTYPES
 from gpuplan.spec_check import check_plan
-from tests.plan_testing import DTYPES, assert_rejected, on, random, stream_for
+from gpuplan.testing import assert_rejected, on, random, stream_for
+from tests.plan_testing import DTYPES
 
 ALL_DTYPES = [pytest.param(d, id=gp.dtypes.short_name(d)) for d in SELECT_DTYPES]
 WHERE_SHAPES = [((37,), (37,), (37,)), ((3, 1, 5), (4, 1), ()), ((2, 3, 4), (4,), (2, 1, 1)),

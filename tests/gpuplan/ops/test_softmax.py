@@ -8,16 +8,8 @@ import pytest
 import autograd as ag
 import gpuplan as gp
 from gpuplan.spec_check import check_plan
-from tests.plan_testing import (
-    DTYPES,
-    assert_close,
-    assert_rejected,
-    f64,
-    on,
-    random,
-    run_plan,
-    stream_for,
-)
+from gpuplan.testing import assert_close, assert_rejected, f64, on, random, run_plan, stream_for
+from tests.plan_testing import DTYPES
 
 # (rows, dim): tiny, odd, around the warp/block threshold, a GPT-2 vocabulary row.
 SHAPES = [(1, 1), (7, 33), (5, 1024), (6, 1025), (2, 50257)]

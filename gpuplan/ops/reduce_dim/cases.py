@@ -1,0 +1,87 @@
+"""reduce_dim.cu on the emulated device against float64 NumPy: max/min with indices (a warp
+per row and a thread per column), top-k (largest and smallest, with ties and NaN), the
+two-pass variance and std over a strided view, and the product's gradient with zeros."""
+
+from __future__ import annotations
+
+import numpy as np
+
+import gpuplan as gp
+from gpuplan.testing import DTYPES, Case, check, dtype_id, emu, f64, random, run_emulated
+from gpuplan.testing import run_reference as reference
+
+SELECT_VIEWS = [((3, 100, 1), "rows: arg_select<t, s, 32>"),
+                ((4, 7, 5), "cols: arg_select<t, s, 1>")]
+
+
+def _outputs(shape_v, dtype):
+    return emu(np.full(shape_v, 5, dtype)), emu(np.full(shape_v, -5, np.int64))
+
+
+def select_case(dtype, view, what: str) -> None:
+    x = random(view, dtype, seed=sum(view))
+    x[0, 2, 0] = x[0, 5, 0] = x[0].max()  # a tie: the lower index wins
+    x[-1, 3, -1] = np.nan  # NaN wins for max and min
+    for op in ("max", "min"):
+        v, i = _outputs((view[0], view[2]), dtype)
+        run_emulated(gp.ArgSelectPlan, gp.ArgSelectDescriptor(op, *view, dtype),
+                     gp.ArgSelectArgs(emu(x), v, i))
+        rv, ri = np.zeros((view[0], view[2])), np.zeros((view[0], view[2]), np.int64)
+        reference(gp.ArgSelectPlan, gp.ArgSelectDescriptor(op, *view, np.float64),
+                  gp.ArgSelectArgs(f64(x), rv, ri))
+        np.testing.assert_array_equal(gp.to_host(i), ri, err_msg=f"{op} {what}")
+        np.testing.assert_array_equal(f64(v), rv, err_msg=f"{op} {what}")
+
+
+def topk_case(dtype, largest: bool) -> None:
+    view, k = (3, 50, 2), 6
+    x = random(view, dtype, seed=3)
+    x[:, ::5, :] = x[0, 1, 0]  # ties
+    x[1, 7, 1] = np.nan
+    v, i = _outputs((view[0], k, view[2]), dtype)
+    run_emulated(gp.TopkPlan, gp.TopkDescriptor(*view, k, largest, dtype),
+                 gp.TopkArgs(emu(x), v, i))
+    rv, ri = np.zeros((view[0], k, view[2])), np.zeros((view[0], k, view[2]), np.int64)
+    reference(gp.TopkPlan, gp.TopkDescriptor(*view, k, largest, np.float64),
+              gp.TopkArgs(f64(x), rv, ri))
+    np.testing.assert_array_equal(gp.to_host(i), ri, err_msg=f"topk largest={largest}")
+    np.testing.assert_array_equal(f64(v), rv, err_msg=f"topk largest={largest}")
+
+
+def variance_case(dtype, std: bool) -> None:
+    for shape, axes in (((5, 33), 1), ((4, 7, 9), 1), ((3, 4, 5, 6), (0, 2))):
+        x = (random(shape, dtype, seed=4) + 3).astype(dtype)
+        desc = gp.VarianceDescriptor(shape, axes, False, 1.0, std, dtype)
+        y = emu(np.full(desc.out_shape(), 5, dtype))
+        run_emulated(gp.VariancePlan, desc, gp.VarianceArgs(emu(x), y))
+        ref = np.zeros(desc.out_shape())
+        reference(gp.VariancePlan, gp.VarianceDescriptor(shape, axes, False, 1.0, std,
+                                                         np.float64),
+                  gp.VarianceArgs(f64(x), ref))
+        check(y, ref, dtype, f"variance std={std} {shape} axes={axes}", scale=8)
+
+
+def prod_backward_case(dtype) -> None:
+    view = (3, 6, 2)
+    x = random(view, dtype, seed=5, low=0.5, high=1.5)
+    x[0, 2, 0] = 0
+    x[1, 1, 1] = x[1, 4, 1] = 0
+    dy = random((3, 2), dtype, seed=6)
+    dx = emu(np.full(view, 5, dtype))
+    run_emulated(gp.ProdBackwardPlan, gp.ProdBackwardDescriptor(*view, dtype),
+                 gp.ProdBackwardArgs(emu(x), emu(dy), dx))
+    ref = np.zeros(view)
+    reference(gp.ProdBackwardPlan, gp.ProdBackwardDescriptor(*view, np.float64),
+              gp.ProdBackwardArgs(f64(x), f64(dy), ref))
+    check(dx, ref, dtype, "prod_backward", scale=4)
+
+
+CASES = (
+    [Case(f"arg_select {v} [{dtype_id(t)}]", lambda t=t, v=v, w=w: select_case(t, v, w))
+     for t in DTYPES for v, w in SELECT_VIEWS]
+    + [Case(f"topk largest={lg} [{dtype_id(t)}]", lambda t=t, lg=lg: topk_case(t, lg))
+       for t in DTYPES for lg in (True, False)]
+    + [Case(f"variance std={s} [{dtype_id(t)}]", lambda t=t, s=s: variance_case(t, s))
+       for t in DTYPES for s in (False, True)]
+    + [Case(f"prod_backward [{dtype_id(t)}]", lambda t=t: prod_backward_case(t)) for t in DTYPES]
+)

@@ -1,0 +1,185 @@
+"""Reductions on the emulated device against float64 NumPy: ReducePlan over every layout
+(rows with a warp and a block per row, split long rows, cols, split tall cols, general), the
+half <-> f32 partial passes, the broadcast-gradient sums of BinaryBackwardPlan (f32 temporaries
+into half outputs) and the one-launch global L2 norm over mixed dtypes."""
+
+from __future__ import annotations
+
+import numpy as np
+
+import gpuplan as gp
+from gpuplan import testing as common
+from gpuplan.dtypes import HALF_DTYPES, float32
+from gpuplan.ops.reduction.launch import (
+    COMBINES,
+    REDUCE_OPS,
+    REDUCTIONS,
+    launch_reduce,
+    reduce_layout,
+)
+from gpuplan.testing import (
+    DTYPES,
+    Case,
+    check,
+    dtype_id,
+    emu,
+    f64,
+    random,
+    run_emulated,
+    run_reference,
+)
+
+F64 = np.float64
+# (shape, axes, what): the kernels each layout launches for dtype t (h: f16/bf16; acc: f32
+# for halves, t otherwise).
+SHAPES = [
+    ((5, 33), 1, "rows, a warp per row: reduce_rows<t, t, op, 32>"),
+    ((3, 2000), -1, "rows, a block per row: reduce_rows<t, t, op, 256>"),
+    ((2, 70001), 1, "split rows: reduce_rows<t, acc, op, 256> then <acc, t, op, 32>"),
+    ((4, 7, 9), 1, "cols: reduce_cols<t, t, op>"),
+    ((1100, 3), 0, "split cols: reduce_cols<t, acc, op> then <acc, t, op>"),
+    ((3, 4, 5, 6), (0, 2), "general: reduce_general<t, t, op>"),
+    ((50, 3), 1, "short rows (a thread per row): reduce_cols<t, t, op>"),
+    ((7,), None, "one row: reduce_rows<t, t, op, 32>"),
+    ((6, 5, 4), (0, 1, 2), "all axes: reduce_rows<t, t, op, 32>"),
+    ((5, 1, 6), (1,), "a size-1 reduced axis: reduce_cols<t, t, op>, one row each"),
+    ((2, 3, 4, 5), (1, 3), "general: reduce_general<t, t, op>"),
+]
+
+
+def _n_red(shape, axes) -> int:
+    nd = len(shape)
+    ax = range(nd) if axes is None else ((axes,) if isinstance(axes, int) else axes)
+    return int(np.prod([shape[a % nd] for a in ax]))
+
+
+def _compare(y, ref: np.ndarray, op: str, dtype, n_red: int, what: str) -> None:
+    if op in ("max", "min"):  # exact for representable values (then rounded to y's type)
+        np.testing.assert_array_equal(f64(y), ref.astype(y.dtype).astype(np.float64),
+                                      err_msg=f"{what} [{dtype_id(dtype)}]")
+    elif op == "prod":  # one rounding per factor: the error grows like the count
+        check(y, ref, dtype, what, scale=max(1.0, n_red))
+    else:  # the tests' scale: the error of a sum grows like sqrt(count)
+        check(y, ref, dtype, what, scale=max(1.0, np.sqrt(n_red)))
+
+
+def reduce_case(dtype, shape, axes, what: str) -> None:
+    x = random(shape, dtype, seed=len(shape))
+    n_red = _n_red(shape, axes)
+    keepdims = len(shape) % 2 == 1
+    for op in REDUCE_OPS:
+        desc = gp.ReduceDescriptor(op, shape, axes, keepdims, dtype)
+        y = emu(np.full(desc.out_shape(), 5, dtype))
+        run_emulated(gp.ReducePlan, desc, gp.ReduceArgs(emu(x), y))
+        ref = np.zeros(desc.out_shape(), F64)
+        run_reference(gp.ReducePlan, gp.ReduceDescriptor(op, shape, axes, keepdims, F64),
+                      gp.ReduceArgs(f64(x), ref))
+        _compare(y, ref, op, dtype, n_red, f"reduce {op} {shape} axes={axes} ({what})")
+
+
+def binary_backward_case(dtype, op: str, a_shape, b_shape, what: str) -> None:
+    """db of mul/div sums f32 per-element terms (workspace) into a half db: the reduction
+    kernels' <float, half> instances that ReducePlan never launches without a split."""
+    out = np.broadcast_shapes(a_shape, b_shape)
+    a = random(a_shape, dtype, seed=1)
+    b = random(b_shape, dtype, seed=2, low=0.5, high=1.5)
+    dc = random(out, dtype, seed=3)
+    da = emu(np.full(a_shape, 7, dtype))
+    db = emu(np.full(b_shape, 7, dtype))
+    run_emulated(gp.BinaryBackwardPlan, gp.BinaryBackwardDescriptor(op, a_shape, b_shape, dtype),
+                 gp.BinaryBackwardArgs(emu(a), emu(b), emu(dc), da, db))
+    rda, rdb = np.zeros(a_shape), np.zeros(b_shape)
+    run_reference(gp.BinaryBackwardPlan,
+                  gp.BinaryBackwardDescriptor(op, a_shape, b_shape, np.float64),
+                  gp.BinaryBackwardArgs(f64(a), f64(b), f64(dc), rda, rdb))
+    n_red = int(np.prod(out)) // int(np.prod(b_shape))
+    check(da, rda, dtype, f"binary_backward {op} da ({what})", scale=4.0)
+    check(db, rdb, dtype, f"binary_backward {op} db ({what})", scale=max(4.0, np.sqrt(n_red)))
+
+
+def huge_row_max_case(dtype) -> None:
+    """A row longer than 1024 segments of 16384: the second pass reduces more than 1024
+    partials per row, a block per row: reduce_rows<float, h, 1, 256> (max only; sums with
+    an f32 partial into a half output come from binary_backward_case)."""
+    n = 1024 * 16384 + 1000
+    x = random((1, n), dtype, seed=7, low=-1.0, high=0.5)
+    x[0, n - 3] = 0.75  # the maximum, in the last segment
+    desc = gp.ReduceDescriptor("max", (1, n), 1, False, dtype)
+    y = emu(np.full((1,), 5, dtype))
+    run_emulated(gp.ReducePlan, desc, gp.ReduceArgs(emu(x), y))
+    ref = np.zeros((1,))
+    run_reference(gp.ReducePlan, gp.ReduceDescriptor("max", (1, n), 1, False, np.float64),
+                  gp.ReduceArgs(x.astype(np.float64), ref))
+    assert ref[0] == 0.75
+    _compare(y, ref, "max", dtype, n, f"reduce max (1, {n})")
+
+
+def mixed_launch_case(half, tin, tout, shape, axes, what: str) -> None:
+    """launch_reduce (the plans' launch code) with input and output of different types, for
+    the instances no plan launches: reduce_rows<h, float, op, 32> and reduce_general<h, float,
+    op> (a half input with an f32 output only occurs in the first pass of a split, which is
+    never a warp-per-row or a general layout) and reduce_general<float, h, 1> (binary_backward
+    only sums). <float, h, 0> general also runs in binary_backward_case."""
+    stream = common.stream()
+    lay = reduce_layout(shape, frozenset(a % len(shape) for a in axes))
+    assert lay.split == 1, lay
+    x = random(shape, tin, seed=5)
+    n_red = _n_red(shape, axes)
+    out_shape = tuple(e for i, e in enumerate(shape) if i not in set(axes))
+    for red in REDUCTIONS:
+        y = emu(np.full(out_shape, 5, tout))
+        launch_reduce(stream, lay, COMBINES.index(red.combine), emu(x), y,
+                      float(n_red) if red.mean else 1.0, gp.Workspace.none())
+        stream.synchronize()
+        ref = np.zeros(out_shape)
+        run_reference(gp.ReducePlan, gp.ReduceDescriptor(red.name, shape, axes, False, F64),
+                      gp.ReduceArgs(f64(x), ref))
+        # Results are rounded to tout; with a half input the f32 sum is of rounded halves.
+        _compare(y, ref, red.name, tout if tout == half else float32, n_red,
+                 f"launch_reduce {red.name} {shape} axes={axes} {dtype_id(tin)}->"
+                 f"{dtype_id(tout)} ({what})")
+
+
+def global_norm_case(with_f64: bool) -> None:
+    dts = [np.float32, gp.bfloat16, np.float16, np.float64 if with_f64 else np.float32]
+    shapes = [(20000,), (7, 13), (0,), (17000, 2)]  # several 16384-element chunks, an empty one
+    arrays = [random(s, t, seed=i) for i, (s, t) in enumerate(zip(shapes, dts, strict=True))]
+    out_dtype = np.float64 if with_f64 else np.float32
+    desc = gp.GlobalNormDescriptor(tuple(a.size for a in arrays),
+                                   tuple(np.dtype(a.dtype) for a in arrays))
+    out = emu(np.full((), 7, out_dtype))
+    plan = run_emulated(gp.GlobalNormPlan, desc,
+                        gp.GlobalNormArgs(tuple(emu(a) for a in arrays), out))
+    assert plan.sku().dtype == dtype_id(out_dtype), plan.sku()
+    ref = np.zeros((), np.float64)
+    run_reference(gp.GlobalNormPlan,
+                  gp.GlobalNormDescriptor(desc.sizes, (np.float64,) * len(arrays)),
+                  gp.GlobalNormArgs(tuple(f64(a) for a in arrays), ref))
+    np.testing.assert_allclose(ref, np.sqrt(sum(np.sum(f64(a) ** 2) for a in arrays)),
+                               rtol=1e-14)
+    check(out, ref, out_dtype, "global_l2_norm", scale=10.0)
+
+
+CASES = (
+    [Case(f"reduce {shape} axes={axes} [{dtype_id(t)}]",
+          lambda t=t, s=shape, a=axes, w=what: reduce_case(t, s, a, w))
+     for t in DTYPES for shape, axes, what in SHAPES]
+    + [Case(f"binary_backward mul {a}x{b} [{dtype_id(t)}]",
+            lambda t=t, a=a, b=b, w=w: binary_backward_case(t, "mul", a, b, w))
+       for t in HALF_DTYPES for a, b, w in (
+           ((2, 1100), (2, 1), "rows, a block per row: reduce_rows<float, h, 0, 256>"),
+           ((3, 4, 5), (1, 4, 1), "general: reduce_general<float, h, 0>"))]
+    + [Case(f"launch_reduce {dtype_id(tin)}->{dtype_id(tout)} {shape} axes={axes}",
+            lambda h=h, tin=tin, tout=tout, s=shape, a=axes, w=w:
+            mixed_launch_case(h, tin, tout, s, a, w))
+       for h in HALF_DTYPES for tin, tout, shape, axes, w in (
+           (h, float32, (5, 33), (1,), "reduce_rows<h, float, op, 32>"),
+           (h, float32, (3, 4, 5, 6), (0, 2), "reduce_general<h, float, op>"),
+           (float32, h, (3, 4, 5, 6), (0, 2), "reduce_general<float, h, op>"),
+           (float32, h, (3, 2000), (1,), "reduce_rows<float, h, op, 256> (split rows' "
+            "second pass: max only has a huge-row case)"))]
+    + [Case(f"reduce max huge row [{dtype_id(h)}]", lambda h=h: huge_row_max_case(h))
+       for h in HALF_DTYPES]
+    + [Case(f"global_l2_norm mixed{' +f64' if w else ''}", lambda w=w: global_norm_case(w))
+       for w in (False, True)]
+)
