@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from autograd import anomaly, grad_mode
 from autograd.tape import Node, _default_tape, _open_tapes
-from autograd.tensor import Tensor
+from autograd.tensor_base import TensorBase, new_tensor
+
+if TYPE_CHECKING:
+    from autograd.tensor import Tensor
 
 
 class Context:
@@ -59,7 +62,7 @@ class Function:
         needs = []
         record = False
         for a in args:
-            if isinstance(a, Tensor):
+            if isinstance(a, TensorBase):
                 arrays.append(a.data)
                 if a.requires_grad:
                     record = True
@@ -76,21 +79,21 @@ class Function:
         out = cls.forward(ctx, *arrays, **kwargs)
         if record and ctx.saved:  # torch's rule: no inference tensor saved for backward
             for a in args:
-                if isinstance(a, Tensor) and a._inference:
+                if isinstance(a, TensorBase) and a._inference:
                     _check_inference_saved(cls, ctx.saved, a)
         if anomaly._enabled:
             anomaly.on_forward(cls, ctx, out, arrays)
         if type(out) is not tuple:
             return _wrap_one(cls, ctx, out, parents, record)
         if not record:
-            return tuple(Tensor(o) for o in out)
+            return tuple(new_tensor(o) for o in out)
         tape = _open_tapes[-1] if _open_tapes else _default_tape
         node = Node(cls, ctx, tuple(parents), tuple((o.shape, o.dtype) for o in out), tape)
         tape._record(node)
         skip = ctx._non_differentiable
         results = []
         for k, o in enumerate(out):
-            t = Tensor(o)
+            t = new_tensor(o)
             if id(o) not in skip:
                 t.requires_grad = True
                 t._node = node
@@ -113,7 +116,7 @@ def _check_inference_saved(cls: type, saved: tuple, t: Tensor) -> None:
 
 
 def _wrap_one(cls: type, ctx: Context, out: Any, parents: list, record: bool) -> Tensor:
-    t = Tensor(out)
+    t = new_tensor(out)
     if record:
         tape = _open_tapes[-1] if _open_tapes else _default_tape
         node = Node(cls, ctx, tuple(parents), ((out.shape, out.dtype),), tape)

@@ -11,13 +11,16 @@ consumer would otherwise take device data for host data.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 import gpuplan as gp
 from autograd import dlpack_bf16
-from autograd.tensor import Tensor
+from autograd.tensor_base import TensorBase, new_tensor
+
+if TYPE_CHECKING:
+    from autograd.tensor import Tensor
 
 #: DLPack device types (dlpack.h DLDeviceType).
 KDL_CPU, KDL_CUDA = 1, 2
@@ -74,8 +77,8 @@ def cuda_array_interface(t: Tensor) -> dict:
 def from_dlpack(obj: Any) -> Tensor:
     """A Tensor sharing memory with `obj`: any object with ``__dlpack__`` and
     ``__dlpack_device__`` (a NumPy or CuPy array, a torch tensor, another Tensor)."""
-    if isinstance(obj, Tensor):
-        return Tensor(obj.data)
+    if isinstance(obj, TensorBase):
+        return new_tensor(obj.data)
     if not hasattr(obj, "__dlpack__") or not hasattr(obj, "__dlpack_device__"):
         raise TypeError(f"from_dlpack: expected an object with __dlpack__ and "
                         f"__dlpack_device__ (a NumPy/CuPy array, a torch tensor), given "
@@ -83,18 +86,18 @@ def from_dlpack(obj: Any) -> Tensor:
     kind, _ = obj.__dlpack_device__()
     if kind == KDL_CPU:
         try:
-            return Tensor(np.from_dlpack(obj))
+            return new_tensor(np.from_dlpack(obj))
         except (BufferError, RuntimeError, TypeError, ValueError):
             # NumPy reads no bfloat16: read the capsule here (None: not bfloat16 either)
             host = dlpack_bf16.import_capsule(obj.__dlpack__())
             if host is None:
                 raise
-            return Tensor(host)
+            return new_tensor(host)
     if kind == KDL_CUDA:
         cp = gp.backend.cupy_module() if gp.backend.cuda_available() else None
         if cp is None:
             raise RuntimeError("from_dlpack: the object lives on a CUDA device, but CuPy or a "
                                "usable CUDA device is missing here")
-        return Tensor(cp.from_dlpack(obj))
+        return new_tensor(cp.from_dlpack(obj))
     raise BufferError(f"from_dlpack: DLPack device type {kind} is not supported (expected "
                       f"{KDL_CPU}: CPU or {KDL_CUDA}: CUDA)")

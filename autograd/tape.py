@@ -15,12 +15,15 @@ detect_anomaly the gradients it returns are checked for inf/nan (autograd.anomal
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import gpuplan as gp
 from autograd import anomaly, inplace
-from autograd.tensor import Tensor
+from autograd.tensor_base import TensorBase, new_tensor
 from gpuplan.dtypes import FLOAT_DTYPES
+
+if TYPE_CHECKING:
+    from autograd.tensor import Tensor
 
 _sequence = inplace.clock  # node numbers and in-place writes share one clock
 
@@ -147,7 +150,7 @@ def _root_grad(t: Tensor, grad: Any) -> Any:
             raise RuntimeError(f"backward: grad can be implicitly created only for a "
                                f"one-element output, given shape {tuple(t.shape)}; pass grad=")
         return gp.full(t.data.shape, 1.0, t.dtype, t.device)
-    g = grad.data if isinstance(grad, Tensor) else grad
+    g = grad.data if isinstance(grad, TensorBase) else grad
     if tuple(g.shape) != tuple(t.data.shape):
         raise RuntimeError(f"backward: grad must have the output's shape "
                            f"{tuple(t.data.shape)}, given {tuple(g.shape)}")
@@ -171,9 +174,9 @@ def _accumulate_leaf(t: Tensor, g: Any, delivered: set) -> None:
         # another gradient or a view of one.
         if g.base is not None or id(g) in delivered:
             g = g.copy()
-        t.grad = Tensor(g)
+        t.grad = new_tensor(g)
     else:
-        t.grad = Tensor(gp.functional.binary("add", t.grad.data, g))
+        t.grad = new_tensor(gp.functional.binary("add", t.grad.data, g))
 
 
 def run_backward(roots: list[tuple[Tensor, Any]], retain: bool = False,
@@ -252,7 +255,7 @@ def _run_node(node: Node, delivered: set) -> None:
     for i, (p, g) in enumerate(zip(parents, result, strict=True)):
         if p is None or g is None:
             continue
-        if isinstance(g, Tensor):
+        if isinstance(g, TensorBase):
             g = g.data
         if type(p) is tuple:
             producer, k = p

@@ -1,4 +1,5 @@
-"""Tensor: an array (NumPy or CuPy) plus the autograd state (grad, requires_grad, tape node)."""
+"""Tensor: an array (NumPy or CuPy) plus the autograd state (`TensorBase`), with its ops as
+methods and operators."""
 
 from __future__ import annotations
 
@@ -8,109 +9,33 @@ from typing import Any
 import numpy as np
 
 import gpuplan as gp
-from autograd import grad_mode as _grad_mode
+from autograd import interop as _interop
+from autograd.functions import activation as _act
+from autograd.functions import arithmetic as _arith
+from autograd.functions import indexing as _indexing
+from autograd.functions import logical as _logical
+from autograd.functions import matmul as _matmul
+from autograd.functions import reduce as _reduce
+from autograd.functions import select as _select
+from autograd.functions import shape as _shape
+from autograd.functions import write as _write
+from autograd.tape import run_backward
+from autograd.tensor_base import TensorBase, set_tensor_class
 from gpuplan.dtypes import as_dtype
 
 
-class Tensor:
-    """A NumPy (device "cpu") or CuPy (device "cuda") array with autograd state.
-
-    ``grad`` is a Tensor or None; ``_node`` is the tape entry that produced this tensor
-    (None for leaves) and ``_out_index`` which of that entry's outputs it is.
-
-    ``_version`` counts the in-place operations the API made on this tensor (``zero_()``,
-    optimizer steps, ...). Each is also stamped on the array's memory, and backward
-    refuses an array saved for it that was written after forward (autograd.inplace).
-    ``data`` is an escape hatch, as in PyTorch: a write into it (``t.data[...] = v``) is
-    invisible to that check; assigning a new array (``t.data = a``) rebinds the tensor
-    and leaves saved arrays, hence gradients, as they were.
-    """
-
-    # ndarray <op> Tensor returns NotImplemented, so Tensor's reflected operator runs.
-    __array_ufunc__ = None
-    _version = 0
-    _inference = False  # made under autograd.inference_mode()
-
-    def __init__(self, data: Any, requires_grad: bool = False) -> None:
-        if isinstance(data, Tensor):
-            data = data.data
-        elif not isinstance(data, np.ndarray) and not gp.is_device_array(data):
-            data = np.asarray(data)
-        self.data = data
-        self.grad: Tensor | None = None
-        self.requires_grad = bool(requires_grad)
-        self._node = None
-        self._out_index = 0
-        if _grad_mode._inference:
-            self._inference = True
-
-    # -- properties --------------------------------------------------------------------------
-
-    @property
-    def dtype(self) -> np.dtype:
-        return self.data.dtype
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        return tuple(self.data.shape)
-
-    @property
-    def ndim(self) -> int:
-        return self.data.ndim
-
-    @property
-    def device(self) -> str:
-        return gp.device_of(self.data)
-
-    @property
-    def is_leaf(self) -> bool:
-        return self._node is None
+class Tensor(TensorBase):
+    """A NumPy (device "cpu") or CuPy (device "cuda") array with autograd state (see
+    `TensorBase`) and the ops: operators and methods, each a call of the op's function in
+    autograd.functions (recorded on the tape)."""
 
     @property
     def T(self) -> Tensor:  # noqa: N802 - array convention
         return self.transpose()
 
-    def size(self, dim: int | None = None) -> Any:
-        return self.shape if dim is None else self.shape[dim]
-
-    def numel(self) -> int:
-        return int(self.data.size)
-
-    def __len__(self) -> int:
-        return self.shape[0]
-
-    def __repr__(self) -> str:
-        grad = ", requires_grad=True" if self.requires_grad else ""
-        return (f"Tensor(shape={self.shape}, dtype={self.dtype}, device={self.device!r}"
-                f"{grad})")
-
-    # -- conversion --------------------------------------------------------------------------
-
-    def numpy(self) -> np.ndarray:
-        """A host NumPy array with this tensor's values (a copy for device tensors)."""
-        return gp.to_host(self.data)
-
-    def item(self) -> float:
-        if self.data.size != 1:
-            raise ValueError(f"item(): needs a one-element tensor, given shape {self.shape}")
-        return gp.to_host(self.data).reshape(-1)[0].item()
-
-    def tolist(self) -> Any:
-        return gp.to_host(self.data).tolist()
-
     def detach(self) -> Tensor:
         """The same array, cut from the tape (requires_grad=False)."""
         return Tensor(self.data)
-
-    def requires_grad_(self, requires_grad: bool = True) -> Tensor:
-        if requires_grad and self._inference and not _grad_mode._inference:
-            raise RuntimeError("requires_grad_(): an inference tensor (made under "
-                               "autograd.inference_mode()) cannot require grad; clone() it")
-        self.requires_grad = bool(requires_grad)
-        return self
-
-    def is_inference(self) -> bool:
-        return self._inference
 
     def to(self, device: Any = None, dtype: Any = None) -> Tensor:
         """Move and/or cast (differentiable: the gradient comes back moved and cast);
@@ -186,8 +111,6 @@ class Tensor:
     def backward(self, grad: Any = None, retain: bool = False) -> None:
         """Back-propagate through the tape that recorded this tensor (see Tape.backward)."""
         if self._node is None:
-            from autograd.tape import run_backward
-
             run_backward([(self, grad)], retain=retain)
             return
         self._node.tape.backward(self, grad, retain=retain)
@@ -352,32 +275,40 @@ class Tensor:
     def __getitem__(self, index: Any) -> Tensor:
         return _shape.getitem(self, index)
 
+    # -- methods that are the functions themselves (one definition, one docstring) -----------
 
-# Op modules import Tensor from here, so they are bound after the class exists.
-from autograd import interop as _interop  # noqa: E402
-from autograd.functions import activation as _act  # noqa: E402
-from autograd.functions import arithmetic as _arith  # noqa: E402
-from autograd.functions import indexing as _indexing  # noqa: E402
-from autograd.functions import logical as _logical  # noqa: E402
-from autograd.functions import matmul as _matmul  # noqa: E402
-from autograd.functions import reduce as _reduce  # noqa: E402
-from autograd.functions import select as _select  # noqa: E402
-from autograd.functions import shape as _shape  # noqa: E402
-from autograd.functions import write as _write  # noqa: E402
+    sum = _reduce.sum
+    mean = _reduce.mean
+    prod = _reduce.prod
+    max = _reduce.max
+    min = _reduce.min
+    amax = _reduce.amax
+    amin = _reduce.amin
+    argmax = _reduce.argmax
+    argmin = _reduce.argmin
+    topk = _reduce.topk
+    var = _reduce.var
+    std = _reduce.std
+    gather = _indexing.gather
+    scatter_add = _indexing.scatter_add
+    index_select = _indexing.index_select
+    remainder = _arith.remainder
+    floor_divide = _arith.floor_divide
+    logical_and = _logical.logical_and
+    logical_or = _logical.logical_or
+    logical_xor = _logical.logical_xor
+    logical_not = _logical.logical_not
+    bitwise_and = _logical.bitwise_and
+    bitwise_or = _logical.bitwise_or
+    bitwise_xor = _logical.bitwise_xor
+    bitwise_not = _logical.bitwise_not
+    any = _logical.any
+    all = _logical.all
+    # & | ^ commute elementwise, so one function serves both sides; ~ is bitwise_not.
+    __and__ = __rand__ = _logical.bitwise_and
+    __or__ = __ror__ = _logical.bitwise_or
+    __xor__ = __rxor__ = _logical.bitwise_xor
+    __invert__ = _logical.bitwise_not
 
-# Methods that are the module functions themselves (one definition, one docstring).
-for _module, _names in ((_reduce, ("sum", "mean", "prod", "max", "min", "amax", "amin", "argmax",
-                                   "argmin", "topk", "var", "std")),
-                        (_indexing, ("gather", "scatter_add", "index_select")),
-                        (_arith, ("remainder", "floor_divide")),
-                        (_logical, ("logical_and", "logical_or", "logical_xor", "logical_not",
-                                    "bitwise_and", "bitwise_or", "bitwise_xor", "bitwise_not",
-                                    "any", "all"))):
-    for _name in _names:
-        setattr(Tensor, _name, getattr(_module, _name))
-# & | ^ commute elementwise, so one function serves both sides; ~ is bitwise_not.
-for _name in ("and", "or", "xor"):
-    for _side in ("", "r"):
-        setattr(Tensor, f"__{_side}{_name}__", getattr(_logical, f"bitwise_{_name}"))
-Tensor.__invert__ = _logical.bitwise_not
-del _module, _names, _name, _side
+
+set_tensor_class(Tensor)

@@ -33,14 +33,14 @@ def resolve_wait(requested: str | None = None) -> str:
     "spin": MPI's own blocking calls. "yield": the non-blocking form, tested with
     sched_yield() between tests. "sleep": tested with sleeps between tests (20 us doubling
     to 0.1 ms). auto: "yield" when the ranks on this node outnumber its cores
-    (dist.launcher.oversubscribed), else "spin".
+    (gpuplan.launcher.oversubscribed), else "spin".
     """
     choice = requested if requested is not None else os.environ.get(ENV_WAIT) or "auto"
     if choice not in WAIT_MODES:
         raise Unsupported(describe("Communicator", ENV_WAIT, f"one of {WAIT_MODES}",
                                    repr(choice)))
     if choice == "auto":
-        from dist.launcher import oversubscribed
+        from gpuplan.launcher import oversubscribed
 
         return "yield" if oversubscribed() else "spin"
     return choice

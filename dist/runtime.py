@@ -8,6 +8,7 @@ import os
 import sys
 import time
 import traceback
+from collections.abc import Mapping
 from typing import Any
 
 from dist.communicator import Communicator
@@ -19,6 +20,7 @@ from dist.watchdog import (
     watched,
 )
 from gpuplan import backend as gpb
+from gpuplan import launcher
 
 _WORLD: Communicator | None = None
 _LOCAL_RANK: int | None = None
@@ -192,3 +194,26 @@ def _record_mpi4py_abort_status(MPI: Any) -> None:
 
     set_abort_status.records_for_dist = True
     MPI._set_abort_status = set_abort_status
+
+
+def mpi_library() -> str:
+    """First line of the MPI library mpi4py is built on (MPI_Get_library_version)."""
+    from mpi4py import MPI
+
+    return " ".join(MPI.Get_library_version().strip().splitlines()[0].split())
+
+
+def launcher_mismatch(world_size: int, env: Mapping[str, str] | None = None,
+             library: str | None = None) -> str | None:
+    """The one-line error when the launcher started N > 1 processes but MPI sees a world of
+    `world_size` == 1 (launcher and mpi4py from different MPI libraries); else None."""
+    launch = launcher.detect(env)
+    if launch.size is None or launch.size <= 1 or world_size != 1:
+        return None
+    library = mpi_library() if library is None else library
+    return (f"the launcher ({launch.launcher}: {launch.size_var}={launch.size}) started "
+            f"{launch.size} processes, but mpi4py's MPI ({library}) sees a world of 1 rank in "
+            f"each: the launcher and mpi4py come from different MPI libraries, and every copy "
+            f"would train alone into the same --out; launch with the mpiexec of mpi4py's MPI "
+            f"(.venv/bin/mpiexec for the PyPI mpich) or build mpi4py against the launcher's MPI "
+            f"(pip install --no-binary mpi4py mpi4py)")

@@ -14,7 +14,7 @@
   `limit_blas_threads()` gives each local rank cores // local ranks threads (at least one)
   when a launcher says how many ranks share the node (MPICH/Hydra's MPI_LOCALNRANKS, Open
   MPI's OMPI_COMM_WORLD_LOCAL_SIZE, srun's SLURM_STEP_TASKS_PER_NODE), or srun's
-  SLURM_CPUS_PER_TASK threads (dist.launcher.blas_threads). The pools are sized through
+  SLURM_CPUS_PER_TASK threads (gpuplan.launcher.blas_threads). The pools are sized through
   threadpoolctl, which knows OpenBLAS, MKL and BLIS alike.
 
 - thread budget: `thread_budget()` is the number of threads one host op may use at once (the
@@ -80,7 +80,7 @@ def limit_blas_threads() -> int | None:
     elif env.get("OPENBLAS_NUM_THREADS") or env.get("OMP_NUM_THREADS"):
         return None
     else:
-        from dist import launcher  # stdlib only: reads the launcher's variables
+        from gpuplan import launcher  # stdlib only: reads the launcher's variables
 
         if launcher.local_ranks() <= 1 and not (
                 env.get("SLURM_CPUS_PER_TASK") and launcher.detect().launcher != "none"):

@@ -105,24 +105,3 @@ def takes(*arrays: Any) -> bool:
     and aligned, as their signatures declare."""
     return all(a is None or (a.dtype == np.float32 and a.flags.c_contiguous and a.flags.aligned)
                for a in arrays)
-
-
-def run_map(name: str, inputs: tuple, out: np.ndarray) -> bool:
-    """The element-wise kernel `name` of gpuplan.host_kernels, kernel(*inputs, out), over flat
-    float32 arrays of one size (`takes`), split over the host threads in parts of at least
-    host_pool.GRAIN elements. Returns False, doing nothing, when the kernels are not loaded
-    or do not take an operand: the caller then runs its NumPy passes."""
-    if not takes(out, *inputs):
-        return False
-    k = kernels()
-    if k is None:
-        return False
-    from gpuplan import host_pool
-
-    kernel = getattr(k, name)
-
-    def part(lo: int, hi: int) -> None:
-        kernel(*(a[lo:hi] for a in inputs), out[lo:hi])
-
-    host_pool.parallel_for(out.size, part, host_pool.GRAIN)
-    return True

@@ -122,7 +122,8 @@ class Plan:
         self._cand = candidate
         self._run_impl = getattr(self, f"_run_{candidate.variant}")
         self._index_dtype: str | None = None
-        self._resolved: Resolved = self.spec.resolve(self.op, desc)
+        # Every operand's concrete shape and dtype(s) for `desc`, resolved once per plan.
+        self._resolved = Resolved(self.op, self.spec, desc)
         self._prepare()
 
     def _prepare(self) -> None:

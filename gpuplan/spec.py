@@ -354,12 +354,6 @@ class OpSpec:
         for f in self.fields:
             f.check(op, getattr(desc, f.name))
 
-    def resolve(self, op: str, desc: Any) -> Any:
-        """Every operand's concrete shape and dtype(s) for `desc` (done once per plan): a
-        `gpuplan.resolve.Resolved`, which holds the per-call check."""
-        from gpuplan.resolve import Resolved
-        return Resolved(op, self, desc)
-
 
 def _dc_field(name: str, default: Any) -> tuple:
     if default is _REQUIRED:

@@ -11,36 +11,8 @@ from gpuplan.emulator import array as emulated_array
 from gpuplan.emulator import capture as emulated_capture
 from gpuplan.emulator.array import DEVICE_ID as EMULATED_DEVICE_ID
 from gpuplan.emulator.capture import GraphCaptureError
+from gpuplan.emulator.stream import EmulatedStream
 from gpuplan.errors import InvalidProblem, describe
-
-
-class _EmulatedStream:
-    """The emulated device's only stream: launches complete before they return, except
-    while it captures a graph (cupy.cuda.Stream's capture interface; see
-    gpuplan.emulator.capture): then its work is recorded, and end_capture() returns a graph
-    whose launch() replays it."""
-
-    ptr = 0
-
-    def __enter__(self) -> _EmulatedStream:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        return None
-
-    def synchronize(self) -> None:
-        if emulated_capture.active() is not None:
-            raise emulated_capture.refuse("stream synchronize")
-        return None
-
-    def begin_capture(self, mode: Any = None) -> None:
-        emulated_capture.begin()
-
-    def end_capture(self) -> emulated_capture.EmulatedGraph:
-        return emulated_capture.EmulatedGraph(emulated_capture.end())
-
-    def is_capturing(self) -> bool:
-        return emulated_capture.active() is not None
 
 
 class Stream:
@@ -72,7 +44,7 @@ class Stream:
     def emulated(cls) -> Stream:
         """The stream of the emulated device (kernels run on the host, see gpuplan.emulator)."""
         if cls._EMULATED is None:
-            cls._EMULATED = cls(_EmulatedStream(), EMULATED_DEVICE_ID, "emulated")
+            cls._EMULATED = cls(EmulatedStream(), EMULATED_DEVICE_ID, "emulated")
         return cls._EMULATED
 
     @classmethod

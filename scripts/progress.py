@@ -42,7 +42,7 @@ def interactive(env: Mapping[str, str] | None = None) -> bool:
     when mpirun's output goes to a file; Hydra hands ranks pipes): the launcher's stdout must
     be a terminal, found by walking up the parent processes (Linux /proc). A launcher not
     found there (srun, a remote node) counts as not interactive."""
-    from dist.launcher import detect
+    from gpuplan.launcher import detect
 
     if detect(env).launcher == "none":
         return sys.stdout.isatty()

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The whole test suite on a fresh machine: set up .venv, ruff, unit tests, the gpu-marked
-# tests on the emulated device, the mpi tests under mpiexec -n 2 and -n 4, the kernel compile check
-# (sm_80, sm_90), then every kernel instance executed on the emulated device.
+# The whole test suite on a fresh machine: set up .venv, ruff, import-linter, unit tests, the
+# gpu-marked tests on the emulated device, the mpi tests under mpiexec -n 2 and -n 4, the kernel
+# compile check (sm_80, sm_90), then every kernel instance executed on the emulated device.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -19,6 +19,9 @@ python -m ruff check .
 checked=$(python -m ruff check --show-files .)
 grep -q "/dist/communicator.py" <<< "$checked" || {
     echo "ruff does not check dist/ (a default exclude came back?)" >&2; exit 1; }
+
+echo "== lint: lint-imports (layers dist > autograd > gpuplan, no import cycles; pyproject.toml) =="
+lint-imports
 
 echo "== unit tests =="
 python -m pytest -q -m "not mpi" "${xdist[@]}" "$@"

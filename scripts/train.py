@@ -72,13 +72,13 @@ def main(argv: list[str] | None = None) -> int:
         ns = parse_args(argv)
     except OptionError as exc:
         ns = exc
-    # mpi4py warns (several lines) of a foreign launcher's variables; launcher.mismatch
+    # mpi4py warns (several lines) of a foreign launcher's variables; dist.runtime.launcher_mismatch
     # below says it in train.py's one error line, and only when ranks would really split.
     warnings.filterwarnings("ignore", "suspicious MPI execution environment", RuntimeWarning)
     world = dist.init(timeout=getattr(ns, "timeout", None))  # None when the options failed
-    from dist import launcher
+    from gpuplan import launcher
 
-    mismatch = launcher.mismatch(world.size)  # N copies that each think they are alone
+    mismatch = dist.runtime.launcher_mismatch(world.size)  # N copies that each think they are alone
     if mismatch:
         if launcher.env_rank() == 0:  # every copy is MPI rank 0: the launcher's rank decides
             print(f"train.py: error: {mismatch}", file=sys.stderr, flush=True)
@@ -263,7 +263,7 @@ class Trainer:
                   f"device: {self.device_label}, {ns.dtype}"
                   + (f" | resumed at step {self.start}" if ns.resume else "")
                   + (f" | weights from {ns.init_from}" if ns.init_from else ""), flush=True)
-            from dist.launcher import oversubscription_note
+            from gpuplan.launcher import oversubscription_note
 
             if oversubscription_note():
                 print(oversubscription_note(), flush=True)

@@ -23,7 +23,7 @@ class _Parser(argparse.ArgumentParser):
 
     def print_help(self, file=None) -> None:
         # --help runs before MPI starts, on every rank: the launcher's rank 0 alone prints.
-        from dist.launcher import env_rank
+        from gpuplan.launcher import env_rank
 
         if env_rank() == 0:
             super().print_help(file)

@@ -5,7 +5,7 @@ tensors, as torch.clamp)."""
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -14,7 +14,10 @@ import gpuplan.functional as F
 from autograd.function import Function
 from autograd.functions.arithmetic import convert_operand, result_type
 from autograd.functions.shape import sum_to_shape
-from autograd.tensor import Tensor
+from autograd.tensor_base import TensorBase
+
+if TYPE_CHECKING:
+    from autograd.tensor import Tensor
 
 NAMES = ("relu", "gelu", "gelu_tanh", "silu", "tanh", "exp", "log", "sqrt", "rsqrt",
          "sigmoid", "abs")
@@ -134,7 +137,7 @@ def clamp(input: Tensor, min: Any = None, max: Any = None) -> Tensor:  # noqa: A
     stay NaN; where min > max every element is max. The gradient passes to input where
     min <= input <= max, to min where input < min < max, to max where input > max or
     max < min (torch)."""
-    if isinstance(min, Tensor) or isinstance(max, Tensor):
+    if isinstance(min, TensorBase) or isinstance(max, TensorBase):
         if min is None and max is None:
             raise ValueError("clamp(): at least one of 'min' or 'max' must not be None")
         return _clamp_tensor(input, min, max)

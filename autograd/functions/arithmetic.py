@@ -11,7 +11,7 @@ default dtype; a bool tensor with an int number is int64). Integer math wraps on
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -19,9 +19,12 @@ import gpuplan as gp
 import gpuplan.functional as F
 from autograd.function import Function
 from autograd.functions import shape as _shape
-from autograd.tensor import Tensor
+from autograd.tensor_base import TensorBase, new_tensor
 from gpuplan.dtypes import FLOAT_DTYPES, as_dtype, bfloat16, float16, float32, int64
 from gpuplan.ops.binary.table import BINARY_DTYPES, BINARY_OPS, dtype_kind
+
+if TYPE_CHECKING:
+    from autograd.tensor import Tensor
 
 _ROWS = {op.name: op for op in BINARY_OPS}
 _BOOL = np.dtype(np.bool_)
@@ -129,7 +132,7 @@ def result_type(*values: Any) -> np.dtype:
     tensors first, then 0-d tensors, then numbers, each tier only lifting the category."""
     dim = zero = wrapped = None
     for v in values:
-        if isinstance(v, Tensor):
+        if isinstance(v, TensorBase):
             if v.ndim:
                 dim = v.dtype if dim is None else promote_types(dim, v.dtype)
             else:
@@ -146,12 +149,12 @@ def convert_operand(v: Any, dtype: np.dtype, device: str, op: str) -> Any:
     """v as `dtype` on `device`: a Tensor cast on the tape (bool through the where plan, as
     the cast plan has no bool), a number as a 0-d array (an integer that does not fit the
     dtype is an error, as torch), any other array-like converted."""
-    if isinstance(v, Tensor):
+    if isinstance(v, TensorBase):
         if v.dtype == dtype:
             return v
         if v.dtype == _BOOL:
             one, zero = (gp.full((), k, dtype, device) for k in (1, 0))
-            return Tensor(F.where(v.data, one, zero))
+            return new_tensor(F.where(v.data, one, zero))
         return _shape.Cast.apply(v, dtype=dtype)
     if isinstance(v, np.generic):
         v = v.item()
@@ -167,15 +170,15 @@ def convert_operand(v: Any, dtype: np.dtype, device: str, op: str) -> Any:
 
 def promote(op: str, a: Any, b: Any, dtype: Any = None) -> tuple[Any, Any]:
     """a and b converted to their result dtype (or `dtype`), checked against op's row."""
-    like = a if isinstance(a, Tensor) else b
-    if not isinstance(like, Tensor):
+    like = a if isinstance(a, TensorBase) else b
+    if not isinstance(like, TensorBase):
         raise TypeError(f"{op}(): one operand must be a Tensor, given {type(a).__name__} and "
                         f"{type(b).__name__}")
     r = as_dtype(dtype) if dtype is not None else result_type(a, b)
     row = _ROWS[op]
     if r not in BINARY_DTYPES or dtype_kind(r) not in row.kinds or any(
-            isinstance(v, Tensor) and v.dtype not in BINARY_DTYPES for v in (a, b)):
-        given = " and ".join(str(v.dtype) if isinstance(v, Tensor) else type(v).__name__
+            isinstance(v, TensorBase) and v.dtype not in BINARY_DTYPES for v in (a, b)):
+        given = " and ".join(str(v.dtype) if isinstance(v, TensorBase) else type(v).__name__
                              for v in (a, b))
         raise TypeError(f"{op}(): not implemented for {given} (computed as {r}); "
                         f"{op} takes {_kinds(row.kinds)}")
@@ -193,7 +196,7 @@ def _binary(name: str, a: Any, b: Any) -> Tensor:
 
 
 def _float_tensor(v: Any) -> bool:
-    return isinstance(v, Tensor) and _category(v.dtype) == 2
+    return isinstance(v, TensorBase) and _category(v.dtype) == 2
 
 
 def add(a: Any, b: Any) -> Tensor:
@@ -269,8 +272,8 @@ def compare(name: str, a: Any, b: Any) -> Tensor:
         raise ValueError(f"compare: unknown comparison {name!r}; expected one of "
                          f"{COMPARISONS}")
     a, b = promote(name, a, b)
-    return Tensor(F.binary(name, _array(a), _array(b)))
+    return new_tensor(F.binary(name, _array(a), _array(b)))
 
 
 def _array(v: Any) -> Any:
-    return v.data if isinstance(v, Tensor) else v
+    return v.data if isinstance(v, TensorBase) else v

@@ -8,7 +8,7 @@ autograd Functions (mask add and dropout between softmax and the second matmul).
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -20,9 +20,12 @@ from autograd.functions.dropout import dropout
 from autograd.functions.matmul import matmul
 from autograd.functions.shape import transpose
 from autograd.functions.softmax import softmax
-from autograd.tensor import Tensor
+from autograd.tensor_base import TensorBase, new_tensor
 from gpuplan import backend, host_pool
 from gpuplan.ops.attention.plans import MAX_HEAD_DIM
+
+if TYPE_CHECKING:
+    from autograd.tensor import Tensor
 
 #: Elements a host thread copies at least when SplitHeads spreads its copies over the host
 #: threads (gpuplan.host_pool): its strided copies move 128-byte runs at head_dim 32.
@@ -156,7 +159,7 @@ class ComposedAttention(Function):
 def additive_mask(mask: Any, like: Tensor, lq: int, lk: int) -> Any:
     """A float mask to add to the scores: a bool mask (True = attend, torch's rule) becomes
     0 / -inf by filling (no arithmetic); a float mask is cast to the scores' dtype."""
-    m = mask if isinstance(mask, Tensor) else Tensor(gp.asarray(mask, device=like.device))
+    m = mask if isinstance(mask, TensorBase) else new_tensor(gp.asarray(mask, device=like.device))
     if m.device != like.device:
         raise ValueError(f"scaled_dot_product_attention: attn_mask is on {m.device}, q on "
                          f"{like.device}")
@@ -166,7 +169,7 @@ def additive_mask(mask: Any, like: Tensor, lq: int, lk: int) -> Any:
     if m.dtype == bool:
         filled = gp.full(m.shape, -math.inf, like.dtype, like.device)
         filled[m.data] = 0.0
-        return Tensor(filled)
+        return new_tensor(filled)
     if not gp.dtypes.is_float(m.dtype):
         raise ValueError(f"scaled_dot_product_attention: attn_mask must be bool or float, "
                          f"given dtype {m.dtype}")
@@ -186,7 +189,7 @@ def _dead_rows(add: Tensor) -> tuple[Tensor, Tensor | None]:
     fixed[gp.array_namespace(data).broadcast_to(dead, data.shape)] = 0.0
     keep = gp.full(dead.shape, 1.0, data.dtype, add.device)
     keep[dead] = 0.0
-    return Tensor(fixed), Tensor(keep)
+    return new_tensor(fixed), new_tensor(keep)
 
 
 def attention_weights(q: Tensor, k: Tensor, attn_mask: Any = None, dropout_p: float = 0.0,

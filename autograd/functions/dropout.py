@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import gpuplan.functional as F
 from autograd import random
 from autograd.function import Function
-from autograd.tensor import Tensor
+
+if TYPE_CHECKING:
+    from autograd.tensor import Tensor
 
 
 class Dropout(Function):

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import gpuplan as gp
 import gpuplan.functional as F
 from autograd.function import Function
-from autograd.tensor import Tensor
+from autograd.tensor_base import TensorBase
+
+if TYPE_CHECKING:
+    from autograd.tensor import Tensor
 
 
 class Embedding(Function):
@@ -45,7 +48,7 @@ def embedding(input: Any, weight: Tensor, padding_idx: int | None = None,  # noq
     gradient) for indices outside [index_offset, index_offset + V). padding_idx is then an
     index of that space, taken as given (the count-from-V rule needs index_offset == 0).
     """
-    idx = input.data if isinstance(input, Tensor) else gp.asarray(input, device=weight.device)
+    idx = input.data if isinstance(input, TensorBase) else gp.asarray(input, device=weight.device)
     if idx.dtype not in (gp.dtypes.int32, gp.dtypes.int64):
         idx = idx.astype(gp.dtypes.int64)
     if padding_idx is not None and padding_idx < 0 and not index_offset:

@@ -7,16 +7,19 @@ are checked by the plans' functional API (negative indices are rejected, as torc
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import gpuplan as gp
 import gpuplan.functional as F
 from autograd.function import Function
-from autograd.tensor import Tensor
+from autograd.tensor_base import TensorBase, new_tensor
+
+if TYPE_CHECKING:
+    from autograd.tensor import Tensor
 
 
 def _index_data(op: str, index: Any) -> Any:
-    data = index.data if isinstance(index, Tensor) else gp.asarray(index)
+    data = index.data if isinstance(index, TensorBase) else gp.asarray(index)
     if data.dtype.kind not in "iu":
         raise TypeError(f"{op}(): index must be an integer tensor, given dtype {data.dtype}")
     return data
@@ -91,8 +94,8 @@ def gather(x: Tensor, dim: int, index: Any) -> Tensor:
 def scatter_add(x: Tensor, dim: int, index: Any, src: Tensor) -> Tensor:
     """torch.Tensor.scatter_add (out of place): x with src[i][j][k] added at
     [i][index[i][j][k]][k] for dim == 1. Deterministic (no atomics)."""
-    if not isinstance(src, Tensor):
-        src = Tensor(gp.asarray(src, dtype=x.dtype, device=x.device))
+    if not isinstance(src, TensorBase):
+        src = new_tensor(gp.asarray(src, dtype=x.dtype, device=x.device))
     return ScatterAdd.apply(x, src, dim=dim, index=_same_device("scatter_add", x, index))
 
 

@@ -8,22 +8,25 @@ bool). The logical_* functions take any dtype (nonzero is True) and give bool, a
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 import gpuplan as gp
 import gpuplan.functional as F
 from autograd.functions.arithmetic import promote
-from autograd.tensor import Tensor
+from autograd.tensor_base import TensorBase, new_tensor
 from gpuplan.dtypes import float32
+
+if TYPE_CHECKING:
+    from autograd.tensor import Tensor
 
 _BOOL = np.dtype(np.bool_)
 
 
 def _bitwise(name: str, a: Any, b: Any) -> Tensor:
     a, b = promote(name, a, b)  # a float operand is a TypeError naming the op
-    return Tensor(F.binary(name, *(v.data if isinstance(v, Tensor) else v for v in (a, b))))
+    return new_tensor(F.binary(name, *(v.data if isinstance(v, TensorBase) else v for v in (a, b))))
 
 
 def bitwise_and(input: Any, other: Any) -> Tensor:  # noqa: A002
@@ -43,7 +46,7 @@ def bitwise_xor(input: Any, other: Any) -> Tensor:  # noqa: A002
 
 def bitwise_not(input: Tensor) -> Tensor:  # noqa: A002
     """~input: logical not on bool, two's complement not (-x - 1) on integers."""
-    if not isinstance(input, Tensor):
+    if not isinstance(input, TensorBase):
         raise TypeError(f"bitwise_not(): argument 'input' must be a Tensor, given "
                         f"{type(input).__name__}")
     if input.dtype.kind not in "biu":
@@ -54,7 +57,7 @@ def bitwise_not(input: Tensor) -> Tensor:  # noqa: A002
 
 def _as_bool(v: Any, op: str, name: str) -> Tensor:
     """A bool Tensor as is; any other Tensor compared with zero (nonzero is True)."""
-    if not isinstance(v, Tensor):
+    if not isinstance(v, TensorBase):
         raise TypeError(f"{op}(): argument '{name}' must be a Tensor, given "
                         f"{type(v).__name__}")
     return v if v.dtype == _BOOL else v != 0
@@ -105,7 +108,7 @@ def _reduce(op: str, input: Tensor, dim: Any, keepdim: bool) -> Tensor:  # noqa:
     one, zero = (gp.full((), v, float32, m.device) for v in (1.0, 0.0))
     hits = F.where(m.data, one, zero) if op == "any" else F.where(m.data, zero, one)
     counts = F.reduce("sum", hits, axes, bool(keepdim)) if axes != () else hits
-    return Tensor(F.binary("gt" if op == "any" else "eq", counts, zero))
+    return new_tensor(F.binary("gt" if op == "any" else "eq", counts, zero))
 
 
 def any(input: Tensor, dim: int | Sequence[int] | None = None,  # noqa: A001, A002

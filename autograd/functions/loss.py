@@ -3,7 +3,7 @@ plan), nll_loss (a gather, a product and reductions: composed Functions)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import gpuplan as gp
 import gpuplan.functional as F
@@ -11,8 +11,11 @@ from autograd.function import Function
 from autograd.functions.arithmetic import neg
 from autograd.functions.shape import getitem
 from autograd.functions.softmax import log_softmax
-from autograd.tensor import Tensor
+from autograd.tensor_base import TensorBase, new_tensor
 from gpuplan import backend
+
+if TYPE_CHECKING:
+    from autograd.tensor import Tensor
 
 REDUCTIONS = ("mean", "sum", "none")
 
@@ -39,7 +42,7 @@ class CrossEntropy(Function):
 
 
 def _int_target(op: str, target: Any, device: str) -> Any:
-    t = target.data if isinstance(target, Tensor) else gp.asarray(target, device=device)
+    t = target.data if isinstance(target, TensorBase) else gp.asarray(target, device=device)
     if t.dtype.kind not in "iu":
         raise ValueError(f"{op}: target must hold integer class indices, given dtype {t.dtype}")
     return t
@@ -116,7 +119,7 @@ def nll_loss(input: Tensor, target: Any, weight: Any = None,  # noqa: A002
     if weight is None:
         coef = gp.full((n,), 1.0, x2.dtype, x2.device)
     else:
-        w = weight.data if isinstance(weight, Tensor) else gp.asarray(weight, device=x2.device)
+        w = weight.data if isinstance(weight, TensorBase) else gp.asarray(weight, device=x2.device)
         if tuple(w.shape) != (c,):
             raise ValueError(f"nll_loss: weight must have shape ({c},) (one per class), given "
                              f"{tuple(w.shape)}")
@@ -124,10 +127,10 @@ def nll_loss(input: Tensor, target: Any, weight: Any = None,  # noqa: A002
         coef = coef if coef.dtype == x2.dtype else F.cast(coef, x2.dtype)
     coef[ignored] = 0  # ignored rows neither count nor weigh
     picked = getitem(x2, (xp.arange(n), safe))
-    losses = neg(picked * Tensor(coef))
+    losses = neg(picked * new_tensor(coef))
     if reduction == "none":
         return losses.reshape(t.shape)
     total = losses.sum()
     if reduction == "sum":
         return total
-    return total / Tensor(coef).sum()
+    return total / new_tensor(coef).sum()

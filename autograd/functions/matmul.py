@@ -5,15 +5,18 @@ the GEMM's epilogue)."""
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 import gpuplan as gp
 import gpuplan.functional as F
 from autograd.function import Function
-from autograd.tensor import Tensor
+from autograd.tensor_base import TensorBase, new_tensor
 from gpuplan import backend
+
+if TYPE_CHECKING:
+    from autograd.tensor import Tensor
 
 
 def _sum_to(g: Any, shape: tuple[int, ...]) -> Any:
@@ -96,10 +99,10 @@ class Matmul(Function):
 def matmul(a: Tensor, b: Tensor) -> Tensor:
     """torch.matmul: 1-D operands are vectors (a [K] is [1, K], b [K] is [K, 1], the added
     axis removed from the result); batch axes broadcast."""
-    if not isinstance(b, Tensor):
-        b = Tensor(gp.asarray(b, device=a.device))
-    if not isinstance(a, Tensor):
-        a = Tensor(gp.asarray(a, device=b.device))
+    if not isinstance(b, TensorBase):
+        b = new_tensor(gp.asarray(b, device=a.device))
+    if not isinstance(a, TensorBase):
+        a = new_tensor(gp.asarray(a, device=b.device))
     if a.ndim == 0 or b.ndim == 0:
         raise ValueError(f"matmul: both operands need at least one dimension, given shapes "
                          f"{a.shape} and {b.shape}")

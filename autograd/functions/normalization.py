@@ -4,12 +4,14 @@ fused residual add + layer norm of a pre-LN transformer block."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import gpuplan.functional as F
 from autograd.function import Function
-from autograd.tensor import Tensor
 from gpuplan.dtypes import eps as machine_eps
+
+if TYPE_CHECKING:
+    from autograd.tensor import Tensor
 
 
 def _vec(p: Any, d: int) -> Any:

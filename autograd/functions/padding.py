@@ -4,12 +4,15 @@ padding as a gather along each padded dim (its backward a scatter-add through th
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import gpuplan as gp
 from autograd.function import Function
 from autograd.functions.shape import getitem
-from autograd.tensor import Tensor
 from gpuplan import backend
+
+if TYPE_CHECKING:
+    from autograd.tensor import Tensor
 
 MODES = ("constant", "reflect", "replicate", "circular")
 

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import gpuplan.functional as F
 from autograd.function import Function
-from autograd.tensor import Tensor
 from gpuplan.dtypes import as_dtype
+
+if TYPE_CHECKING:
+    from autograd.tensor import Tensor
 
 
 class QuantizePerToken(Function):

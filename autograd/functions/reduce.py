@@ -12,14 +12,17 @@ from __future__ import annotations
 import math
 from collections import namedtuple
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import gpuplan as gp
 import gpuplan.functional as F
 from autograd.function import Function
-from autograd.tensor import Tensor
+from autograd.tensor_base import new_tensor
 from gpuplan import backend
 from gpuplan.dtypes import accumulator
+
+if TYPE_CHECKING:
+    from autograd.tensor import Tensor
 
 #: torch.return_types look-alikes: attribute access (.values, .indices) and unpacking.
 max_return = namedtuple("max", ["values", "indices"])
@@ -207,7 +210,7 @@ def _arg(name: str, x: Tensor, dim: Any, keepdim: Any, axis: Any, keepdims: Any)
     if dim is not None:
         dim = _one_dim(f"arg{name}", dim, x.ndim) if x.ndim else None
     _, indices = F.arg_select(name, x.data, dim, keepdim)
-    return Tensor(indices)
+    return new_tensor(indices)
 
 
 def argmax(x: Tensor, dim: int | None = None, keepdim: bool | None = None, *,

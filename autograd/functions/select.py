@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -10,7 +10,10 @@ import gpuplan as gp
 import gpuplan.functional as F
 from autograd.function import Function
 from autograd.functions.shape import sum_to_shape
-from autograd.tensor import Tensor
+from autograd.tensor_base import TensorBase
+
+if TYPE_CHECKING:
+    from autograd.tensor import Tensor
 
 
 class Where(Function):
@@ -48,7 +51,7 @@ class Triangle(Function):
 
 def _operand(v: Any, like: Tensor, op: str, name: str) -> Any:
     """A Tensor as is; a Python number as a 0-d array of `like`'s dtype on its device."""
-    if isinstance(v, Tensor):
+    if isinstance(v, TensorBase):
         return v
     if isinstance(v, (bool, int, float, np.number)):
         return gp.full((), v, like.dtype, like.device)
@@ -57,7 +60,7 @@ def _operand(v: Any, like: Tensor, op: str, name: str) -> Any:
 
 
 def _bool_mask(mask: Any, op: str, name: str) -> Tensor:
-    if not isinstance(mask, Tensor):
+    if not isinstance(mask, TensorBase):
         raise TypeError(f"{op}(): argument '{name}' must be a bool Tensor, given "
                         f"{type(mask).__name__}")
     if mask.dtype != np.bool_:
@@ -78,9 +81,9 @@ def where(condition: Tensor, input: Any, other: Any) -> Tensor:  # noqa: A002
     """torch.where(condition, input, other): input where condition, else other, with
     broadcasting; either value may be a Python number (in the other's dtype)."""
     cond = _bool_mask(condition, "where", "condition")
-    if not isinstance(input, Tensor) and not isinstance(other, Tensor):
+    if not isinstance(input, TensorBase) and not isinstance(other, TensorBase):
         raise TypeError("where(): 'input' or 'other' must be a Tensor")
-    like = input if isinstance(input, Tensor) else other
+    like = input if isinstance(input, TensorBase) else other
     a = _operand(input, like, "where", "input")
     b = _operand(other, like, "where", "other")
     if a.dtype != b.dtype:
@@ -95,7 +98,7 @@ def masked_fill(input: Tensor, mask: Tensor, value: Any) -> Tensor:  # noqa: A00
     """input with `value` where mask (bool, broadcast to input's shape) is True. A 0-d
     Tensor value gets its gradient (the sum over the filled places), as in torch."""
     m = _bool_mask(mask, "masked_fill", "mask")
-    if isinstance(value, Tensor) and value.ndim != 0:
+    if isinstance(value, TensorBase) and value.ndim != 0:
         raise ValueError(f"masked_fill(): 'value' must be a number or a 0-d tensor, given "
                          f"shape {value.shape}")
     if not _broadcasts(m.shape, input.shape) or \

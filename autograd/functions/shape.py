@@ -6,13 +6,16 @@ Outputs are C-contiguous (plans take contiguous operands): views that are not ar
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import gpuplan as gp
 import gpuplan.functional as F
 from autograd.function import Function
-from autograd.tensor import Tensor
+from autograd.tensor_base import TensorBase
 from gpuplan import backend
+
+if TYPE_CHECKING:
+    from autograd.tensor import Tensor
 
 
 def _axis(axis: int, ndim: int, op: str) -> int:
@@ -210,7 +213,7 @@ def device_index(index: Any, device: str) -> Any:
     """An index with its arrays (lists, Tensors, host arrays) as arrays on `device`."""
 
     def convert(i: Any) -> Any:
-        if isinstance(i, Tensor):
+        if isinstance(i, TensorBase):
             i = i.data
         if isinstance(i, list) or hasattr(i, "shape") and getattr(i, "ndim", 0) > 0:
             return gp.to_device(gp.asarray(i), device)

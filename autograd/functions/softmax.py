@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import gpuplan as gp
 import gpuplan.functional as F
 from autograd.function import Function
-from autograd.tensor import Tensor
 from gpuplan import backend
+
+if TYPE_CHECKING:
+    from autograd.tensor import Tensor
 
 
 def _to_last(x: Any, dim: int) -> Any:

@@ -16,17 +16,20 @@ only, as for the views of autograd.functions.shape.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import gpuplan as gp
 import gpuplan.functional as F
 from autograd import grad_mode, inplace
 from autograd.function import Function
 from autograd.functions.shape import Cast, Reshape, _is_basic, device_index, sum_to_shape
-from autograd.tensor import Tensor
+from autograd.tensor_base import TensorBase
 from gpuplan import backend
 from gpuplan.execute import call
 from gpuplan.ops.cast.plans import CastDescriptor, CastPlan
+
+if TYPE_CHECKING:
+    from autograd.tensor import Tensor
 
 
 def write_array(dest: Any, src: Any) -> None:
@@ -143,7 +146,7 @@ def _rebind(x: Tensor, out: Tensor, what: str) -> Tensor:
 
 def _value(v: Any, x: Tensor, what: str) -> Any:
     """A Tensor value on x's device with x's dtype (differentiably), or an array of x's dtype."""
-    if not isinstance(v, Tensor):
+    if not isinstance(v, TensorBase):
         if isinstance(v, bool) or not hasattr(v, "shape") and not isinstance(v, (int, float)) \
                 and not isinstance(v, (list, tuple)):
             raise TypeError(f"{what}: value must be a Tensor, an array or a number, given "
@@ -168,7 +171,7 @@ def _fit(v: Any, shape: tuple, what: str) -> Any:
                          f"the written shape {shape}")
     if vs == tuple(v.shape):
         return v
-    return Reshape.apply(v, shape=vs) if isinstance(v, Tensor) else v.reshape(vs)
+    return Reshape.apply(v, shape=vs) if isinstance(v, TensorBase) else v.reshape(vs)
 
 
 def setitem(x: Tensor, index: Any, value: Any, what: str = "Tensor.__setitem__") -> Tensor:
@@ -189,7 +192,7 @@ def copy_(x: Tensor, src: Any) -> Tensor:
 
 
 def fill_(x: Tensor, value: Any) -> Tensor:
-    if isinstance(value, Tensor) and value.ndim != 0:
+    if isinstance(value, TensorBase) and value.ndim != 0:
         raise ValueError(f"Tensor.fill_(): value must be a number or a 0-d tensor, given "
                          f"shape {value.shape}")
     return setitem(x, Ellipsis, value, "Tensor.fill_()")
@@ -203,7 +206,7 @@ def binary_(x: Tensor, name: str, other: Any, what: str) -> Tensor:
     """x <name>= other in place (other broadcast to x's shape; computed in x's dtype)."""
     check_inplace(x, what)
     v = _fit(_value(other, x, what), x.shape, what)
-    if isinstance(v, Tensor) and inplace.storage_of(v.data) is inplace.storage_of(x.data):
+    if isinstance(v, TensorBase) and inplace.storage_of(v.data) is inplace.storage_of(x.data):
         v = Clone.apply(v)  # x.mul_(x): the op must keep reading the old values
     return _rebind(x, InplaceBinary.apply(x, v, name=name), what)
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -14,46 +13,11 @@ import autograd as ag
 import gpuplan as gp
 from autograd.functions.attention import head_sharded_attention, split_heads
 from autograd.nn import functional as F
+from autograd.nn import gpt2_io
+from autograd.nn.gpt_config import ACTIVATION_APPROXIMATE, GPTConfig
 from autograd.nn.layers import GELU, Dropout, Embedding, LayerNorm, Linear
 from autograd.nn.module import Module, ModuleList
 from autograd.tensor import Tensor
-
-
-@dataclass(frozen=True)
-class GPTConfig:
-    """Model shape and options. ``n_embd`` must be divisible by ``n_head``."""
-
-    vocab_size: int
-    block_size: int
-    n_layer: int
-    n_head: int
-    n_embd: int
-    dropout: float = 0.0
-    #: dropout of the attention probabilities; None: ``dropout`` (nanoGPT's rule)
-    attn_dropout: float | None = None
-    bias: bool = True
-    tie_weights: bool = True
-    dtype: Any = np.float32
-    seed: int = 0
-    activation: str = "gelu"  # "gelu" (exact, erf) or "gelu_tanh" (GPT-2's tanh form)
-
-    def __post_init__(self) -> None:
-        for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
-            if int(getattr(self, name)) <= 0:
-                raise ValueError(f"GPTConfig: {name} must be > 0, given {getattr(self, name)}")
-        if self.n_embd % self.n_head:
-            raise ValueError(f"GPTConfig: n_embd ({self.n_embd}) must be divisible by n_head "
-                             f"({self.n_head})")
-        for name in ("dropout", "attn_dropout"):
-            p = getattr(self, name)
-            if p is not None and not 0.0 <= p <= 1.0:
-                raise ValueError(f"GPTConfig: {name} must lie in [0, 1], given {p}")
-        if self.activation not in _APPROXIMATE:
-            raise ValueError(f"GPTConfig: activation must be one of {sorted(_APPROXIMATE)}, "
-                             f"given {self.activation!r}")
-
-
-_APPROXIMATE = {"gelu": "none", "gelu_tanh": "tanh"}  # activation -> F.gelu's approximate
 
 
 class CausalSelfAttention(Module):
@@ -104,7 +68,7 @@ class MLP(Module):
     def __init__(self, cfg: GPTConfig) -> None:
         super().__init__()
         self.fc = Linear(cfg.n_embd, 4 * cfg.n_embd, bias=cfg.bias, dtype=cfg.dtype, seed=0)
-        self.act = GELU(approximate=_APPROXIMATE[cfg.activation])
+        self.act = GELU(approximate=ACTIVATION_APPROXIMATE[cfg.activation])
         self.proj = Linear(4 * cfg.n_embd, cfg.n_embd, bias=cfg.bias, dtype=cfg.dtype, seed=0)
         self.drop = Dropout(cfg.dropout)
 
@@ -210,17 +174,16 @@ class GPT(Module):
         ``activation="gelu_tanh"``), its weights. ``block_size`` (at most ``n_positions``)
         keeps the first rows of ``wpe``; ``overrides`` (``dropout``, ``dtype``, ``seed``)
         replace config fields. Options nn.GPT lacks raise ``gpt2_io.GPT2FormatError``."""
-        from autograd.nn.gpt2_io import load_gpt2
-
-        return load_gpt2(path, block_size, **overrides)
+        config, state = gpt2_io.load_gpt2(path, block_size, **overrides)
+        model = cls(config)
+        model.load_state_dict(state)
+        return model
 
     def save_pretrained_gpt2(self, path: str | os.PathLike) -> Path:
         """Write this model as a Hugging Face GPT-2 folder (``config.json`` with model_type
         gpt2 + ``model.safetensors``) that ``transformers.GPT2LMHeadModel.from_pretrained``
         loads; returns the folder. ``bias=False`` models raise (GPT-2 has biases)."""
-        from autograd.nn.gpt2_io import save_gpt2
-
-        return save_gpt2(self, path)
+        return gpt2_io.save_gpt2(self, path)
 
     def _init_weights(self) -> None:
         rng = np.random.default_rng(self.config.seed)

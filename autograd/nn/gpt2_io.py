@@ -27,10 +27,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from autograd import serialization
+from autograd.nn.gpt_config import GPTConfig
 from gpuplan.dtypes import as_dtype, bfloat16
 
 if TYPE_CHECKING:
-    from autograd.nn.gpt import GPT, GPTConfig
+    from autograd.nn.gpt import GPT
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -72,7 +73,6 @@ def config_from_gpt2(hf: dict[str, Any], where: str = "config.json", **overrides
                      ) -> GPTConfig:
     """The GPTConfig of a GPT-2 config.json's fields; GPT2FormatError for options nn.GPT
     does not have. `overrides` (block_size, dropout, dtype, seed) replace the derived ones."""
-    from autograd.nn.gpt import GPTConfig
 
     def bad(field: str, expected: str) -> GPT2FormatError:
         return GPT2FormatError(f"{where}: {field} {hf.get(field)!r} is not supported by "
@@ -231,10 +231,10 @@ def state_to_gpt2(state: dict[str, np.ndarray], config: GPTConfig) -> dict[str, 
     return out
 
 
-def load_gpt2(path: str | os.PathLike, block_size: int | None = None, **overrides: Any) -> GPT:
-    """nn.GPT holding the weights of the GPT-2 folder `path` (see `GPT.from_pretrained_gpt2`)."""
-    from autograd.nn.gpt import GPT
-
+def load_gpt2(path: str | os.PathLike, block_size: int | None = None, **overrides: Any
+              ) -> tuple[GPTConfig, dict[str, np.ndarray]]:
+    """(config, nn.GPT state dict) of the GPT-2 folder `path` (see
+    `GPT.from_pretrained_gpt2`, which builds the model)."""
     hf, tensors = read_gpt2_folder(path)
     positions = int(hf.get("n_positions", hf.get("n_ctx", 1024)))
     if block_size is not None and not 0 < int(block_size) <= positions:
@@ -243,10 +243,7 @@ def load_gpt2(path: str | os.PathLike, block_size: int | None = None, **override
     if block_size is not None:
         overrides["block_size"] = int(block_size)
     config = config_from_gpt2(hf, str(Path(path) / CONFIG_FILE), **overrides)
-    state = state_from_gpt2(tensors, config, str(Path(path) / WEIGHTS_FILE), crop=True)
-    model = GPT(config)
-    model.load_state_dict(state)
-    return model
+    return config, state_from_gpt2(tensors, config, str(Path(path) / WEIGHTS_FILE), crop=True)
 
 
 def save_gpt2(model: GPT, path: str | os.PathLike) -> Path:

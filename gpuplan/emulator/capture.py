@@ -58,9 +58,6 @@ def begin() -> Capture:
     if _ACTIVE is not None:
         raise GraphCaptureError("emulated stream: begin_capture while a capture is in "
                                 "progress (end_capture first)")
-    from gpuplan.emulator import array
-
-    array.set_capture_hooks(True)
     _ACTIVE = Capture()
     return _ACTIVE
 
@@ -70,9 +67,6 @@ def end() -> Capture:
     cap, _ACTIVE = _ACTIVE, None
     if cap is None:
         raise GraphCaptureError("emulated stream: end_capture without begin_capture")
-    from gpuplan.emulator import array
-
-    array.set_capture_hooks(False)
     return cap
 
 

@@ -6,10 +6,15 @@ each wait mode, on the same data.
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 
+from dist import mpi_wait
 from dist.communicator import Communicator
+from gpuplan import launcher
+from gpuplan.errors import Unsupported
 
 mpi = pytest.mark.mpi
 
@@ -58,3 +63,42 @@ def test_polling_waits_match_spin_wait(world, mode):
     left = (world.rank - 1) % world.size
     np.testing.assert_array_equal(b[7], np.arange(12, dtype=np.float32).reshape(3, 4)
                                   * (left + 1) + left)
+
+
+# -- how a blocking call waits (one process, simulated environments) -----------------------
+
+
+def test_resolve_wait(monkeypatch):
+    monkeypatch.delenv(mpi_wait.ENV_WAIT, raising=False)
+    for mode in ("spin", "yield", "sleep"):
+        assert mpi_wait.resolve_wait(mode) == mode
+    for name in ("MPI_LOCALNRANKS", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "SLURM_STEP_NUM_TASKS"):
+        monkeypatch.delenv(name, raising=False)
+    assert mpi_wait.resolve_wait() == "spin"  # one process
+    monkeypatch.setenv("MPI_LOCALNRANKS", str(launcher.usable_cores() + 1))
+    assert mpi_wait.resolve_wait() == "yield"
+    monkeypatch.setenv(mpi_wait.ENV_WAIT, "spin")
+    assert mpi_wait.resolve_wait() == "spin"
+    monkeypatch.setenv(mpi_wait.ENV_WAIT, "nap")
+    with pytest.raises(Unsupported, match="GPUPLAN_MPI_WAIT"):
+        mpi_wait.resolve_wait()
+
+
+@pytest.mark.parametrize("mode", ["yield", "sleep"])
+def test_poll_until_returns_the_first_true_result(monkeypatch, mode):
+    results = iter([False, None, 0, "done"])
+    calls, yields = [], []
+    real_yield = mpi_wait.os.sched_yield
+    monkeypatch.setattr(mpi_wait.os, "sched_yield", lambda: (yields.append(1), real_yield()))
+
+    def test():
+        calls.append(time.perf_counter())
+        return next(results)
+
+    assert mpi_wait.poll_until(test, mode) == "done"
+    gaps = [b - a for a, b in zip(calls, calls[1:], strict=False)]
+    assert len(gaps) == 3
+    if mode == "yield":
+        assert len(yields) == 3
+    else:
+        assert not yields and min(gaps) >= mpi_wait._FIRST_PAUSE

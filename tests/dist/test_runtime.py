@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 import dist
+from dist import runtime
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -69,3 +70,24 @@ def test_exception_on_one_rank_aborts_the_job_instead_of_hanging(tmp_path):
     assert "boom on purpose" in proc.stderr
     assert "passed the barrier" not in proc.stdout
     assert elapsed < 30, f"abort took {elapsed:.1f} s"
+
+
+# -- the launch against the world MPI sees (simulated launcher environments) ---------------
+
+_HYDRA = {"PMI_RANK": "1", "PMI_SIZE": "4", "MPI_LOCALRANKID": "1", "MPI_LOCALNRANKS": "4"}
+_OPEN_MPI = {"OMPI_COMM_WORLD_RANK": "2", "OMPI_COMM_WORLD_SIZE": "8",
+             "OMPI_COMM_WORLD_LOCAL_RANK": "0", "OMPI_COMM_WORLD_LOCAL_SIZE": "4",
+             "PMIX_RANK": "2"}
+
+
+def test_mismatch_names_the_launcher_and_mpi4py_library():
+    line = runtime.launcher_mismatch(1, _OPEN_MPI, library="MPICH Version: 5.0.2")
+    assert line is not None and "\n" not in line
+    assert "Open MPI: OMPI_COMM_WORLD_SIZE=8" in line and "MPICH Version: 5.0.2" in line
+    assert "started 8 processes" in line
+    # The real library name when none is given (mpi4py's own).
+    assert runtime.mpi_library() in runtime.launcher_mismatch(1, _HYDRA)
+    assert runtime.launcher_mismatch(4, _HYDRA) is None          # launcher and MPI agree
+    assert runtime.launcher_mismatch(1, {}) is None             # no launcher: one process
+    assert runtime.launcher_mismatch(1, {"PMI_SIZE": "1"}) is None
+    assert runtime.launcher_mismatch(1, {"PMIX_RANK": "1"}) is None  # no size to compare

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from gpuplan import host_jit
+from gpuplan import host_jit, host_pool
 from gpuplan.host_math import erf, erf_float32, normal_cdf_f32
 
 _INV_SQRT_2PI = 0.39894228040143267794
@@ -149,3 +149,22 @@ def run_blocks32(fn: Any, inputs: tuple, out: np.ndarray) -> None:
 
     with np.errstate(over="ignore", invalid="ignore"):
         for_blocks(out.size, block)
+
+
+def run_map(name: str, inputs: tuple, out: np.ndarray) -> bool:
+    """The element-wise kernel `name` of gpuplan.host_kernels, kernel(*inputs, out), over flat
+    float32 arrays of one size (`takes`), split over the host threads in parts of at least
+    host_pool.GRAIN elements. Returns False, doing nothing, when the kernels are not loaded
+    or do not take an operand: the caller then runs its NumPy passes."""
+    if not host_jit.takes(out, *inputs):
+        return False
+    k = host_jit.kernels()
+    if k is None:
+        return False
+    kernel = getattr(k, name)
+
+    def part(lo: int, hi: int) -> None:
+        kernel(*(a[lo:hi] for a in inputs), out[lo:hi])
+
+    host_pool.parallel_for(out.size, part, host_pool.GRAIN)
+    return True

@@ -34,7 +34,6 @@ from gpuplan.dtypes import FLOAT_DTYPES, accumulator, as_dtype, cuda_name
 from gpuplan.dtypes import short_name as sn
 from gpuplan.errors import InvalidProblem, describe
 from gpuplan.execute import call
-from gpuplan.host_jit import run_map
 from gpuplan.host_pool import for_blocks
 from gpuplan.nvrtc import CudaModule, cdiv, launch
 from gpuplan.ops.activation import host as gelu_host
@@ -259,7 +258,7 @@ class UnaryPlan(_ActivationPlan):
 
     def _run_numpy(self, stream: Stream, ws: Workspace, args: Any) -> None:
         x, y, alpha, acc = args.x, args.y, self._scalars(args), self._acc
-        if self._act.jit and run_map(f"{self._act.jit}_forward", (x,), y):
+        if self._act.jit and gelu_host.run_map(f"{self._act.jit}_forward", (x,), y):
             return
         if self._act.forward32 is not None and acc == np.float32:
             _run_blocks32(self._act.forward32, (x,), y)
@@ -290,12 +289,12 @@ class UnaryBackwardPlan(_ActivationPlan):
         x, dy, dx, alpha, acc = args.x, args.dy, args.dx, self._scalars(args), self._acc
         y32, jit = self._act.backward_y32, self._act.jit
         if y32 is not None and args.y is not None and self.desc.dtype == np.float32:
-            if jit and run_map(f"{jit}_backward_y", (x, dy, args.y), dx):
+            if jit and gelu_host.run_map(f"{jit}_backward_y", (x, dy, args.y), dx):
                 return
             with np.errstate(divide="ignore"):
                 _run_blocks32(y32, (x, dy, args.y), dx)
             return
-        if jit and run_map(f"{jit}_backward", (x, dy), dx):
+        if jit and gelu_host.run_map(f"{jit}_backward", (x, dy), dx):
             return
         if self._act.backward32 is not None and acc == np.float32:
             _run_blocks32(self._act.backward32, (x, dy), dx)

@@ -1,4 +1,6 @@
-"""What the process launcher says: rank and size, ranks per node, cores, and MPI mismatches.
+"""What the process launcher says: rank and size, ranks per node, cores (stdlib only: the host
+backend sizes its thread pools by the ranks that share a node; dist.runtime compares the
+launch with the world MPI sees).
 
 Launchers tell each process its place through environment variables, before MPI starts:
 
@@ -123,26 +125,3 @@ def oversubscription_note(env: Mapping[str, str] | None = None,
     return (f"note: {n} ranks share {cores} core{'s' if cores != 1 else ''} on this node "
             f"({n / cores:.1f}x oversubscribed): ranks yield the core while they wait for MPI "
             f"(GPUPLAN_MPI_WAIT=auto), each runs 1 BLAS thread; one rank per core runs faster")
-
-
-def mpi_library() -> str:
-    """First line of the MPI library mpi4py is built on (MPI_Get_library_version)."""
-    from mpi4py import MPI
-
-    return " ".join(MPI.Get_library_version().strip().splitlines()[0].split())
-
-
-def mismatch(world_size: int, env: Mapping[str, str] | None = None,
-             library: str | None = None) -> str | None:
-    """The one-line error when the launcher started N > 1 processes but MPI sees a world of
-    `world_size` == 1 (launcher and mpi4py from different MPI libraries); else None."""
-    launch = detect(env)
-    if launch.size is None or launch.size <= 1 or world_size != 1:
-        return None
-    library = mpi_library() if library is None else library
-    return (f"the launcher ({launch.launcher}: {launch.size_var}={launch.size}) started "
-            f"{launch.size} processes, but mpi4py's MPI ({library}) sees a world of 1 rank in "
-            f"each: the launcher and mpi4py come from different MPI libraries, and every copy "
-            f"would train alone into the same --out; launch with the mpiexec of mpi4py's MPI "
-            f"(.venv/bin/mpiexec for the PyPI mpich) or build mpi4py against the launcher's MPI "
-            f"(pip install --no-binary mpi4py mpi4py)")
