@@ -20,7 +20,7 @@
 - thread budget: `thread_budget()` is the number of threads one host op may use at once (the
   NumPy SKUs split their heavy ops over it, gpuplan.host_pool): the BLAS pool's size as set
   above, so the BLAS and the other host ops share one budget per rank. The host GEMMs split
-  themselves over these threads too (gpuplan.host_pool.matmul), with the BLAS library on
+  themselves over these threads too (gpuplan.ops.gemm.host.matmul), with the BLAS library on
   its caller's thread meanwhile (`blas_on_caller`): the BLAS's own workers, which spin
   after each call, then never compete with the ops that follow. NumPy code of the user's
   still gets the BLAS pool as sized here.

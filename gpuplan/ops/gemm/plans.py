@@ -26,12 +26,13 @@ from typing import Any
 
 import numpy as np
 
-from gpuplan import backend, host_pool
+from gpuplan import backend
 from gpuplan.dtypes import FLOAT_DTYPES, HALF_DTYPES, accumulator, as_dtype, cuda_name, float64
 from gpuplan.dtypes import short_name as sn
 from gpuplan.errors import InvalidProblem, Unsupported, describe
 from gpuplan.execute import call
 from gpuplan.nvrtc import allow_dynamic_smem, cdiv, launch
+from gpuplan.ops.gemm import host as gemm_host
 from gpuplan.ops.gemm.sku import (
     EPILOGUE_MODULE,
     EPILOGUES,
@@ -211,18 +212,18 @@ class GemmPlan(Plan):
                 and beta == 0 and acc == np.float32 and args.preact.dtype == acc):
             # f32 with a saved pre-activation: BLAS writes it, then bias and the activation
             # run a cache-sized block at a time into C (the same roundings as below).
-            v = host_pool.matmul(a, b, args.preact)
+            v = gemm_host.matmul(a, b, args.preact)
             if alpha != 1:
                 v *= acc.type(alpha)
-            host_pool.bias_activation(act.forward32, v, args.bias if d.has_bias else None, args.c,
+            gemm_host.bias_activation(act.forward32, v, args.bias if d.has_bias else None, args.c,
                                       act.bias_forward32)
             return
         if beta == 0 and acc == args.c.dtype:
             # f32/f64: BLAS writes C directly, each thread scaling and adding the bias to
             # its part; the same roundings as below, no temporaries.
-            v = host_pool.matmul(a, b, args.c, alpha, args.bias if d.has_bias else None)
+            v = gemm_host.matmul(a, b, args.c, alpha, args.bias if d.has_bias else None)
         else:
-            v = host_pool.matmul(a, b, np.empty(args.c.shape, acc))
+            v = gemm_host.matmul(a, b, np.empty(args.c.shape, acc))
             if alpha != 1:
                 v *= acc.type(alpha)
             if beta != 0:

@@ -41,6 +41,7 @@ from gpuplan.ops.optimizer.common import (
     lowp_present,
     raise_overlap,
 )
+from gpuplan.resolve import Resolved
 from gpuplan.spec import REQUIRED, Extent, In, InOut, OpSpec, Out, Scalar, Shape
 from gpuplan.stream import Stream, Workspace, upload
 
@@ -319,7 +320,7 @@ class AdamWMultiTensorPlan(FusedStepPlan):
         one = OpSpec(self.op, fields=(), operands=[
             role(label, (n,), dtype=(dtype,)) for label, n in zip(labels, self._sizes,
                                                                    strict=True)])
-        one.resolve(self.op, None).check(SimpleNamespace(**dict(zip(labels, seq, strict=True))),
+        Resolved(self.op, one, None).check(SimpleNamespace(**dict(zip(labels, seq, strict=True))),
                                          self._stream)
 
     def _run_numpy(self, stream: Stream, ws: Workspace, args: Any) -> None:
