@@ -61,9 +61,9 @@ class CausalSelfAttention(Module):
 
 class MLP(Module):
     """``proj(gelu(x @ W_fc + b_fc))`` with hidden width ``4 C`` (exact GELU, or its tanh form
-    with ``config.activation == "gelu_tanh"``). With a dense ``fc`` (an
-    ``nn.Linear``) and a GELU, the activation runs in fc's GEMM epilogue
-    (`F.linear_gelu`); substituted layers (tensor-parallel ones) run fc, then act."""
+    with ``config.activation == "gelu_tanh"``). With ``config.fused_mlp`` the GELU runs in
+    fc's GEMM epilogue (``fc.forward_gelu``: `nn.Linear`'s, or a column-parallel layer's on
+    its shard); without it, or for an fc that has no fused form, fc then act."""
 
     def __init__(self, cfg: GPTConfig) -> None:
         super().__init__()
@@ -71,22 +71,21 @@ class MLP(Module):
         self.act = GELU(approximate=ACTIVATION_APPROXIMATE[cfg.activation])
         self.proj = Linear(4 * cfg.n_embd, cfg.n_embd, bias=cfg.bias, dtype=cfg.dtype, seed=0)
         self.drop = Dropout(cfg.dropout)
+        self.fused = bool(cfg.fused_mlp)
 
     def forward(self, x: Tensor) -> Tensor:
-        fc, act = self.fc, self.act
-        if type(fc) is Linear and type(act) is GELU:
-            h = F.linear_gelu(x, fc.weight, fc.bias, approximate=act.approximate)
-        else:
-            h = act(fc(x))
+        fused = getattr(self.fc, "forward_gelu", None) if self.fused else None
+        h = fused(x, self.act.approximate) if fused is not None else self.act(self.fc(x))
         return self.drop(self.proj(h))
 
 
 def add_norm(x: Tensor, residual: Tensor, norm: Module) -> tuple[Tensor, Tensor]:
-    """``(s, norm(s))`` with ``s = x + residual``: one plan (`F.residual_layer_norm`) when
-    ``norm`` is an ``nn.LayerNorm``, the two ops otherwise."""
-    if type(norm) is LayerNorm:
-        return F.residual_layer_norm(x, residual, norm.normalized_shape, norm.weight,
-                                     norm.bias, norm.eps)
+    """``(s, norm(s))`` with ``s = x + residual``: the norm's own fused form
+    (``forward_residual``: `nn.LayerNorm`'s is one plan, `F.residual_layer_norm`) where it has
+    one, the two ops otherwise."""
+    fused = getattr(norm, "forward_residual", None)
+    if fused is not None:
+        return fused(x, residual)
     s = x + residual
     return s, norm(s)
 
@@ -133,7 +132,58 @@ def _positions(T: int, device: str) -> Any:
     return pos
 
 
-class GPT(Module):
+class GPTLayers:
+    """The forward pass over a GPT's parts, for every model built of them: `nn.GPT`, and
+    `dist.ParallelGPT` (the same parts with parallel layers substituted, a pipeline stage's
+    share of them). It reads ``config``, ``wte``, ``wpe``, ``drop``, ``blocks``, ``ln_f`` and
+    ``head``; a stage without the first (last) layers never runs `embed` (`logits`).
+    """
+
+    config: GPTConfig
+
+    def embed(self, idx: Any) -> Tensor:
+        """``drop(wte[idx] + wpe[0:T])`` ``[B, T, C]`` for token ids ``idx [B, T]`` (int32 or
+        int64, array or Tensor)."""
+        idx = idx.data if isinstance(idx, Tensor) else idx
+        T = idx.shape[1]
+        if T > self.config.block_size:
+            raise ValueError(f"GPT: sequence length {T} exceeds block_size "
+                             f"{self.config.block_size}")
+        return self.drop(self.wte(idx) + self.wpe(_positions(T, gp.device_of(idx))))
+
+    def logits(self, x: Tensor, residual: Tensor | None = None) -> Tensor:
+        """``ln_f(x)`` projected on the vocabulary: ``head(ln_f(x))``, or with tied weights
+        (``head`` None) ``ln_f(x) @ wte.weight^T``; ``[B, T, C]`` -> ``[B, T, V]``. With
+        ``residual``, of ``x + residual`` (the add fused with ln_f, `add_norm`)."""
+        x = self.ln_f(x) if residual is None else add_norm(x, residual, self.ln_f)[1]
+        return x @ self.wte.weight.T if self.head is None else self.head(x)
+
+    def forward_stage(self, x: Any, first: bool = True, last: bool = True) -> Tensor:
+        """A contiguous part of the forward pass: `embed` first when ``first`` (``x`` is then
+        the token ids), every module of ``blocks`` in order, `logits` last when ``last``
+        (then the last block's output add runs with ln_f: ``logits(s, m)`` of its
+        `Block.residual_branches`). ``forward_stage(idx)`` is ``forward(idx)``.
+
+        Each block's output add ``s + m`` runs with the next block's ln_1 (or ln_f), one
+        `add_norm` (`F.residual_layer_norm`: the composed ops' bits in one pass, and one
+        gradient for both addends in backward); only a stage's last output is added alone.
+        A module of ``blocks`` without `Block.residual_branches` runs as ``block(x)``."""
+        if first:
+            x = self.embed(x)
+        pending = None  # m of the last block run: its output is x + pending, not yet added
+        for block in self.blocks:
+            if hasattr(block, "residual_branches"):
+                x, pending = block.residual_branches(x, pending)
+                continue
+            if pending is not None:
+                x, pending = x + pending, None
+            x = block(x)
+        if last:
+            return self.logits(x, pending)
+        return x if pending is None else x + pending
+
+
+class GPT(GPTLayers, Module):
     """``logits[B, T, V] = head(ln_f(blocks(wte[idx] + wpe[0:T])))``.
 
     Parameters (names Megatron-friendly): ``wte.weight [V, C]``, ``wpe.weight [block, C]``,
@@ -199,47 +249,6 @@ class GPT(Module):
             else:
                 values = rng.normal(0.0, 0.02, p.shape)
             p.data[...] = gp.to_device(values.astype(p.dtype), p.device)
-
-    def embed(self, idx: Any) -> Tensor:
-        """``drop(wte[idx] + wpe[0:T])`` ``[B, T, C]`` for token ids ``idx [B, T]`` (int32 or
-        int64, array or Tensor)."""
-        idx = idx.data if isinstance(idx, Tensor) else idx
-        T = idx.shape[1]
-        if T > self.config.block_size:
-            raise ValueError(f"GPT: sequence length {T} exceeds block_size "
-                             f"{self.config.block_size}")
-        return self.drop(self.wte(idx) + self.wpe(_positions(T, gp.device_of(idx))))
-
-    def logits(self, x: Tensor, residual: Tensor | None = None) -> Tensor:
-        """``ln_f(x)`` projected on the vocabulary: ``head(ln_f(x))``, or with tied weights
-        (``head`` None) ``ln_f(x) @ wte.weight^T``; ``[B, T, C]`` -> ``[B, T, V]``. With
-        ``residual``, of ``x + residual`` (the add fused with ln_f, `add_norm`)."""
-        x = self.ln_f(x) if residual is None else add_norm(x, residual, self.ln_f)[1]
-        return x @ self.wte.weight.T if self.head is None else self.head(x)
-
-    def forward_stage(self, x: Any, first: bool = True, last: bool = True) -> Tensor:
-        """A contiguous part of the forward pass: `embed` first when ``first`` (``x`` is then
-        the token ids), every module of ``blocks`` in order, `logits` last when ``last``
-        (then the last block's output add runs with ln_f: ``logits(s, m)`` of its
-        `Block.residual_branches`). ``forward_stage(idx)`` is ``forward(idx)``.
-
-        Each block's output add ``s + m`` runs with the next block's ln_1 (or ln_f), one
-        `add_norm` (`F.residual_layer_norm`: the composed ops' bits in one pass, and one
-        gradient for both addends in backward); only a stage's last output is added alone.
-        A module of ``blocks`` without `Block.residual_branches` runs as ``block(x)``."""
-        if first:
-            x = self.embed(x)
-        pending = None  # m of the last block run: its output is x + pending, not yet added
-        for block in self.blocks:
-            if hasattr(block, "residual_branches"):
-                x, pending = block.residual_branches(x, pending)
-                continue
-            if pending is not None:
-                x, pending = x + pending, None
-            x = block(x)
-        if last:
-            return self.logits(x, pending)
-        return x if pending is None else x + pending
 
     def forward(self, idx: Any, targets: Any = None) -> Tensor | tuple[Tensor, Tensor]:
         """``idx [B, T]`` int32/int64 (array or Tensor) -> logits ``[B, T, V]``; with

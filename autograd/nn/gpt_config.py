@@ -28,6 +28,8 @@ class GPTConfig:
     dtype: Any = np.float32
     seed: int = 0
     activation: str = "gelu"  # "gelu" (exact, erf) or "gelu_tanh" (GPT-2's tanh form)
+    #: the MLP's GELU in its first Linear's GEMM epilogue (dense and tensor-parallel alike)
+    fused_mlp: bool = True
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):

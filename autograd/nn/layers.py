@@ -56,6 +56,10 @@ class Linear(Module):
     def forward(self, x: Any) -> Any:
         return F.linear(x, self.weight, self.bias)
 
+    def forward_gelu(self, x: Any, approximate: str = "none") -> Any:
+        """``gelu(self(x), approximate)`` with the activation in the GEMM's epilogue."""
+        return F.linear_gelu(x, self.weight, self.bias, approximate=approximate)
+
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
                 f"bias={self.bias is not None}")
@@ -114,6 +118,11 @@ class LayerNorm(Module):
 
     def forward(self, x: Any) -> Any:
         return F.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
+
+    def forward_residual(self, x: Any, residual: Any) -> tuple[Any, Any]:
+        """``(s, self(s))`` with ``s = x + residual``, in one plan (`F.residual_layer_norm`)."""
+        return F.residual_layer_norm(x, residual, self.normalized_shape, self.weight,
+                                     self.bias, self.eps)
 
     def extra_repr(self) -> str:
         return f"{self.normalized_shape}, eps={self.eps}"

@@ -1,4 +1,5 @@
-"""A tensor- and pipeline-parallel GPT: `nn.GPT` with parallel layers substituted.
+"""A tensor- and pipeline-parallel GPT: the parts of `nn.GPT` with parallel layers substituted,
+run by the same forward (`nn.gpt.GPTLayers`).
 
 Layout (Megatron-LM style), for a tensor-parallel group of size ``t`` and ``p`` stages:
 
@@ -14,7 +15,7 @@ Layout (Megatron-LM style), for a tensor-parallel group of size ``t`` and ``p`` 
   columns, fed to `vocab_parallel_cross_entropy` so the ``[N, V]`` logits are never gathered;
 * pipeline: stage ``s`` keeps blocks ``[s*L/p, (s+1)*L/p)`` under their dense names
   ``blocks.{i}``, the first stage also the embeddings, the last also ``ln_f`` and the head,
-  and runs them with `nn.GPT.forward_stage`. With tied weights and ``p > 1`` the last
+  and runs them with `GPTLayers.forward_stage`. With tied weights and ``p > 1`` the last
   stage's head holds a copy of the ``wte`` shard; after each backward the two copies'
   gradients are summed by an all-reduce over {first, last} stage, so both see the dense
   gradient and stay equal.
@@ -38,7 +39,7 @@ import numpy as np
 import gpuplan as gp
 from autograd.nn import GPT, GPTConfig, Linear, Module, ModuleList, Parameter
 from autograd.nn import functional as F
-from autograd.nn.gpt import Block
+from autograd.nn.gpt import Block, GPTLayers
 from autograd.tensor import Tensor
 from dist.communicator import Communicator
 from dist.data_parallel import allreduce_gradients, average_over
@@ -168,16 +169,16 @@ def _shard_spec(name: str, owner: Module, config: GPTConfig) -> ShardSpec:
     return ShardSpec(name)
 
 
-class ParallelGPT(GPT):
-    """`nn.GPT` with tensor-parallel layers and its blocks split into pipeline stages,
-    data-parallel on top.
+class ParallelGPT(GPTLayers, Module):
+    """The parts of `nn.GPT` with tensor-parallel layers substituted and its blocks split into
+    pipeline stages, data-parallel on top; run by nn.GPT's own forward (`GPTLayers`).
 
     ``ParallelGPT(config, mesh)`` (or ``tp=``/``pp=``/``dp=`` communicators; None = size
-    1) builds the dense `nn.GPT` from ``config.seed`` on the host, substitutes this rank's
-    parallel layers (exact shards) and keeps this rank's stage, so any layout holds exactly
-    the single-process model's weights. Parameter names are the dense ones (the last stage's
-    copy of a tied embedding is ``head.weight``); each parameter's ``shard_spec`` says where
-    it sits in the dense model.
+    1) builds the dense `nn.GPT` from ``config.seed`` on the host and holds this rank's
+    stage of its parts, with this rank's parallel layers (exact shards) substituted, so any
+    layout holds exactly the single-process model's weights. Parameter names are the dense
+    ones (the last stage's copy of a tied embedding is ``head.weight``); each parameter's
+    ``shard_spec`` says where it sits in the dense model.
 
     * ``forward(idx)``: logits ``[B, T, V_r]`` (this TP rank's vocabulary block) on the last
       stage's ranks, None on the others.
@@ -203,13 +204,14 @@ class ParallelGPT(GPT):
         _divisible("n_head", config.n_head, 1 if tp is None else tp.size,
                    "tensor-parallel size")
         _divisible("n_layer", config.n_layer, num_stages, "pipeline size")
-        super().__init__(config)  # the dense model, drawn from config.seed on the host
+        super().__init__()
+        self.config = config
         self.tp_comm, self.pp_comm, self.dp_comm = tp, pp, dp
         self.tp_config = TensorParallelConfig(comm=tp)
         self.device = device
         self.num_stages = num_stages
         self.stage_index = 0 if pp is None else pp.rank
-        self._substitute_parallel_layers()
+        self._hold_stage(GPT(config))  # the dense model, drawn from config.seed on the host
         self.tied_comm = self._tied_group()
         modules = dict(self.named_modules())
         for name, p in self.named_parameters():
@@ -222,28 +224,25 @@ class ParallelGPT(GPT):
         if device != "cpu" or dtype is not None:
             self.to(device=device, dtype=dtype)  # in place: the shard specs stay
 
-    def _substitute_parallel_layers(self) -> None:
-        """Shard the dense layers for this TP rank; drop the modules of other stages."""
+    def _hold_stage(self, dense: GPT) -> None:
+        """Hold this rank's stage of `dense`'s parts under their dense names (in the dense
+        order), its layers sharded for this TP rank."""
         cfg, tp = self.config, self.tp_config
+        first, last = self.is_first_stage, self.is_last_stage
+        wte = (VocabParallelEmbedding.from_dense(dense.wte, config=tp)
+               if first or (last and cfg.tie_weights) else None)
+        if first:
+            self.wte, self.wpe, self.drop = wte, dense.wpe, dense.drop
         per = cfg.n_layer // self.num_stages
         blocks = ModuleList()
         for i in range(self.stage_index * per, (self.stage_index + 1) * per):
-            _shard_block(self.blocks[i], cfg, tp)
-            blocks.add_module(str(i), self.blocks[i])  # keeps the dense name blocks.{i}
+            _shard_block(dense.blocks[i], cfg, tp)
+            blocks.add_module(str(i), dense.blocks[i])  # keeps the dense name blocks.{i}
         self.blocks = blocks
-        first, last = self.is_first_stage, self.is_last_stage
-        wte = (VocabParallelEmbedding.from_dense(self.wte, config=tp)
-               if first or (last and cfg.tie_weights) else None)
-        if first:
-            self.wte = wte
-        else:
-            del self.wte, self.wpe, self.drop
-        if not last:
-            del self.ln_f, self.head
-        elif cfg.tie_weights:
-            self.head = VocabParallelHead.tied_to(wte, share=first)
-        else:
-            self.head = VocabParallelHead.from_dense(self.head, tp)
+        if last:
+            self.ln_f = dense.ln_f
+            self.head = (VocabParallelHead.tied_to(wte, share=first) if cfg.tie_weights
+                         else VocabParallelHead.from_dense(dense.head, tp))
 
     def _tied_group(self) -> Communicator | None:
         """The {first, last} stage group that sums the tied embedding copies' gradients
@@ -297,15 +296,6 @@ class ParallelGPT(GPT):
     def input_array(self, x: Any) -> Any:
         """Token ids (host or device array, or Tensor) as an array on the model's device."""
         return gp.to_device(x.data if isinstance(x, Tensor) else x, self.device)
-
-    def loss(self, idx: Any, targets: Any) -> Tensor:
-        raise NotImplementedError("ParallelGPT: use train_step, or dist.evaluate for the loss "
-                                  "without gradients")
-
-    def generate(self, idx: Any, max_new_tokens: int, temperature: float = 1.0,
-                 top_k: int | None = None, seed: int | None = None) -> Any:
-        raise NotImplementedError("ParallelGPT: sample from the dense model, e.g. nn.GPT "
-                                  "loaded with dist.gather_dense_state_dict")
 
 
 def _unbuilt() -> Module:  # pragma: no cover - never called: other ranks' stages

@@ -138,11 +138,23 @@ class ColumnParallelLinear(_ParallelLinear):
         return weight[:, cols], None if bias is None else bias.data[cols]
 
     def forward(self, x: Tensor) -> Tensor:
+        y = F.linear(self._enter(x), self.weight, self.bias)
+        return self._leave(y)
+
+    def forward_gelu(self, x: Tensor, approximate: str = "none") -> Tensor:
+        """``gelu(self(x), approximate)`` with the activation in the GEMM's epilogue on this
+        rank's column block (GELU is elementwise: it commutes with the split and the gather)."""
+        y = F.linear_gelu(self._enter(x), self.weight, self.bias, approximate=approximate)
+        return self._leave(y)
+
+    def _enter(self, x: Tensor) -> Tensor:
+        """The input as this rank's GEMM takes it: all-gathered along the sequence (sequence
+        parallel), else the identity whose backward all-reduces dX."""
         if self.config.reduce_scatter_output:
-            x = gather_from_sequence_parallel_region(x, self.comm)
-        else:
-            x = copy_to_tensor_parallel_region(x, self.comm)
-        y = F.linear(x, self.weight, self.bias)
+            return gather_from_sequence_parallel_region(x, self.comm)
+        return copy_to_tensor_parallel_region(x, self.comm)
+
+    def _leave(self, y: Tensor) -> Tensor:
         return gather_from_tensor_parallel_region(y, self.comm) if self.gather_output else y
 
     def extra_repr(self) -> str:

@@ -383,7 +383,8 @@ def test_generate_sampling_is_seeded():
 
 def test_mlp_fuses_gelu_into_fc_unless_fc_is_substituted(monkeypatch):
     """A dense fc + GELU runs as one F.linear_gelu (the activation in the GEMM epilogue),
-    with the composed path's values; any other fc (a parallel layer) runs fc, then act."""
+    with the composed path's values; an fc without a fused form (`forward_gelu`), or
+    ``fused_mlp=False``, runs fc, then act."""
     from autograd.nn import functional as F
 
     cfg = nn.GPTConfig(**SMALL, dtype=np.float64, seed=4)
@@ -405,8 +406,12 @@ def test_mlp_fuses_gelu_into_fc_unless_fc_is_substituted(monkeypatch):
         def forward(self, t):
             return self.inner(t)
 
-    mlp.fc = Wrapped(mlp.fc)
+    fc = mlp.fc
+    mlp.fc = Wrapped(fc)
     np.testing.assert_allclose(host(mlp(x)), want, rtol=1e-14, atol=1e-15)
+    assert len(calls) == 1
+    unfused = nn.GPT(nn.GPTConfig(**SMALL, dtype=np.float64, seed=4, fused_mlp=False))
+    np.testing.assert_allclose(host(unfused.blocks[0].mlp(x)), want, rtol=1e-14, atol=1e-15)
     assert len(calls) == 1
 
 

@@ -61,11 +61,35 @@ def test_single_process_matches_dense_gpt(micro):
     x, y = batch()
     dense, loss, _ = dense_reference(cfg, x, y)
     pg = ParallelGPT(cfg, num_micro_batches=micro)
-    assert isinstance(pg, nn.GPT)  # the dense model with parallel layers substituted
+    # The dense model's parts with parallel layers substituted (composition, no subclass).
+    assert not isinstance(pg, nn.GPT) and all(isinstance(b, nn.Block) for b in pg.blocks)
+    assert isinstance(pg.blocks[0].mlp.fc, dist.ColumnParallelLinear)
     assert [n for n, _ in pg.named_parameters()] == [n for n, _ in dense.named_parameters()]
     assert abs(pg.train_step(x, y) - loss) <= 1e-12 * abs(loss)
     assert check_against_dense(pg, dense) == len(list(dense.parameters()))
     assert abs(dist.evaluate(pg, x, y) - loss) <= 1e-12 * abs(loss)
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_fused_mlp_is_a_model_option_dense_and_parallel_alike(monkeypatch, fused):
+    """config.fused_mlp runs each MLP's GELU in its fc GEMM's epilogue in nn.GPT and in
+    ParallelGPT (on the column-parallel shard), or fc then GELU in both; the values agree."""
+    from autograd.functions.matmul import LinearGelu
+
+    calls = []
+    real = LinearGelu.apply
+    monkeypatch.setattr(LinearGelu, "apply", lambda *a, **k: (calls.append(1), real(*a, **k))[1])
+    cfg = nn.GPTConfig(**CFG, fused_mlp=fused)
+    x, y = batch()
+    dense, loss, _ = dense_reference(cfg, x, y)
+    assert len(calls) == (cfg.n_layer if fused else 0)
+    calls.clear()
+    pg = ParallelGPT(cfg)
+    assert abs(pg.train_step(x, y) - loss) <= 1e-12 * abs(loss)
+    assert len(calls) == (cfg.n_layer if fused else 0)
+    assert check_against_dense(pg, dense) == len(list(dense.parameters()))
+    other, other_loss, _ = dense_reference(nn.GPTConfig(**CFG, fused_mlp=not fused), x, y)
+    assert abs(other_loss - loss) <= 1e-12 * abs(loss)
 
 
 def test_untied_head_and_consolidation_round_trip():
