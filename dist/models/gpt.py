@@ -40,11 +40,12 @@ import gpuplan as gp
 from autograd.nn import GPT, GPTConfig, Linear, Module, ModuleList, Parameter
 from autograd.nn import functional as F
 from autograd.nn.gpt import Block, GPTLayers
+from autograd.tape import Tape
 from autograd.tensor import Tensor
 from dist.communicator import Communicator
 from dist.data_parallel import allreduce_gradients, average_over
 from dist.models.sharding import ShardSpec
-from dist.pipeline.runner import PipelineParallel
+from dist.pipeline.runner import PipelineParallel, split_rows
 from dist.tensor_parallel.layers import (
     ColumnParallelLinear,
     RowParallelLinear,
@@ -276,10 +277,29 @@ class ParallelGPT(GPTLayers, Module):
                                             self.tp_config)
 
     def train_step(self, idx: Any, targets: Any) -> float:
-        loss = self.pipe.train_step(self.input_array(idx), self.input_array(targets),
-                                    self.loss_fn)
+        idx, targets = self.input_array(idx), self.input_array(targets)
+        if self.num_stages == 1:
+            loss = self._accumulate_micro_batches(idx, targets)
+        else:
+            loss = self.pipe.train_step(idx, targets, self.loss_fn)
         self.finish_gradients()
         return average_over(self.dp_comm, loss)
+
+    def _accumulate_micro_batches(self, idx: Any, targets: Any) -> float:
+        """One stage: forward and backward of each micro-batch in turn (what the pipeline
+        runner's schedules do with one stage, without its machinery); ``.grad`` accumulates
+        the gradient of the mean micro-batch loss, which is returned."""
+        n = self.pipe.num_micro_batches
+        losses = []
+        for x, y in zip(split_rows(idx, n, "x"), split_rows(targets, n, "target"),
+                        strict=True):
+            with Tape() as tape:
+                loss = self.loss_fn(self.forward_stage(x), y)
+                losses.append(float(loss.item()))
+                scaled = loss * (1.0 / n)
+            if scaled._node is not None:
+                tape.backward(scaled)
+        return float(np.mean(losses))
 
     def finish_gradients(self) -> None:
         """Sum the tied embedding copies' gradients, then average over data parallel."""

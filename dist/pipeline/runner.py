@@ -67,7 +67,7 @@ class _MpiTransport:
         self.pending = []
 
 
-def _split_rows(a: Any, parts: int, what: str) -> list[Any]:
+def split_rows(a: Any, parts: int, what: str) -> list[Any]:
     """`parts` contiguous row blocks of a (sizes differ by at most one)."""
     n = a.shape[0]
     if n < parts:
@@ -226,7 +226,7 @@ class PipelineParallel(Module):
         if self.comm is None:
             # One process: differentiable split / run / concatenate (the seed behaviour).
             xs = (ag.chunk(x, self.num_micro_batches, 0) if isinstance(x, Tensor) else
-                  [Tensor(p) for p in _split_rows(x, self.num_micro_batches, "x")])
+                  [Tensor(p) for p in split_rows(x, self.num_micro_batches, "x")])
             outs = []
             for part in xs:
                 for i in range(self._num_stages):
@@ -253,10 +253,10 @@ class PipelineParallel(Module):
     def _execute(self, x: Any, target: Any, loss_fn: Callable | None) -> dict[int, _StageRun]:
         m_total = self.num_micro_batches
         owned = sorted(self._local)
-        inputs = _split_rows(_data(x), m_total, "x") if 0 in owned else []
+        inputs = split_rows(_data(x), m_total, "x") if 0 in owned else []
         targets = None
         if loss_fn is not None and self.last_rank in owned:
-            targets = _split_rows(_data(target), m_total, "target")
+            targets = split_rows(_data(target), m_total, "target")
         schedule = self._schedule(self._num_stages, m_total)
         if loss_fn is None:
             keep = ("recv_act", "forward", "send_act")
