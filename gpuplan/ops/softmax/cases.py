@@ -1,25 +1,19 @@
 """Softmax / log-softmax forward and backward (scale, causal mask) on the emulated device,
-warp-per-row (dim <= 1024) and block-per-row variants, against the family's NumPy
-implementation run in float64 on the same rounded inputs."""
+warp-per-row (dim <= 1024) and block-per-row variants, against the family's float64
+reference (gpuplan.ops.softmax.reference) on the same rounded inputs."""
 
 from __future__ import annotations
 
 import numpy as np
 
 import gpuplan as gp
-from gpuplan.testing import (
-    DTYPES,
-    Case,
-    check,
-    dtype_id,
-    emu,
-    f64,
-    random,
-    run_emulated,
-    run_reference,
+from gpuplan.ops.softmax.reference import (
+    causal_mask,
+    softmax_backward_reference,
+    softmax_reference,
 )
+from gpuplan.testing import DTYPES, Case, check, dtype_id, emu, f64, random, run_emulated
 
-F64 = np.float64
 # (rows, dim, causal q_len or 0, variant): plain and causal rows of both variants; (2, 6, 3)
 # has queries with every key masked (Lq > Lk: all 0 / all -inf rows).
 FORWARD = [(1, 1, 0, "warp_row"), (7, 33, 0, "warp_row"), (12, 3, 6, "warp_row"),
@@ -39,9 +33,7 @@ def forward(dtype, rows, dim, q_len, variant, log: bool) -> None:
     plan = run_emulated(plan_cls, gp.SoftmaxDescriptor(rows, dim, 0.7, causal, q_len, dtype),
                         gp.SoftmaxArgs(emu(x), y))
     assert plan.sku().variant == variant, plan.sku()
-    ref = np.zeros((rows, dim))
-    run_reference(plan_cls, gp.SoftmaxDescriptor(rows, dim, 0.7, causal, q_len, F64),
-                  gp.SoftmaxArgs(f64(x), ref))
+    ref = softmax_reference(x, 0.7, causal_mask(rows, q_len, dim) if causal else None, log)
     # Masked positions (and fully masked rows) must be exactly 0 / -inf: assert_allclose
     # requires infinities at the same places with the same sign.
     masked = np.isneginf(ref) if log else ref == 0
@@ -55,23 +47,17 @@ def forward(dtype, rows, dim, q_len, variant, log: bool) -> None:
 def backward(dtype, rows, dim, q_len, variant, log: bool) -> None:
     x = random((rows, dim), dtype, seed=3, low=-3, high=3)
     dy = random((rows, dim), dtype, seed=4)
-    fwd_cls = gp.LogSoftmaxPlan if log else gp.SoftmaxPlan
-    y64 = np.zeros((rows, dim))
-    run_reference(fwd_cls, gp.SoftmaxDescriptor(rows, dim, 0.5, q_len > 0, q_len, F64),
-                  gp.SoftmaxArgs(f64(x), y64))
-    y = y64.astype(dtype)  # the forward output as a caller holds it; both runs get these bits
+    mask = causal_mask(rows, q_len, dim) if q_len else None
+    # The forward output as a caller holds it: the kernel and the reference get these bits.
+    y = softmax_reference(x, 0.5, mask, log).astype(dtype)
     plan_cls = gp.LogSoftmaxBackwardPlan if log else gp.SoftmaxBackwardPlan
     dx = emu(np.full((rows, dim), 7, dtype))
     desc = gp.SoftmaxDescriptor(rows, dim, 0.5, q_len > 0, q_len, dtype)
     plan = run_emulated(plan_cls, desc, gp.SoftmaxBackwardArgs(emu(y), emu(dy), dx))
     assert plan.sku().variant == variant, plan.sku()
-    ref = np.zeros((rows, dim))
-    run_reference(plan_cls, gp.SoftmaxDescriptor(rows, dim, 0.5, q_len > 0, q_len, F64),
-                  gp.SoftmaxBackwardArgs(f64(y), f64(dy), ref))
+    ref = softmax_backward_reference(y, dy, 0.5, log, mask)
     if q_len:  # masked positions (j > i + dim - q_len for query i) get exactly 0
-        i = np.arange(rows) % q_len
-        masked = np.arange(dim)[None, :] > (i + dim - q_len)[:, None]
-        np.testing.assert_array_equal(f64(dx)[masked], 0.0,
+        np.testing.assert_array_equal(f64(dx)[mask], 0.0,
                                       err_msg=f"{plan_cls.op} masked [{dtype_id(dtype)}]")
     check(dx, ref, dtype, f"{plan_cls.op} {'causal ' if q_len else ''}dx",
           scale=8.0 if log else 4.0)

@@ -7,6 +7,11 @@ import pytest
 
 import autograd as ag
 import gpuplan as gp
+from gpuplan.ops.softmax.reference import (
+    causal_mask,
+    softmax_backward_reference,
+    softmax_reference,
+)
 from gpuplan.spec_check import check_plan
 from gpuplan.testing import assert_close, assert_rejected, f64, on, random, run_plan, stream_for
 from tests.plan_testing import DTYPES
@@ -15,40 +20,14 @@ from tests.plan_testing import DTYPES
 SHAPES = [(1, 1), (7, 33), (5, 1024), (6, 1025), (2, 50257)]
 
 
-def causal_mask(rows, q_len, k_len):
-    """True where masked: row r is query i = r % q_len, masked when j > i + (Lk - Lq)."""
-    i = np.arange(rows) % q_len
-    return np.arange(k_len)[None, :] > (i + k_len - q_len)[:, None]
-
-
-def ref_softmax(x, scale=1.0, mask=None, log=False, axis=-1):
-    """The family's float64 reference: (log-)softmax(scale * x) along `axis`; `mask` (True
-    where masked, broadcast against x) gives 0 (log: -inf), also over fully masked rows."""
-    z = f64(x) * scale
-    if mask is not None:
-        z = np.where(mask, -np.inf, z)
-    z = np.moveaxis(z, axis, -1)
-    rows = z.reshape(-1, z.shape[-1])
-    out = np.zeros_like(rows) if not log else np.full_like(rows, -np.inf)
-    for r in range(rows.shape[0]):
-        keep = np.isfinite(rows[r])
-        if not keep.any():
-            continue
-        zr = rows[r, keep]
-        lse = np.log(np.sum(np.exp(zr - zr.max()))) + zr.max()
-        out[r, keep] = zr - lse if log else np.exp(zr - lse)
-    return np.moveaxis(out.reshape(z.shape), -1, axis)
+# The family's float64 reference under the names other tests import.
+ref_softmax = softmax_reference
 
 
 def ref_backward(x, dy, scale=1.0, log=False, mask=None):
     """Vector-Jacobian product of ref_softmax at x [rows, dim] (checked by gradcheck below):
-    softmax dx = scale * p * (dy - sum(dy * p)), log-softmax dx = scale * (dy - p * sum(dy)),
-    sums over the unmasked positions, masked dx = 0."""
-    p = ref_softmax(x, scale, mask)
-    dy = f64(dy) if mask is None else np.where(mask, 0.0, f64(dy))
-    if log:
-        return scale * (dy - p * dy.sum(axis=1, keepdims=True))
-    return scale * p * (dy - (dy * p).sum(axis=1, keepdims=True))
+    the reference backward from the exact forward output."""
+    return softmax_backward_reference(ref_softmax(x, scale, mask, log), dy, scale, log, mask)
 
 
 class _Reference(ag.Function):
@@ -235,15 +214,14 @@ def test_functional_api(device, dtype):
     dy = on(device, random(x.shape, dtype, seed=6))
     dx = gp.functional.softmax_backward(y, dy, scale=0.5)
     yd, dyd = f64(y), f64(dy)
-    assert_close(dx, 0.5 * yd * (dyd - (dyd * yd).sum(-1, keepdims=True)), dtype, scale=4)
+    assert_close(dx, softmax_backward_reference(yd, dyd, 0.5), dtype, scale=4)
     assert np.all(f64(dx).reshape(30, 8)[mask] == 0)
     cdx = gp.functional.softmax_backward(y, dy, scale=0.5, causal=True)
     assert_close(cdx, f64(dx), dtype, scale=4)  # masked y = 0: the mask changes nothing
     ly = gp.functional.log_softmax(x)
     assert_close(ly.reshape(30, 8), ref_softmax(f64(x).reshape(30, 8), log=True), dtype, scale=4)
     ldx = gp.functional.log_softmax_backward(ly, dy)
-    lyd = f64(ly)
-    assert_close(ldx, dyd - np.exp(lyd) * dyd.sum(-1, keepdims=True), dtype, scale=4)
+    assert_close(ldx, softmax_backward_reference(ly, dyd, log=True), dtype, scale=4)
 
 
 @pytest.mark.gpu
