@@ -1,5 +1,6 @@
 """Select kernels on the emulated device (where with broadcasting, tril and triu, every
-dtype the family has) against the family's NumPy implementation: exact, values are copied.
+dtype the family has) against the family's reference (gpuplan.ops.select.reference): exact,
+values are copied.
 
 Shapes are small and odd; the where cases cover same-shape (one collapsed dim), a 0-d fill
 value (masked_fill) and three-way broadcasting.
@@ -11,7 +12,8 @@ import numpy as np
 
 import gpuplan as gp
 from gpuplan.ops.select.plans import SELECT_DTYPES
-from gpuplan.testing import Case, dtype_id, emu, host, random, run_emulated, run_reference
+from gpuplan.ops.select.reference import triangle_reference, where_reference
+from gpuplan.testing import Case, dtype_id, emu, host, random, run_emulated
 
 _WHERE = (((37,), (37,), (37,)), ((5, 1), (), (3, 5, 4)), ((2, 3, 1), (4,), (3, 1)))
 
@@ -31,8 +33,7 @@ def where(dtype, cs: tuple, as_: tuple, bs: tuple) -> None:
     desc = gp.WhereDescriptor(cs, as_, bs, dtype)
     out = emu(np.zeros(desc.out_shape(), dtype))
     run_emulated(gp.WherePlan, desc, gp.WhereArgs(emu(cond), emu(a), emu(b), out))
-    ref = np.zeros(desc.out_shape(), dtype)
-    run_reference(gp.WherePlan, desc, gp.WhereArgs(cond, a, b, ref))
+    ref = where_reference(cond, a, b)
     np.testing.assert_array_equal(host(out), ref, err_msg=f"where {cs} {as_} {bs}")
 
 
@@ -41,8 +42,7 @@ def triangle(dtype, part: str, shape: tuple, k: int) -> None:
     y = emu(np.ones(shape, dtype))
     desc = gp.TriangleDescriptor(part, *shape, k, dtype)
     run_emulated(gp.TrianglePlan, desc, gp.TriangleArgs(emu(x), y))
-    ref = np.ones(shape, dtype)
-    run_reference(gp.TrianglePlan, desc, gp.TriangleArgs(x, ref))
+    ref = triangle_reference(part, x, k)
     np.testing.assert_array_equal(host(y), ref, err_msg=f"triangle {part} {shape} {k}")
 
 

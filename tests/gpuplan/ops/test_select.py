@@ -1,5 +1,6 @@
-"""Select plans (where with broadcasting, tril/triu triangles) against NumPy references, on
-host and device: values are copied bit for bit, so results must be exact."""
+"""Select plans (where with broadcasting, tril/triu triangles) against the family's reference
+(gpuplan.ops.select.reference), on host and device: values are copied bit for bit, so results
+must be exact."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import pytest
 
 import gpuplan as gp
 from gpuplan.ops.select.plans import SELECT_DTYPES
+from gpuplan.ops.select.reference import broadcast_shape, triangle_reference, where_reference
 from gpuplan.spec_check import check_plan
 from gpuplan.testing import assert_rejected, on, random, stream_for
 from tests.plan_testing import DTYPES
@@ -34,9 +36,9 @@ def test_where_through_check_plan(device, dtype, shapes):
     a, b = _values(as_, dtype, 2), _values(bs, dtype, 3)
     desc = gp.WhereDescriptor(cs, as_, bs, dtype)
     plan = check_plan(gp.WherePlan, desc, {"cond": cond, "a": a, "b": b},
-                      lambda cond, a, b, out: np.where(cond, a, b), device=device, scale=0,
+                      lambda cond, a, b, out: where_reference(cond, a, b), device=device, scale=0,
                       tolerance_dtype=np.float64)
-    assert plan.shape("out") == np.broadcast_shapes(cs, as_, bs)
+    assert plan.shape("out") == broadcast_shape(cs, as_, bs) == np.broadcast_shapes(cs, as_, bs)
     assert plan.precision_guarantee().bit_stable
 
 
@@ -46,9 +48,8 @@ def test_where_through_check_plan(device, dtype, shapes):
                                      ((1, 3, 3), 10), ((1, 3, 3), -10), ((0, 2, 2), 0)])
 def test_triangle_through_check_plan(device, dtype, part, shape, k):
     x = _values(shape, dtype, 4)
-    tri = np.tril if part == "lower" else np.triu
     check_plan(gp.TrianglePlan, gp.TriangleDescriptor(part, *shape, k, dtype), {"x": x},
-               lambda x, y: tri(x, k), device=device, scale=0,
+               lambda x, y: triangle_reference(part, x, k), device=device, scale=0,
                tolerance_dtype=np.float64)
 
 
@@ -70,14 +71,14 @@ def test_functional_batched_and_strided(device, dtype):
     x = on(device, random((2, 3, 5, 4), dtype))
     F = gp.functional
     got = F.triangle("upper", x.transpose(0, 1, 3, 2), 1)  # strided input
-    np.testing.assert_array_equal(gp.to_host(got), np.triu(gp.to_host(x).transpose(0, 1, 3, 2),
-                                                           1))
+    np.testing.assert_array_equal(gp.to_host(got),
+                                  triangle_reference("upper", gp.to_host(x).transpose(0, 1, 3, 2),
+                                                     1))
     assert got.shape == (2, 3, 4, 5) and got.dtype == dtype
     mask = on(device, random((5, 1), np.float32) > 0)
     fill = on(device, np.full((), -3, dtype))
     out = F.where(mask, fill, x)  # masked_fill
-    np.testing.assert_array_equal(gp.to_host(out), np.where(gp.to_host(mask), gp.to_host(fill),
-                                                            gp.to_host(x)))
+    np.testing.assert_array_equal(gp.to_host(out), where_reference(mask, fill, x))
 
 
 def test_errors_name_op_argument_and_values():
