@@ -1,13 +1,19 @@
-"""gather.cu on the emulated device against float64 NumPy: gather and index_select (each
-index dtype) and the sorted, deterministic scatter_add and index_add."""
+"""gather.cu on the emulated device against the family's float64 reference
+(gpuplan.ops.gather.reference): gather and index_select (each index dtype, exact) and the
+sorted, deterministic scatter_add and index_add."""
 
 from __future__ import annotations
 
 import numpy as np
 
 import gpuplan as gp
+from gpuplan.ops.gather.reference import (
+    gather_reference,
+    index_add_reference,
+    index_select_reference,
+    scatter_add_reference,
+)
 from gpuplan.testing import DTYPES, Case, check, dtype_id, emu, f64, random, run_emulated
-from gpuplan.testing import run_reference as reference
 
 VIEW = (3, 5, 4, 7)  # outer, length, inner, n
 
@@ -25,9 +31,7 @@ def gather_case(dtype, index_dtype, shared: bool) -> None:
     out = emu(np.full((o, n, i), 5, dtype))
     run_emulated(gp.GatherPlan, gp.GatherDescriptor(o, n_len, i, n, shared, dtype),
                  gp.GatherArgs(emu(x), emu(index), out))
-    ref = np.zeros((o, n, i))
-    reference(gp.GatherPlan, gp.GatherDescriptor(o, n_len, i, n, shared, np.float64),
-              gp.GatherArgs(f64(x), index, ref))
+    ref = (index_select_reference if shared else gather_reference)(x, 1, index)
     np.testing.assert_array_equal(f64(out), ref, err_msg=f"gather shared={shared}")
 
 
@@ -39,9 +43,7 @@ def scatter_case(dtype, shared: bool) -> None:
     out = emu(base.copy())
     run_emulated(gp.ScatterAddPlan, gp.ScatterAddDescriptor(o, n_len, i, n, shared, dtype),
                  gp.ScatterAddArgs(emu(index), emu(src), out))
-    ref = f64(base)
-    reference(gp.ScatterAddPlan, gp.ScatterAddDescriptor(o, n_len, i, n, shared, np.float64),
-              gp.ScatterAddArgs(index, f64(src), ref))
+    ref = (index_add_reference if shared else scatter_add_reference)(base, 1, index, src)
     check(out, ref, dtype, f"scatter_add shared={shared}", scale=4)
 
 
