@@ -1,6 +1,7 @@
 """Binary kernels on the emulated device (binary contiguous and broadcast with their
-gradients, the bool comparisons, bias add) against the family's NumPy implementation run in
-float64 (reduced gradients at scale sqrt(n_out / size), as in tests/gpuplan/ops/test_binary.py).
+gradients, the bool comparisons, bias add) against the family's float64 reference
+(gpuplan.ops.binary.reference; reduced gradients at scale sqrt(n_out / size), as in
+tests/gpuplan/ops/test_binary.py).
 
 Sizes are small and odd (37): an aligned launch takes the 16-byte pack path and then the
 scalar tail; one-element-off views (`common.place(a, True)`) take the scalar path alone.
@@ -11,9 +12,9 @@ reading a and b, summed afterwards (add/sub sum dc itself, so they have no <half
 instance). Comparisons have forward kernels only; their bool c is compared exactly.
 
 int32, int64 and bool run the broadcast kernel only (same shapes included) and are
-compared exactly with the host plan in the same dtype (NumPy integer math: wrapping,
-floor division and remainder with Python's signs, x // 0 == x % 0 == 0); the operands
-include 0, -1 and the dtype's extremes.
+compared exactly with the reference's Python-int math in the same dtype (wrapping, floor
+division and remainder with Python's signs, x // 0 == x % 0 == 0); the operands include 0,
+-1 and the dtype's extremes.
 """
 
 from __future__ import annotations
@@ -22,19 +23,12 @@ import numpy as np
 
 import gpuplan as gp
 from gpuplan.ops.binary.plans import BINARY_OPS, COMPARE_OPS, DIFFERENTIABLE_OPS
-from gpuplan.testing import (
-    DTYPES,
-    Case,
-    check,
-    dtype_id,
-    emu,
-    f64,
-    host,
-    place,
-    random,
-    run_emulated,
-    run_reference,
+from gpuplan.ops.binary.reference import (
+    bias_add_reference,
+    binary_backward_reference,
+    binary_reference,
 )
+from gpuplan.testing import DTYPES, Case, check, dtype_id, emu, host, place, random, run_emulated
 
 N = 37
 
@@ -63,9 +57,7 @@ def binary(dtype, op: str, a_shape: tuple, b_shape: tuple, misaligned: bool = Fa
                                                            place(b, misaligned), c))
     same = tuple(a_shape) == tuple(b_shape)
     assert plan.sku().variant == ("contiguous" if same else "broadcast"), plan.sku()
-    ref = np.zeros(out, np.bool_ if compare else np.float64)
-    run_reference(gp.BinaryPlan, gp.BinaryDescriptor(op, a_shape, b_shape, np.float64),
-                  gp.BinaryArgs(f64(a), f64(b), ref))
+    ref = binary_reference(op, a, b)
     if compare:
         assert (host(c) == ref).all(), f"binary {op} {a_shape} {b_shape}"
         return
@@ -81,10 +73,7 @@ def binary_backward(dtype, op: str, a_shape: tuple, b_shape: tuple) -> None:
     da, db = emu(np.full(a_shape, 7, dtype)), emu(np.full(b_shape, 7, dtype))
     run_emulated(gp.BinaryBackwardPlan, desc,
                  gp.BinaryBackwardArgs(emu(a), emu(b), emu(dc), da, db))
-    ra, rb = np.zeros(a_shape), np.zeros(b_shape)
-    run_reference(gp.BinaryBackwardPlan,
-                  gp.BinaryBackwardDescriptor(op, a_shape, b_shape, np.float64),
-                  gp.BinaryBackwardArgs(f64(a), f64(b), f64(dc), ra, rb))
+    ra, rb = binary_backward_reference(op, a, b, dc)
     n_out = max(1, int(np.prod(out)))
     for name, got, ref, size in (("da", da, ra, a.size), ("db", db, rb, b.size)):
         check(got, ref, dtype, f"binary backward {op} {name} {a_shape} {b_shape}",
@@ -103,7 +92,7 @@ def _exact_operands(shape: tuple, dtype, seed: int) -> np.ndarray:
 
 
 def binary_exact(dtype, op: str, a_shape: tuple, b_shape: tuple) -> None:
-    """An integer or bool op: the broadcast kernel, exactly equal to the host plan."""
+    """An integer or bool op: the broadcast kernel, exactly equal to the reference."""
     a, b = _exact_operands(a_shape, dtype, 3), _exact_operands(b_shape, dtype, 4)
     desc = gp.BinaryDescriptor(op, a_shape, b_shape, dtype)
     out = desc.out_shape()
@@ -111,8 +100,8 @@ def binary_exact(dtype, op: str, a_shape: tuple, b_shape: tuple) -> None:
     c = emu(np.full(out, 7, c_dtype))
     plan = run_emulated(gp.BinaryPlan, desc, gp.BinaryArgs(emu(a), emu(b), c))
     assert plan.sku().variant == "broadcast", plan.sku()
-    ref = np.zeros(out, c_dtype)
-    run_reference(gp.BinaryPlan, desc, gp.BinaryArgs(a, b, ref))
+    ref = binary_reference(op, a, b)
+    assert ref.dtype == c_dtype, ref.dtype
     assert (host(c) == ref).all(), f"binary {op} {a_shape} {b_shape} {np.dtype(dtype)}"
 
 
@@ -122,9 +111,7 @@ def bias_add(dtype, rows: int, n: int) -> None:
     y = emu(np.full((rows, n), 7, dtype))
     run_emulated(gp.BiasAddPlan, gp.BiasAddDescriptor(rows, n, dtype),
                  gp.BiasAddArgs(emu(x), emu(bias), y))
-    ref = np.zeros((rows, n))
-    run_reference(gp.BiasAddPlan, gp.BiasAddDescriptor(rows, n, np.float64),
-                  gp.BiasAddArgs(f64(x), f64(bias), ref))
+    ref = bias_add_reference(x, bias)
     check(y, ref, dtype, f"bias_add {rows}x{n}")
 
 

@@ -1,5 +1,6 @@
 """Binary plans (broadcasting add/sub/mul/div/pow/maximum/minimum and their gradients, the
-bool comparisons, bias add) against float64 NumPy references, on host and device."""
+bool comparisons, bias add) against the family's float64 reference
+(gpuplan.ops.binary.reference), on host and device."""
 
 from __future__ import annotations
 
@@ -8,6 +9,11 @@ import pytest
 
 import gpuplan as gp
 from gpuplan.ops.binary.plans import BINARY_OP_NAMES, DIFFERENTIABLE_OPS, broadcast_dims
+from gpuplan.ops.binary.reference import (
+    bias_add_reference,
+    binary_backward_reference,
+    binary_reference,
+)
 from gpuplan.spec_check import check_plan
 from gpuplan.testing import assert_close, assert_rejected, f64, on, random, run_plan, stream_for
 from tests.plan_testing import DTYPES, compile_with_enums
@@ -36,38 +42,8 @@ def _operands(a_shape, b_shape, dtype):
 ARITHMETIC = ("add", "sub", "mul", "div")
 NEW_OPS = ("pow", "maximum", "minimum")
 COMPARISONS = ("lt", "le", "gt", "ge", "eq", "ne")
-_COMPARE = {"lt": np.less, "le": np.less_equal, "gt": np.greater, "ge": np.greater_equal,
-            "eq": np.equal, "ne": np.not_equal}
-
-
-def ref_binary(op, a, b):
-    a, b = f64(a), f64(b)
-    if op in _COMPARE:
-        return _COMPARE[op](a, b)
-    with np.errstate(all="ignore"):
-        return {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide,
-                "pow": np.power, "maximum": np.maximum, "minimum": np.minimum}[op](a, b)
-
-
-def _ref_extremum(x, y, dc, loses):
-    """torch: dc / 2 to each side on a tie, 0 to the losing side."""
-    return np.where(x == y, dc / 2, np.where(loses(x, y), 0.0, dc))
-
-
-def ref_binary_backward(op, a, b, dc):
-    a, b, dc = f64(a), f64(b), f64(dc)
-    with np.errstate(all="ignore"):
-        ga, gb = {
-            "add": lambda: (dc, dc), "sub": lambda: (dc, -dc),
-            "mul": lambda: (dc * b, dc * a), "div": lambda: (dc / b, -dc * a / (b * b)),
-            "pow": lambda: (np.where(b == 0, 0.0, dc * b * a ** (b - 1)),
-                            np.where((a == 0) & (b >= 0), 0.0, dc * a**b * np.log(a))),
-            "maximum": lambda: (_ref_extremum(a, b, dc, np.less),
-                                _ref_extremum(b, a, dc, np.less)),
-            "minimum": lambda: (_ref_extremum(a, b, dc, np.greater),
-                                _ref_extremum(b, a, dc, np.greater)),
-        }[op]()
-    return _sum_to(ga, a.shape), _sum_to(gb, b.shape)
+ref_binary = binary_reference
+ref_binary_backward = binary_backward_reference
 
 
 def _new_operands(op, a_shape, b_shape, dtype):
@@ -80,14 +56,6 @@ def _new_operands(op, a_shape, b_shape, dtype):
     grid = [np.round(random(shape, np.float64, seed=seed) * 4) / 4
             for shape, seed in ((a_shape, 2), (b_shape, 3))]
     return tuple(g.astype(dtype) for g in grid)
-
-
-def _sum_to(g, shape):
-    g = np.broadcast_to(g, np.broadcast_shapes(g.shape, shape))
-    lead = g.ndim - len(shape)
-    axes = tuple(range(lead)) + tuple(lead + i for i, e in enumerate(shape)
-                                      if e == 1 and g.shape[lead + i] != 1)
-    return g.sum(axis=axes, keepdims=True).reshape(shape)
 
 
 def test_the_table_is_the_op_list():
@@ -161,7 +129,7 @@ def test_bias_add(device, dtype, rows, n):
     y = on(device, np.full((rows, n), 7, dtype))
     run_plan(gp.BiasAddPlan, gp.BiasAddDescriptor(rows, n, dtype),
              gp.BiasAddArgs(on(device, x), on(device, bias), y), device)
-    assert_close(y, f64(x) + f64(bias), dtype)
+    assert_close(y, bias_add_reference(x, bias), dtype)
 
 
 # -- empty extents and errors --------------------------------------------------------------
@@ -267,15 +235,16 @@ def test_functional_api(device):
     x = on(device, random((3, 5, 7), gp.bfloat16))
     bias = on(device, random((7,), gp.bfloat16, seed=1))
     F = gp.functional
-    assert_close(F.bias_add(x, bias), f64(x) + f64(bias), gp.bfloat16)
+    assert_close(F.bias_add(x, bias), bias_add_reference(x, bias), gp.bfloat16)
     c = F.binary("mul", x, bias)
     assert c.shape == (3, 5, 7) and c.dtype == gp.bfloat16
-    assert_close(c, f64(x) * f64(bias), gp.bfloat16)
+    assert_close(c, binary_reference("mul", x, bias), gp.bfloat16)
     da, db = F.binary_backward("mul", x, bias, x)
     assert da.shape == (3, 5, 7) and db.shape == (7,)
-    assert_close(db, (f64(x) * f64(x)).sum(axis=(0, 1)), gp.bfloat16, scale=4)
+    assert_close(db, binary_backward_reference("mul", x, bias, x)[1], gp.bfloat16, scale=4)
     t = F.binary("sub", x.transpose(2, 0, 1), bias.reshape(7, 1, 1))  # strided input
-    assert_close(t, f64(x).transpose(2, 0, 1) - f64(bias).reshape(7, 1, 1), gp.bfloat16)
+    assert_close(t, binary_reference("sub", gp.to_host(x).transpose(2, 0, 1),
+                                     gp.to_host(bias).reshape(7, 1, 1)), gp.bfloat16)
 
 
 def test_functional_zero_d_operands_keep_shape(device):

@@ -1,6 +1,7 @@
 """Binary plans on int32, int64 and bool (arithmetic that wraps, floor division and remainder
 with Python's signs, comparisons, bitwise/logical ops) and float remainder / floor_divide,
-against references computed with Python integers and floats."""
+against the family's reference (gpuplan.ops.binary.reference: Python integers for the integer
+ops, torch's float rules for remainder / floor_divide)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import numpy as np
 import pytest
 
 import gpuplan as gp
-from gpuplan.ops.binary.table import BINARY_OPS, COMPARE_OPS
+from gpuplan.ops.binary.reference import binary_backward_reference, binary_reference
+from gpuplan.ops.binary.table import BINARY_OPS
 from gpuplan.spec_check import check_plan
 from gpuplan.testing import f64, on, random
 from tests.plan_testing import DTYPES
@@ -21,41 +23,9 @@ BOOL_OPS = tuple(op.name for op in BINARY_OPS if "b" in op.kinds)
 SHAPES = [((37,), (37,)), ((3, 1, 5), (4, 1)), ((2, 3, 4), (4,)), ((5,), ()), ((0, 3), (3,))]
 
 
-def _wrap(v: int, bits: int) -> int:
-    v &= (1 << bits) - 1
-    return v - (1 << bits) if v >> (bits - 1) else v
-
-
-def _py_floordiv(x: int, y: int, bits: int) -> int:
-    return 0 if y == 0 else _wrap(x // y, bits)
-
-
-def _py_mod(x: int, y: int) -> int:
-    return 0 if y == 0 else x % y
-
-
-_PY = {
-    "add": lambda x, y, n: _wrap(x + y, n), "sub": lambda x, y, n: _wrap(x - y, n),
-    "mul": lambda x, y, n: _wrap(x * y, n), "maximum": lambda x, y, n: max(x, y),
-    "minimum": lambda x, y, n: min(x, y), "remainder": lambda x, y, n: _py_mod(x, y),
-    "floor_divide": _py_floordiv, "lt": lambda x, y, n: x < y,
-    "le": lambda x, y, n: x <= y, "gt": lambda x, y, n: x > y, "ge": lambda x, y, n: x >= y,
-    "eq": lambda x, y, n: x == y, "ne": lambda x, y, n: x != y,
-    "bitwise_and": lambda x, y, n: x & y, "bitwise_or": lambda x, y, n: x | y,
-    "bitwise_xor": lambda x, y, n: x ^ y,
-}
-
-
 def ref_exact(op: str, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Elementwise with Python ints (bool as 0/1), wrapped to the dtype's width."""
-    bits = 8 * a.dtype.itemsize if a.dtype != np.bool_ else 1
-    out_dtype = np.bool_ if op in COMPARE_OPS else a.dtype
-    x, y = np.broadcast_arrays(a, b)
-    vals = [_PY[op](int(p), int(q), bits) for p, q in zip(x.reshape(-1), y.reshape(-1),
-                                                          strict=True)]
-    if a.dtype == np.bool_ and op not in COMPARE_OPS:
-        vals = [bool(v) for v in vals]
-    return np.array(vals, dtype=out_dtype).reshape(x.shape)
+    return binary_reference(op, a, b)
 
 
 def _ints(shape, dtype, seed, extremes=False):
@@ -106,19 +76,9 @@ def test_int_extremes_wrap_and_divide_like_python(device, dtype):
         np.testing.assert_array_equal(got, ref_exact(op, a, b), err_msg=op)
 
 
-def _sum_to(g: np.ndarray, shape: tuple) -> np.ndarray:
-    lead = g.ndim - len(shape)
-    axes = tuple(range(lead)) + tuple(lead + i for i, e in enumerate(shape)
-                                      if e == 1 and g.shape[lead + i] != 1)
-    return g.sum(axis=axes, keepdims=True).reshape(shape)
-
-
 def _py_float_ref(op: str, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Python's float % and // (floor of the exact quotient; the remainder's sign is b's)."""
-    fn = (lambda x, y: x % y) if op == "remainder" else (lambda x, y: x // y)
-    x, y = np.broadcast_arrays(f64(a), f64(b))
-    return np.array([fn(float(p), float(q)) for p, q in zip(x.reshape(-1), y.reshape(-1),
-                                                             strict=True)]).reshape(x.shape)
+    """torch's float % and // (floor of the exact quotient; the remainder's sign is b's)."""
+    return binary_reference(op, f64(a), f64(b))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -137,8 +97,7 @@ def test_float_remainder_floor_divide(device, dtype, op, a_shape, b_shape):
     if op == "floor_divide":
         return
     dc = random(desc.out_shape(), dtype, seed=5)
-    ra = _sum_to(f64(dc), a_shape)
-    rb = _sum_to(-f64(dc) * _py_float_ref("floor_divide", a, b), b_shape)
+    ra, rb = binary_backward_reference("remainder", a, b, dc)
     n_out = max(1, math.prod(desc.out_shape()))
     check_plan(gp.BinaryBackwardPlan, desc,
                {"a": a, "b": b, "dc": dc, "da": np.full(a_shape, 7, dtype),
