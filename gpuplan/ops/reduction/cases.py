@@ -1,4 +1,5 @@
-"""Reductions on the emulated device against float64 NumPy: ReducePlan over every layout
+"""Reductions on the emulated device against the float64 references (gpuplan.ops.reduction
+.reference): ReducePlan over every layout
 (rows with a warp and a block per row, split long rows, cols, split tall cols, general), the
 half <-> f32 partial passes, the broadcast-gradient sums of BinaryBackwardPlan (f32 temporaries
 into half outputs) and the one-launch global L2 norm over mixed dtypes."""
@@ -17,19 +18,9 @@ from gpuplan.ops.reduction.launch import (
     launch_reduce,
     reduce_layout,
 )
-from gpuplan.testing import (
-    DTYPES,
-    Case,
-    check,
-    dtype_id,
-    emu,
-    f64,
-    random,
-    run_emulated,
-    run_reference,
-)
+from gpuplan.ops.reduction.reference import global_l2_norm_reference, reduce_reference
+from gpuplan.testing import DTYPES, Case, check, dtype_id, emu, f64, random, run_emulated
 
-F64 = np.float64
 # (shape, axes, what): the kernels each layout launches for dtype t (h: f16/bf16; acc: f32
 # for halves, t otherwise).
 SHAPES = [
@@ -71,9 +62,7 @@ def reduce_case(dtype, shape, axes, what: str) -> None:
         desc = gp.ReduceDescriptor(op, shape, axes, keepdims, dtype)
         y = emu(np.full(desc.out_shape(), 5, dtype))
         run_emulated(gp.ReducePlan, desc, gp.ReduceArgs(emu(x), y))
-        ref = np.zeros(desc.out_shape(), F64)
-        run_reference(gp.ReducePlan, gp.ReduceDescriptor(op, shape, axes, keepdims, F64),
-                      gp.ReduceArgs(f64(x), ref))
+        ref = reduce_reference(op, x, axes, keepdims)
         _compare(y, ref, op, dtype, n_red, f"reduce {op} {shape} axes={axes} ({what})")
 
 
@@ -88,10 +77,13 @@ def binary_backward_case(dtype, op: str, a_shape, b_shape, what: str) -> None:
     db = emu(np.full(b_shape, 7, dtype))
     run_emulated(gp.BinaryBackwardPlan, gp.BinaryBackwardDescriptor(op, a_shape, b_shape, dtype),
                  gp.BinaryBackwardArgs(emu(a), emu(b), emu(dc), da, db))
-    rda, rdb = np.zeros(a_shape), np.zeros(b_shape)
-    run_reference(gp.BinaryBackwardPlan,
-                  gp.BinaryBackwardDescriptor(op, a_shape, b_shape, np.float64),
-                  gp.BinaryBackwardArgs(f64(a), f64(b), f64(dc), rda, rdb))
+    # mul's terms, summed over b's broadcast dims by reduce_reference (the binary family's
+    # reference would make a cycle: binary's plans import this family's launch code).
+    assert op == "mul" and np.broadcast_shapes(a_shape, out) == a_shape, (op, a_shape)
+    rda = f64(dc) * f64(b)
+    pad = (1,) * (len(out) - len(b_shape)) + tuple(b_shape)
+    axes = tuple(k for k in range(len(out)) if pad[k] == 1 and out[k] != 1)
+    rdb = reduce_reference("sum", f64(dc) * f64(a), axes, keepdims=True).reshape(b_shape)
     n_red = int(np.prod(out)) // int(np.prod(b_shape))
     check(da, rda, dtype, f"binary_backward {op} da ({what})", scale=4.0)
     check(db, rdb, dtype, f"binary_backward {op} db ({what})", scale=max(4.0, np.sqrt(n_red)))
@@ -107,9 +99,7 @@ def huge_row_max_case(dtype) -> None:
     desc = gp.ReduceDescriptor("max", (1, n), 1, False, dtype)
     y = emu(np.full((1,), 5, dtype))
     run_emulated(gp.ReducePlan, desc, gp.ReduceArgs(emu(x), y))
-    ref = np.zeros((1,))
-    run_reference(gp.ReducePlan, gp.ReduceDescriptor("max", (1, n), 1, False, np.float64),
-                  gp.ReduceArgs(x.astype(np.float64), ref))
+    ref = reduce_reference("max", x, 1)
     assert ref[0] == 0.75
     _compare(y, ref, "max", dtype, n, f"reduce max (1, {n})")
 
@@ -131,9 +121,7 @@ def mixed_launch_case(half, tin, tout, shape, axes, what: str) -> None:
         launch_reduce(stream, lay, COMBINES.index(red.combine), emu(x), y,
                       float(n_red) if red.mean else 1.0, gp.Workspace.none())
         stream.synchronize()
-        ref = np.zeros(out_shape)
-        run_reference(gp.ReducePlan, gp.ReduceDescriptor(red.name, shape, axes, False, F64),
-                      gp.ReduceArgs(f64(x), ref))
+        ref = reduce_reference(red.name, x, axes)
         # Results are rounded to tout; with a half input the f32 sum is of rounded halves.
         _compare(y, ref, red.name, tout if tout == half else float32, n_red,
                  f"launch_reduce {red.name} {shape} axes={axes} {dtype_id(tin)}->"
@@ -151,13 +139,8 @@ def global_norm_case(with_f64: bool) -> None:
     plan = run_emulated(gp.GlobalNormPlan, desc,
                         gp.GlobalNormArgs(tuple(emu(a) for a in arrays), out))
     assert plan.sku().dtype == dtype_id(out_dtype), plan.sku()
-    ref = np.zeros((), np.float64)
-    run_reference(gp.GlobalNormPlan,
-                  gp.GlobalNormDescriptor(desc.sizes, (np.float64,) * len(arrays)),
-                  gp.GlobalNormArgs(tuple(f64(a) for a in arrays), ref))
-    np.testing.assert_allclose(ref, np.sqrt(sum(np.sum(f64(a) ** 2) for a in arrays)),
-                               rtol=1e-14)
-    check(out, ref, out_dtype, "global_l2_norm", scale=10.0)
+    check(out, np.float64(global_l2_norm_reference(arrays)), out_dtype, "global_l2_norm",
+          scale=10.0)
 
 
 CASES = (
