@@ -1,4 +1,5 @@
-"""reduce_dim.cu on the emulated device against float64 NumPy: max/min with indices (a warp
+"""reduce_dim.cu on the emulated device against the family's float64 reference
+(gpuplan.ops.reduce_dim.reference): max/min with indices (a warp
 per row and a thread per column), top-k (largest and smallest, with ties and NaN), the
 two-pass variance and std over a strided view, and the product's gradient with zeros."""
 
@@ -7,8 +8,13 @@ from __future__ import annotations
 import numpy as np
 
 import gpuplan as gp
+from gpuplan.ops.reduce_dim.reference import (
+    arg_select_reference,
+    prod_backward_reference,
+    topk_reference,
+    variance_reference,
+)
 from gpuplan.testing import DTYPES, Case, check, dtype_id, emu, f64, random, run_emulated
-from gpuplan.testing import run_reference as reference
 
 SELECT_VIEWS = [((3, 100, 1), "rows: arg_select<t, s, 32>"),
                 ((4, 7, 5), "cols: arg_select<t, s, 1>")]
@@ -26,9 +32,7 @@ def select_case(dtype, view, what: str) -> None:
         v, i = _outputs((view[0], view[2]), dtype)
         run_emulated(gp.ArgSelectPlan, gp.ArgSelectDescriptor(op, *view, dtype),
                      gp.ArgSelectArgs(emu(x), v, i))
-        rv, ri = np.zeros((view[0], view[2])), np.zeros((view[0], view[2]), np.int64)
-        reference(gp.ArgSelectPlan, gp.ArgSelectDescriptor(op, *view, np.float64),
-                  gp.ArgSelectArgs(f64(x), rv, ri))
+        rv, ri = arg_select_reference(op, x)
         np.testing.assert_array_equal(gp.to_host(i), ri, err_msg=f"{op} {what}")
         np.testing.assert_array_equal(f64(v), rv, err_msg=f"{op} {what}")
 
@@ -41,9 +45,7 @@ def topk_case(dtype, largest: bool) -> None:
     v, i = _outputs((view[0], k, view[2]), dtype)
     run_emulated(gp.TopkPlan, gp.TopkDescriptor(*view, k, largest, dtype),
                  gp.TopkArgs(emu(x), v, i))
-    rv, ri = np.zeros((view[0], k, view[2])), np.zeros((view[0], k, view[2]), np.int64)
-    reference(gp.TopkPlan, gp.TopkDescriptor(*view, k, largest, np.float64),
-              gp.TopkArgs(f64(x), rv, ri))
+    rv, ri = topk_reference(x, k, largest)
     np.testing.assert_array_equal(gp.to_host(i), ri, err_msg=f"topk largest={largest}")
     np.testing.assert_array_equal(f64(v), rv, err_msg=f"topk largest={largest}")
 
@@ -54,10 +56,7 @@ def variance_case(dtype, std: bool) -> None:
         desc = gp.VarianceDescriptor(shape, axes, False, 1.0, std, dtype)
         y = emu(np.full(desc.out_shape(), 5, dtype))
         run_emulated(gp.VariancePlan, desc, gp.VarianceArgs(emu(x), y))
-        ref = np.zeros(desc.out_shape())
-        reference(gp.VariancePlan, gp.VarianceDescriptor(shape, axes, False, 1.0, std,
-                                                         np.float64),
-                  gp.VarianceArgs(f64(x), ref))
+        ref = variance_reference(x, axes, False, 1.0, std)
         check(y, ref, dtype, f"variance std={std} {shape} axes={axes}", scale=8)
 
 
@@ -70,9 +69,7 @@ def prod_backward_case(dtype) -> None:
     dx = emu(np.full(view, 5, dtype))
     run_emulated(gp.ProdBackwardPlan, gp.ProdBackwardDescriptor(*view, dtype),
                  gp.ProdBackwardArgs(emu(x), emu(dy), dx))
-    ref = np.zeros(view)
-    reference(gp.ProdBackwardPlan, gp.ProdBackwardDescriptor(*view, np.float64),
-              gp.ProdBackwardArgs(f64(x), f64(dy), ref))
+    ref = prod_backward_reference(x, dy)
     check(dx, ref, dtype, "prod_backward", scale=4)
 
 

@@ -1,5 +1,6 @@
 """Plans along one dim (max/min with indices, top-k, prod gradient) and variance over axes,
-against float64 references: torch's rules for ties and NaN, every dtype, bad inputs."""
+against the family's float64 reference (gpuplan.ops.reduce_dim.reference): torch's rules for
+ties and NaN, every dtype, bad inputs."""
 
 from __future__ import annotations
 
@@ -8,6 +9,12 @@ import pytest
 
 import gpuplan as gp
 from gpuplan.ops.reduce_dim.plans import dim_view
+from gpuplan.ops.reduce_dim.reference import (
+    arg_select_reference,
+    prod_backward_reference,
+    topk_reference,
+    variance_reference,
+)
 from gpuplan.spec_check import check_plan
 from gpuplan.testing import f64, on, random, run_plan, stream_for
 from tests.plan_testing import DTYPES
@@ -17,8 +24,8 @@ VIEWS = [(3, 100, 1), (4, 7, 5), (1, 1, 1), (2, 33, 3), (1, 300, 1)]
 
 
 def ref_select(x, op):
-    idx = (np.argmax if op == "max" else np.argmin)(x, axis=1)
-    return {"values": np.take_along_axis(x, idx[:, None, :], 1)[:, 0], "indices": idx}
+    values, indices = arg_select_reference(op, x)
+    return {"values": values, "indices": indices}
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -57,16 +64,8 @@ def _run_select(device, op, x):
 
 
 def ref_topk(x, k, largest):
-    rows = np.moveaxis(x, 1, -1)
-    out_i = np.zeros(rows.shape[:-1] + (k,), np.int64)
-    for pos in np.ndindex(rows.shape[:-1]):
-        r = rows[pos]
-        # NaN first, then by value (descending for largest), then by index.
-        keyed = sorted(range(r.size), key=lambda j: (not np.isnan(r[j]),
-                                                     -r[j] if largest else r[j], j))
-        out_i[pos] = keyed[:k]
-    idx = np.moveaxis(out_i, -1, 1)
-    return {"values": np.take_along_axis(x, idx, 1), "indices": idx}
+    values, indices = topk_reference(x, k, largest)
+    return {"values": values, "indices": indices}
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -87,14 +86,6 @@ def test_topk_rejects_k_past_the_dim():
         gp.TopkPlan.select(gp.Stream.host(), gp.TopkDescriptor(2, 4, 1, 5))
 
 
-def ref_var(x, axes, keepdims, correction, std):
-    n = np.prod([x.shape[a] for a in axes]) if axes is not None else x.size
-    with np.errstate(invalid="ignore", divide="ignore"):
-        v = np.sum((x - x.mean(axis=axes, keepdims=True)) ** 2, axis=axes,
-                   keepdims=keepdims) / max(0.0, n - correction)
-    return np.sqrt(v) if std else v
-
-
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape,axes,correction,std", [
     ((5, 33), 1, 1.0, False), ((4, 7, 9), 1, 0.0, True), ((3, 4, 5, 6), (0, 2), 1.0, True),
@@ -104,25 +95,15 @@ def test_variance(device, dtype, shape, axes, correction, std):
     x = x.astype(dtype)
     keepdims = len(shape) % 2 == 1
     desc = gp.VarianceDescriptor(shape, axes, keepdims, correction, std, dtype)
-    ax = axes if axes is None or isinstance(axes, tuple) else (axes,)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        check_plan(gp.VariancePlan, desc, {"x": x},
-                   lambda x, **_: ref_var(x, ax, keepdims, correction, std), device=device,
-                   scale=8, bad_inputs=shape == (5, 33))
+    check_plan(gp.VariancePlan, desc, {"x": x},
+               lambda x, **_: variance_reference(x, axes, keepdims, correction, std),
+               device=device, scale=8, bad_inputs=shape == (5, 33))
 
 
 def test_variance_of_nothing_is_nan(device):
     x = on(device, np.zeros((3, 0), np.float32))
     y = gp.functional.variance(x, 1)
     assert np.isnan(gp.to_host(y)).all() and y.shape == (3,)
-
-
-def ref_prod_backward(x, dy):
-    out = np.zeros_like(x)
-    for o, r, i in np.ndindex(x.shape):
-        others = np.delete(x[o, :, i], r)
-        out[o, r, i] = dy[o, i] * np.prod(others)
-    return out
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -133,7 +114,7 @@ def test_prod_backward_with_zeros(device, dtype, view):
     x[1, 1, 0] = x[1, 3, 0] = 0  # two zeros: all 0
     dy = random((view[0], view[2]), dtype, seed=6)
     check_plan(gp.ProdBackwardPlan, gp.ProdBackwardDescriptor(*view, dtype), {"x": x, "dy": dy},
-               lambda x, dy, **_: ref_prod_backward(x, dy), device=device, scale=4,
+               lambda x, dy, **_: prod_backward_reference(x, dy), device=device, scale=4,
                bad_inputs=view == (2, 5, 3))
 
 
@@ -157,7 +138,8 @@ def test_functional_shapes(device):
     assert v.shape == () and int(i) == int(np.argmin(gp.to_host(x)))
     v, i = gp.functional.topk(x, 2, dim=-1, largest=False)
     assert v.shape == (2, 3, 2)
-    np.testing.assert_array_equal(gp.to_host(v), np.sort(gp.to_host(x), -1)[..., :2])
+    smallest = topk_reference(gp.to_host(x).reshape(6, 4, 1), 2, largest=False)[0]
+    np.testing.assert_array_equal(gp.to_host(v), smallest.reshape(2, 3, 2))
     dx = gp.functional.prod_backward(x, on(device, np.ones((2, 4), np.float32)), 1)
     assert dx.shape == (2, 3, 4)
     assert stream_for(device) is not None and f64(dx).shape == (2, 3, 4)
