@@ -1,13 +1,9 @@
-"""setuptools' package list: gpuplan, autograd, dist, and scripts/ as gpuplan_scripts."""
+"""setuptools' package list: gpuplan, autograd, dist (the trainer included: dist.trainer)."""
 
 from setuptools import find_packages, setup
 
-# Metadata, dependencies and entry points are in pyproject.toml. scripts/ is a folder of
-# scripts, not named as a package would be: it is installed under the name gpuplan_scripts
-# (its modules import each other by bare name, from their own folder, as they do when run
-# as `python scripts/train.py`).
+# Metadata, dependencies and entry points are in pyproject.toml. scripts/ is not a package:
+# its entry scripts run dist.trainer, its benchmarks and checks run from a checkout.
 # gpuplan/ops/include holds the CUDA headers the op families share: a data folder, listed so
 # that its package data (*.cuh) is installed.
-setup(packages=[*find_packages(include=["gpuplan*", "autograd*", "dist*"]), "gpuplan.ops.include",
-                "gpuplan_scripts"],
-      package_dir={"gpuplan_scripts": "scripts"})
+setup(packages=[*find_packages(include=["gpuplan*", "autograd*", "dist*"]), "gpuplan.ops.include"])

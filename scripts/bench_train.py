@@ -84,11 +84,11 @@ from bench_sides import (  # noqa: E402
     ours_side,
     time_sides,
 )
-from progress import device_name, flops_per_token, peak_tflops  # noqa: E402
 from torch_gpt import import_torch, torch_memory, torch_train_step  # noqa: E402
 
 import gpuplan as gp  # noqa: E402
 from autograd import nn  # noqa: E402
+from dist.trainer.progress import device_name, flops_per_token, peak_tflops  # noqa: E402
 
 MODELS: dict[str, dict[str, int]] = {
     "gpt2": dict(vocab_size=50304, block_size=1024, n_layer=12, n_head=12, n_embd=768),

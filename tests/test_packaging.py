@@ -1,5 +1,5 @@
 """Packaging: dist/ (our package) holds only sources, every package is typed (py.typed), and
-the build configuration ships them (scripts/ as gpuplan_scripts, with the entry points)."""
+the build configuration ships them, with the entry points (dist.trainer's mains)."""
 
 from __future__ import annotations
 
@@ -37,11 +37,13 @@ def test_every_package_is_typed_and_listed_for_the_wheel():
         import tomli as tomllib
     scripts = tomllib.loads(pyproject)["project"]["scripts"]
     assert set(scripts) == {"gpuplan-train", "gpuplan-generate", "gpuplan-export"}
-    for target in scripts.values():  # "gpuplan_scripts.train:main" -> scripts/train.py
+    for target in scripts.values():  # "dist.trainer.main:main" -> dist/trainer/main.py
         module, func = target.split(":")
-        package, name = module.split(".")
-        assert package == "gpuplan_scripts" and func == "main"
-        source = (ROOT / "scripts" / f"{name}.py").read_text()
+        assert module.startswith("dist.trainer.") and func == "main", target
+        source = ROOT.joinpath(*module.split(".")).with_suffix(".py").read_text()
         assert f"def {func}(" in source, target
+    for name in ("train", "generate", "export"):  # the checkout's entry scripts run the same
+        source = (ROOT / "scripts" / f"{name}.py").read_text()
+        assert f"from {scripts[f'gpuplan-{name}'].replace(':', ' import ')}\n" in source, name
     setup = (ROOT / "setup.py").read_text()
-    assert '"gpuplan_scripts": "scripts"' in setup
+    assert 'include=["gpuplan*", "autograd*", "dist*"]' in setup  # dist.trainer ships

@@ -142,6 +142,7 @@ def test_without_matplotlib_the_run_ends_well_and_says_how_to_plot(tmp_path):
     res = train("--steps", "2", "--out", str(tmp_path / "run"),
                 env={"PYTHONPATH": f"{blocker.parent}{os.pathsep}{ROOT}"})
     assert res.returncode == 0, res.stderr
-    assert "no loss.png (matplotlib is not installed; scripts/plotting.py " in res.stdout
+    assert ("no loss.png (matplotlib is not installed; python -m dist.trainer.plotting "
+            in res.stdout)
     assert (tmp_path / "run" / "metrics.jsonl").exists()
     assert not (tmp_path / "run" / "loss.png").exists()

@@ -1,8 +1,7 @@
-"""scripts/plotting.py: matplotlib PNGs from series and from a metrics.jsonl."""
+"""dist.trainer.plotting: matplotlib PNGs from series and from a metrics.jsonl."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -12,10 +11,7 @@ import pytest
 pytest.importorskip("matplotlib")  # a dependency of the project: setup.sh installs it
 from matplotlib.image import imread  # noqa: E402
 
-_PATH = Path(__file__).resolve().parents[2] / "scripts" / "plotting.py"
-_spec = importlib.util.spec_from_file_location("plotting", _PATH)
-plotting = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(plotting)
+from dist.trainer import plotting  # noqa: E402
 
 
 def _ink(png: Path) -> np.ndarray:

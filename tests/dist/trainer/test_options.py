@@ -1,18 +1,63 @@
-"""scripts/train_options.py: --config TOML files, their precedence and errors; --help."""
+"""dist.trainer.options: the layout rule, option checks as one line, --timeout, --config TOML
+files (their precedence and errors), --help."""
 
 from __future__ import annotations
 
-import importlib.util
+import re
 import sys
 from pathlib import Path
 
 import pytest
 
-_DIR = Path(__file__).resolve().parents[2] / "scripts"
-_spec = importlib.util.spec_from_file_location("train_options_under_test",
-                                               _DIR / "train_options.py")
-options = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(options)
+from dist.trainer import options
+
+
+@pytest.mark.parametrize("n,given,expected", [
+    (1, (None, None, None), (1, 1, 1)), (2, (None, None, None), (1, 1, 2)),
+    (4, (None, None, None), (1, 2, 2)), (8, (None, None, None), (2, 2, 2)),
+    (3, (None, None, None), (3, 1, 1)), (4, (None, 4, None), (1, 4, 1)),
+    (4, (2, None, None), (2, 1, 2)),  # (tp, pp, dp) given -> (dp, pp, tp)
+    (8, (None, None, 2), (2, 4, 1)),
+])
+def test_default_layout_rule(n, given, expected):
+    tp, pp, dp = given
+    assert options.derive_layout(n, tp, pp, dp) == expected
+
+
+@pytest.mark.parametrize("args,world,message", [
+    (["--tp", "3"], 4, "does not match the 4 MPI ranks"),
+    (["--tp", "2", "--pp", "2", "--dp", "2"], 4, "= 8 does not match"),
+    (["--n-head", "3", "--n-embd", "48", "--tp", "2"], 2, "--n-head 3 is not divisible by --tp 2"),
+    (["--n-layer", "3", "--pp", "2"], 2, "--n-layer 3 is not divisible by --pp 2"),
+    (["--data", "/no/such/file.txt"], 1, "no such file or folder"),
+    (["--batch-size", "6", "--pp", "2", "--micro-batches", "4"], 2, "equal parts"),
+    (["--n-embd", "30"], 1, "not divisible by --n-head 4"),
+    (["--micro-batches", "0"], 1, "--micro-batches must be an integer >= 1, given 0"),
+    (["--lr", "-1"], 1, "--lr must be a finite number > 0, given -1.0"),
+    (["--lr", "nan"], 1, "--lr must be a finite number > 0, given nan"),
+    (["--clip", "-1"], 1, "--clip must be a finite number >= 0, given -1.0"),
+    (["--seed", "-1"], 1, "--seed must be an integer in [0, 2**32), given -1"),
+    (["--out", __file__], 1, "--out must name a folder (or a new one), given"),
+    (["--keep", "0"], 1, "--keep must be an integer >= 1, given 0"),
+    (["--on-nonfinite", "skip", "--max-skips", "0"], 1, "--max-skips must be an integer >= 1"),
+    pytest.param(["--device", "cuda"], 1, "--device cuda: no usable CUDA device",
+                 marks=pytest.mark.skipif(__import__("gpuplan").device_available(),
+                                          reason="a device is present")),
+])
+def test_option_errors_are_one_line(args, world, message):
+    ns = options.parse_args(args)
+    with pytest.raises(ValueError, match=re.escape(message)) as e:
+        options.validate(ns, world)
+    assert "\n" not in str(e.value)
+
+
+def test_timeout_option():
+    assert options.parse_args(["--timeout", "30"]).timeout == 30.0
+    assert options.parse_args([]).timeout is None  # $GPUPLAN_COLLECTIVE_TIMEOUT, else 600
+    for bad in ("-1", "soon"):
+        with pytest.raises(ValueError, match=f"argument --timeout: expected seconds >= 0 "
+                                             fr"\(0: no limit\), given {bad}"):
+            options.parse_args(["--timeout", bad])
 
 
 def _toml(tmp_path: Path, text: str) -> str:

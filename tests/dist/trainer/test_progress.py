@@ -1,8 +1,7 @@
-"""scripts/progress.py: when the bar shows, the tqdm bar, the ETA, and metrics.jsonl."""
+"""dist.trainer.progress: when the bar shows, the tqdm bar, the ETA, and metrics.jsonl."""
 
 from __future__ import annotations
 
-import importlib.util
 import io
 import json
 import sys
@@ -10,10 +9,7 @@ from pathlib import Path
 
 import pytest
 
-_PATH = Path(__file__).resolve().parents[2] / "scripts" / "progress.py"
-_spec = importlib.util.spec_from_file_location("progress_under_test", _PATH)
-progress = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(progress)
+from dist.trainer import progress
 
 OPEN_MPI = {"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "2"}
 

@@ -1,7 +1,8 @@
 """Loss-curve PNGs drawn with matplotlib (Agg, no pyplot), from series or from metrics.jsonl.
 
     write_loss_plot("runs/x/loss.png", {"train": (steps, train), "val": (steps, val)})
-    plot_metrics("runs/x/metrics.jsonl", "runs/x/loss.png")    # also: python scripts/plotting.py
+    plot_metrics("runs/x/metrics.jsonl", "runs/x/loss.png")
+    python -m dist.trainer.plotting runs/x/metrics.jsonl        # the same, from a shell
 """
 
 from __future__ import annotations

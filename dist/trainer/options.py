@@ -1,5 +1,5 @@
-"""scripts/train.py's options: the parser, the layout rule and the checks that turn every
-option that cannot work into one `train.py: error:` line (option, expected, given)."""
+"""The main job's options (scripts/train.py): the parser, the layout rule and the checks that
+turn every option that cannot work into one `train.py: error:` line (option, expected, given)."""
 
 from __future__ import annotations
 
@@ -104,7 +104,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--progress", choices=["auto", "bar", "plain"], default="auto")
     ap.add_argument("--cuda-graph", action="store_true",
                     help="capture the training step as CUDA graphs after one eager step "
-                         "(one process, one micro-batch, no dropout; see scripts/graph_step.py)")
+                         "(one process, one micro-batch, no dropout; see "
+                         "dist/trainer/graph_step.py)")
     ap.add_argument("--device", choices=["auto", "cpu", "cuda", "emulated"], default="auto",
                     help="auto: the GPU when there is one (or the emulated device under "
                          "GPUPLAN_DEVICE=emulated), else cpu; emulated: every kernel runs on "
@@ -185,7 +186,7 @@ def _seconds(text: str) -> float:
 
 
 def derive_layout(n: int, tp: int | None, pp: int | None, dp: int | None) -> tuple[int, ...]:
-    """(dp, pp, tp) for n ranks; see scripts/train.py's docstring for the rule."""
+    """(dp, pp, tp) for n ranks; see dist.trainer.main's docstring for the rule."""
     if tp is None and pp is None and dp is None:
         tp = 2 if n % 2 == 0 else 1
         pp = 2 if (n // tp) % 2 == 0 else 1

@@ -1,0 +1,105 @@
+"""Sample text from a checkpoint written by scripts/train.py, in one process.
+
+    python scripts/generate.py                                  # runs/default/checkpoint
+    python scripts/generate.py --checkpoint runs/x/checkpoint --prompt "import " --tokens 400
+
+--checkpoint is a checkpoint root (its `latest` committed step is used) or one step folder
+(runs/x/checkpoint/step_000200). It holds one shard per rank of whatever layout trained it
+(tensor, pipeline, data parallel); each parameter's shard records the dense parameter and
+the indices it holds, so the shards are assembled into the single-process nn.GPT and
+sampled with temperature and top-k on the GPU when one is present, else on the CPU. Every
+shard is checked against the manifest first (same step, SHA-256), so shards of different
+steps or a corrupt file give one error line naming the file, never a mixed model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from . import data as data_mod
+
+
+def load_dense(checkpoint: Path):
+    """(nn.GPT with the consolidated weights, the manifest's metadata) of the committed
+    checkpoint `checkpoint` names (a step folder, or a root: its latest), every shard
+    verified against the manifest first (one step, checksums, coordinates)."""
+    from autograd import nn
+    from dist.checkpoint import (
+        CheckpointError,
+        find_fallback,
+        read_manifest,
+        read_shard,
+        resolve,
+    )
+    from dist.models import consolidate
+
+    failed = checkpoint
+    try:
+        step_dir = failed = resolve(checkpoint)
+        manifest = read_manifest(step_dir)
+        shards = [read_shard(step_dir, manifest, r) for r in range(manifest["world_size"])]
+    except (CheckpointError, OSError) as exc:
+        fallback = find_fallback(failed)
+        hint = (f"; the newest older checkpoint that verifies is {fallback}" if fallback
+                else "")
+        raise ValueError(f"{exc}{hint}") from None
+    meta = manifest["metadata"]
+    pieces = []
+    for state, header in shards:
+        if "specs" not in header["metadata"] or "config" not in meta:
+            raise ValueError(f"{step_dir} was not written by scripts/train.py (no shard specs)")
+        pieces += [(state[name], spec) for name, spec in header["metadata"]["specs"].items()]
+    cfg_json = dict(meta["config"])
+    cfg_json["dtype"] = np.dtype(cfg_json["dtype"])
+    cfg = nn.GPTConfig(**cfg_json)
+    model = nn.GPT(cfg)
+    model.load_state_dict({k: v.astype(np.float32) for k, v in
+                           consolidate(cfg, pieces).items()})
+    return model, meta
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description="Sample from a train.py checkpoint.")
+    ap.add_argument("--checkpoint", default="runs/default/checkpoint")
+    ap.add_argument("--prompt", default="def ",
+                    help="text (token ids separated by spaces when the data had no tokenizer)")
+    ap.add_argument("--tokens", type=int, default=300)
+    ap.add_argument("--temperature", type=float, default=0.8, help="0: greedy")
+    ap.add_argument("--top-k", type=int, default=40, help="0: no top-k cut")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--device", choices=["auto", "cpu", "cuda", "emulated"], default="auto")
+    ns = ap.parse_args(argv)
+    import gpuplan as gp
+
+    try:
+        if not Path(ns.checkpoint).is_dir():
+            raise ValueError(f"--checkpoint: no such folder: {ns.checkpoint}")
+        if ns.tokens < 0 or ns.temperature < 0:
+            raise ValueError("--tokens and --temperature must be >= 0")
+        if not ns.prompt:
+            raise ValueError("--prompt must not be empty")
+        model, meta = load_dense(Path(ns.checkpoint))
+        # The training data's codec (bytes, a tokenizer.json, nanoGPT's meta.pkl, or bare
+        # ids); checkpoints from before token folders have none: bytes.
+        codec = data_mod.Codec.from_spec(meta.get("args", {}).get("codec"))
+        prompt = codec.encode(ns.prompt)[None]
+    except (ValueError, ImportError) as exc:
+        print(f"generate.py: error: {exc}", file=sys.stderr)
+        return 2
+    device = gp.backend.default_device() if ns.device == "auto" else ns.device
+    model.to(device=device)
+    prompt = prompt[:, -model.config.block_size:]
+    out = model.generate(gp.to_device(prompt, device), ns.tokens, temperature=ns.temperature,
+                         top_k=ns.top_k or None, seed=ns.seed)
+    print(f"# checkpoint step {meta['step']}, layout dp,pp,tp={meta['layout']}, {device}",
+          file=sys.stderr)
+    print(codec.decode(gp.to_host(out)[0]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,385 @@
+"""The main job (scripts/train.py): train a GPT over MPI ranks (tensor x pipeline x data parallel).
+
+    mpiexec -n 4 python -m mpi4py scripts/train.py          # defaults: tp=2, pp=2, stdlib corpus
+    mpiexec -n 8 python -m mpi4py scripts/train.py --tp 2 --pp 2 --dp 2 --steps 500
+    python scripts/train.py --data notes.txt --n-layer 4     # one process
+
+Layout: world rank = (dp_i * pp + pp_i) * tp + tp_i (tensor-parallel ranks adjacent). With
+no --tp/--pp/--dp the layout is derived from the rank count N: tp = 2 when N is even, then
+pp = 2 when N / tp is even, dp = the rest (N=4 -> tp 2 x pp 2; N=8 -> 2 x 2 x 2). Given
+some of them, the missing ones fill the rest (dp first, then pp, then tp).
+
+Data (see dist.trainer.data): --data names a token folder (train.bin + val.bin of flat ids,
+nanoGPT's or llm.c's layout, memory-mapped; scripts/prepare_data.py writes one from text,
+byte-level or with a tokenizer.json) or a text file or folder read as bytes (vocabulary
+256, last 10% held out); by default the Python standard library's own sources (no
+download). The global batch of step s is drawn from a generator keyed by (seed, s) and
+split over the data-parallel ranks (autograd.data.DataLoader), so the loss curve does not
+depend on the layout and a resumed run sees exactly the batches an uninterrupted one would.
+
+Rank 0 prints a line per evaluation (step, loss, validation loss, tokens/s, step time,
+MFU on a GPU, memory, ETA) and, on a terminal, a tqdm progress bar; it appends each
+evaluation's record to OUT/metrics.jsonl at once (fsynced: a killed run keeps its history),
+and at the end writes OUT/metrics.json, OUT/loss.png (matplotlib) and a text sample. At
+every evaluation it commits OUT/checkpoint/step_NNNNNN/ (one shard per rank: model,
+optimizer, RNG, step; a manifest with each shard's SHA-256; see dist.checkpoint) and moves
+OUT/checkpoint/latest to it, keeping the --keep newest, for --resume [PATH] and scripts/generate.py.
+
+Weights (see dist.reshard): --resume of a checkpoint written by another tp x pp x dp layout
+reshards the model and the AdamW state, continuing the same loss curve; --init-from PATH
+starts from a .safetensors file (scripts/export.py), a Hugging Face GPT-2 folder (with
+--activation gelu_tanh) or a checkpoint of any layout. A model option that differs from the
+saved one is one error line (exit 2).
+
+A non-finite loss or gradient norm (checked every step, on every rank alike) stops the run
+with exit 1 and no checkpoint after the last finite step (--on-nonfinite stop), or drops
+that optimizer step (--on-nonfinite skip) until --max-skips consecutive ones.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+from . import data as data_mod
+from . import graph_step
+from . import progress as progress_mod
+from .options import OptionError, parse_args, validate
+
+
+def global_batch(dataset, ns: argparse.Namespace, key: list[int], dp_rank: int):
+    """This data-parallel rank's rows of the global batch drawn from generator `key`
+    (= [seed, step]; see autograd.data.DataLoader)."""
+    from autograd.data import DataLoader
+
+    loader = DataLoader(dataset, ns.batch_size, seed=key[0], rank=dp_rank, world_size=ns.dp)
+    return loader.batch(key[1])
+
+
+def main(argv: list[str] | None = None) -> int:
+    import dist
+
+    try:
+        ns = parse_args(argv)
+    except OptionError as exc:
+        ns = exc
+    # mpi4py warns (several lines) of a foreign launcher's variables; dist.runtime.launcher_mismatch
+    # below says it in train.py's one error line, and only when ranks would really split.
+    warnings.filterwarnings("ignore", "suspicious MPI execution environment", RuntimeWarning)
+    world = dist.init(timeout=getattr(ns, "timeout", None))  # None when the options failed
+    from gpuplan import launcher
+
+    mismatch = dist.runtime.launcher_mismatch(world.size)  # N copies that each think they are alone
+    if mismatch:
+        if launcher.env_rank() == 0:  # every copy is MPI rank 0: the launcher's rank decides
+            print(f"train.py: error: {mismatch}", file=sys.stderr, flush=True)
+        return 2
+    try:
+        if isinstance(ns, OptionError):
+            raise ns
+        validate(ns, world.size)
+        if ns.cuda_graph and graph_step.refusal(ns, world.size):
+            raise ValueError(graph_step.refusal(ns, world.size))
+        corpus = data_mod.load_corpus(ns.data, ns.block_size, vocab_size=ns.vocab_size,
+                                      token_dtype=ns.token_dtype, max_bytes=ns.max_bytes)
+        ns.codec = corpus.codec.spec  # kept in the checkpoint's args for scripts/generate.py
+    except (ValueError, OSError) as exc:
+        if world.rank == 0:
+            print(f"train.py: error: {exc}", file=sys.stderr, flush=True)
+        return 2
+    try:
+        return Trainer(ns, world, corpus).run()
+    except data_mod.DataError as exc:  # an id outside the vocabulary in a drawn batch: every
+        if world.rank == 0:            # rank checks the whole global batch, so all stop here
+            print(f"train.py: error: --data: {exc}", file=sys.stderr, flush=True)
+        return 2
+
+
+class Trainer:
+    def __init__(self, ns: argparse.Namespace, world, corpus) -> None:
+        import dist
+        import gpuplan as gp
+        from autograd import nn, optim
+        from dist.models import ParallelGPT
+        from dist.models.sharding import dense_shapes
+
+        self.ns, self.world, self.corpus = ns, world, corpus
+        self.mesh = dist.ProcessMesh(dp=ns.dp, pp=ns.pp, tp=ns.tp, world=world)
+        self.device = gp.backend.default_device() if ns.device == "auto" else \
+            gp.backend.resolve_device(ns.device)
+        dist.model_parallel_seed(ns.seed, tp_rank=self.mesh.tp_rank, pp_rank=self.mesh.pp_rank)
+        self.cfg = nn.GPTConfig(vocab_size=corpus.vocab_size, block_size=ns.block_size,
+                                n_layer=ns.n_layer, n_head=ns.n_head, n_embd=ns.n_embd,
+                                dropout=ns.dropout, attn_dropout=ns.attn_dropout,
+                                dtype=np.float32, seed=ns.seed,
+                                activation=ns.activation)
+        self.model = ParallelGPT(self.cfg, self.mesh, num_micro_batches=ns.micro_batches,
+                                 schedule=ns.schedule, device=self.device,
+                                 dtype=gp.bfloat16 if ns.dtype == "bf16" else None)
+        decay = [p for p in self.model.parameters() if p.ndim >= 2]
+        no_decay = [p for p in self.model.parameters() if p.ndim < 2]
+        self.opt = optim.AdamW([{"params": decay, "weight_decay": ns.weight_decay},
+                                {"params": no_decay, "weight_decay": 0.0}], lr=ns.lr)
+        self.sched = optim.CosineWithWarmup(self.opt, ns.warmup, ns.steps, min_lr=ns.min_lr)
+        self.out = Path(ns.out)
+        self.ckpt = self.out / "checkpoint"
+        self.history: list[dict] = []
+        self.skipped: list[int] = []
+        self.start, self.consecutive_skips = 0, 0
+        self.last_saved: Path | None = None
+        self.n_params = sum(int(np.prod(shape)) for shape in dense_shapes(self.cfg).values())
+        self.flops_token = progress_mod.flops_per_token(self.cfg, self.n_params, ns.block_size)
+        name = progress_mod.device_name(self.device)
+        peak = progress_mod.peak_tflops(name, ns.dtype) if self.device == "cuda" else None
+        if peak is not None:  # per GPU: ranks that share one count once
+            gpus = progress_mod.gpus_in_job(
+                world.mpi_comm, gp.backend.cupy_module().cuda.runtime.getDevice())
+            peak *= gpus
+        self.peak = None if peak is None else peak * 1e12
+        self.device_label = name
+        self.graphed = graph_step.GraphedStep(self) if ns.cuda_graph else None
+
+    def resume(self) -> None:
+        """Load the checkpoint --resume names (OUT/checkpoint's latest by default); every
+        rank checks its shard (see dist.checkpoint) and raises the same error. A checkpoint
+        of another layout is resharded (dist.reshard: model and optimizer state)."""
+        import dist
+
+        where = self.ckpt if self.ns.resume == "latest" else Path(self.ns.resume)
+        if self.ns.init_from:  # (validate() refuses both; kept for API callers)
+            raise ValueError("--init-from and --resume exclude each other")
+        meta = dist.load_checkpoint(where, self.model, comm=self.world, optimizer=self.opt,
+                                    reshard=True)
+        self.sched.load_state_dict(meta["scheduler"])
+        self.start, self.history = int(meta["step"]), list(meta["history"])
+        self.skipped = list(meta.get("skipped", []))
+        self.last_saved = dist.checkpoint.resolve(where)
+
+    def init_from(self) -> None:
+        """Start from the weights --init-from names (a .safetensors file, a GPT-2 folder or
+        a checkpoint of any layout), cut for this rank (dist.reshard.init_from)."""
+        from dist.reshard import init_from
+
+        self.initialized_from = init_from(self.ns.init_from, self.model)
+
+    def save(self, step: int) -> bool:
+        """Commit step `step`'s checkpoint, unless a parameter is not finite (False)."""
+        import dist
+        import gpuplan as gp
+
+        finite = all(bool(np.isfinite(gp.to_host(p.data)).all())
+                     for p in self.model.parameters())
+        if not self.everywhere(finite):
+            return False
+        specs = {n: s.to_json() for n, s in self.model.shard_specs().items()}
+        self.last_saved = dist.save_checkpoint(
+            self.ckpt, self.model, comm=self.world, optimizer=self.opt, step=step,
+            keep=self.ns.keep,
+            metadata={"step": step, "scheduler": self.sched.state_dict(),
+                      "history": self.history, "skipped": self.skipped, "args": vars(self.ns),
+                      "layout": [self.ns.dp, self.ns.pp, self.ns.tp],
+                      "config": _config_json(self.cfg), "specs": specs})
+        return True
+
+    def everywhere(self, ok: bool) -> bool:
+        """True when `ok` holds on every rank (one all-reduce: every rank decides alike)."""
+        bad = self.world.all_reduce(np.array([0.0 if ok else 1.0]), "max")
+        return float(bad[0]) == 0.0
+
+    def nonfinite(self, step: int, loss: float, gnorm: float) -> str | None:
+        """None to step the optimizer, "skip" to drop this step, or the error that stops."""
+        if self.everywhere(math.isfinite(loss) and math.isfinite(gnorm)):
+            self.consecutive_skips = 0
+            return None
+        bad = [f"{name} {value:.4g}" for name, value in (("loss", loss), ("gradient norm", gnorm))
+               if not math.isfinite(value)] or ["loss or gradient norm on another rank"]
+        what = f"step {step}: non-finite {' and '.join(bad)}"
+        last = f"the last checkpoint is {self.last_saved or 'none'}"
+        if self.ns.on_nonfinite == "stop":
+            return f"{what}; stopped (--on-nonfinite stop), {last}"
+        self.skipped.append(step)
+        self.consecutive_skips += 1
+        if self.consecutive_skips >= self.ns.max_skips:
+            return (f"{what}; {self.consecutive_skips} consecutive steps skipped (--max-skips "
+                    f"{self.ns.max_skips}), stopped, {last}")
+        return "skip"
+
+    def evaluate(self) -> float:
+        import dist
+
+        losses = [dist.evaluate(self.model, *global_batch(self.corpus.val, self.ns,
+                                                          [self.ns.seed, 10**9 + i],
+                                                          self.mesh.dp_rank))
+                  for i in range(self.ns.eval_batches)]
+        return float(np.mean(losses))
+
+    def fail(self, message: str) -> int:
+        if getattr(self, "prog", None) is not None:
+            self.prog.close()
+        if self.world.rank == 0:
+            print(f"train.py: error: {message}", file=sys.stderr, flush=True)
+        return 1
+
+    def run(self) -> int:
+        import dist
+        from autograd import optim
+
+        ns, rank = self.ns, self.world.rank
+        np.seterr(over="ignore", invalid="ignore")  # non-finite values: see nonfinite()
+        if ns.resume or ns.init_from:
+            error = None
+            try:
+                self.resume() if ns.resume else self.init_from()
+            except (ValueError, KeyError, OSError) as exc:
+                error = str(exc).strip("'\"").splitlines()[0]
+                fallback = getattr(exc, "fallback", None)
+                if isinstance(exc, dist.CheckpointError):
+                    error += (f"; the newest older checkpoint that verifies is {fallback} "
+                              f"(--resume {fallback})" if fallback else
+                              "; no older checkpoint verifies")
+            errors = [e for e in self.world.all_gather_object(error) if e]
+            if errors:  # on any rank: every rank stops, rank 0 says why
+                if rank == 0:
+                    option = "--resume" if ns.resume else "--init-from"
+                    print(f"train.py: error: {option}: {errors[0]}", file=sys.stderr,
+                          flush=True)
+                return 2
+        if rank == 0:
+            c = self.corpus
+            print(f"gpt: {self.n_params / 1e6:.2f}M params, {ns.n_layer} layers x {ns.n_embd} "
+                  f"wide, {ns.n_head} heads, context {ns.block_size} | data: {c.source} "
+                  f"({len(c.train.tokens):,} train / {len(c.val.tokens):,} val {c.unit}) | "
+                  f"mesh: dp={ns.dp} "
+                  f"pp={ns.pp} tp={ns.tp}, {ns.micro_batches} micro-batches ({ns.schedule}) | "
+                  f"device: {self.device_label}, {ns.dtype}"
+                  + (f" | resumed at step {self.start}" if ns.resume else "")
+                  + (f" | weights from {ns.init_from}" if ns.init_from else ""), flush=True)
+            from gpuplan.launcher import oversubscription_note
+
+            if oversubscription_note():
+                print(oversubscription_note(), flush=True)
+        # metrics.jsonl: a resumed run keeps the records up to its step, a new run starts anew.
+        log = (progress_mod.MetricsLog(self.out / "metrics.jsonl",
+                                       self.start if ns.resume else None) if rank == 0 else None)
+        prog = self.prog = progress_mod.Progress(ns.steps, self.start,
+                                                 progress_mod.show_bar(ns.progress, rank))
+        stop = ns.steps if ns.stop_after is None else min(ns.steps, ns.stop_after)
+        tokens = ns.batch_size * ns.block_size
+        t_mark, steps_since = time.perf_counter(), 0
+        for step in range(self.start, stop):
+            t0 = time.perf_counter()
+            x, y = global_batch(self.corpus.train, ns, [ns.seed, step], self.mesh.dp_rank)
+            # --cuda-graph: this run's first step is eager (the warm-up), then graphs
+            graphed = self.graphed if self.graphed is not None and step > self.start else None
+            if graphed is not None:
+                loss, gnorm = graphed.forward_backward(x, y)
+            else:
+                loss = self.model.train_step(x, y)
+                gnorm = dist.grad_norm(self.model)
+            lr = self.sched.get_last_lr()[0]
+            verdict = self.nonfinite(step + 1, loss, gnorm)
+            if verdict not in (None, "skip"):
+                return self.fail(verdict)
+            if verdict is None and graphed is not None:
+                graphed.optimizer_step()  # (clipped in the graph; gradients stay static)
+            elif verdict is None:
+                if ns.clip > 0:
+                    optim.clip_grads_with_norm_(self.model.parameters(), ns.clip, gnorm)
+                self.opt.step()
+            if graphed is None:
+                self.opt.zero_grad()
+            self.sched.step()
+            steps_since += 1
+            prog.step(step + 1, loss, tokens / (time.perf_counter() - t0))
+            if (step + 1) % ns.eval_interval == 0 or step + 1 == stop or step == 0:
+                val = self.evaluate()
+                dt = (time.perf_counter() - t_mark) / steps_since
+                rec = {"step": step + 1, "train_loss": loss, "val_loss": val, "lr": lr,
+                       "grad_norm": gnorm, "step_time_s": dt, "tokens_per_s": tokens / dt,
+                       "mfu": (None if self.peak is None
+                               else self.flops_token * tokens / dt / self.peak),
+                       "memory_mib": float(self.world.all_reduce(
+                           np.array([progress_mod.memory_mib(self.device)]), "max")[0])}
+                self.history.append(rec)
+                if rank == 0:
+                    log.append(rec)
+                    prog.line(progress_mod.format_record(rec, ns.steps, prog.eta(step + 1)))
+                if not self.save(step + 1):
+                    return self.fail(f"step {step + 1}: a parameter is not finite; no "
+                                     f"checkpoint written, the last is {self.last_saved}")
+                t_mark, steps_since = time.perf_counter(), 0
+        prog.close()
+        if stop < ns.steps:
+            if rank == 0:
+                print(f"stopped after step {stop} (--stop-after); continue with --resume",
+                      flush=True)
+            return 0
+        dense = dist.gather_dense_state_dict(self.model, self.world)
+        if rank == 0:
+            self.finish(dense)
+        return 0
+
+    def finish(self, dense_state: dict) -> None:
+        from . import plotting
+
+        self.out.mkdir(parents=True, exist_ok=True)
+        metrics = {"args": vars(self.ns), "params": self.n_params, "device": self.device_label,
+                   "history": self.history, "skipped_steps": self.skipped}
+        (self.out / "metrics.json").write_text(json.dumps(metrics, indent=1))
+        steps = [h["step"] for h in self.history]
+        plot = str(self.out / "loss.png")
+        try:
+            plotting.write_loss_plot(
+                self.out / "loss.png",
+                {"train": (steps, [h["train_loss"] for h in self.history]),
+                 "validation": (steps, [h["val_loss"] for h in self.history])},
+                title=f"{'byte-level ' if self.corpus.unit == 'bytes' else ''}GPT, "
+                      f"{self.n_params / 1e6:.2f}M params",
+                ylabel=f"cross-entropy (nats/{self.corpus.unit[:-1]})")
+        except ImportError as exc:  # a --no-deps install (the GPU check's) may lack matplotlib
+            plot = (f"no loss.png ({exc.name} is not installed; python -m "
+                    f"dist.trainer.plotting {self.out / 'metrics.jsonl'} draws it)")
+        text = sample_text(self.cfg, dense_state, self.ns.sample_tokens, self.ns.seed,
+                           self.device, self.corpus.prompt(), codec=self.corpus.codec)
+        print(f"sample (temperature 0.8, top-k 40):\n{text}\n", flush=True)
+        print(f"wrote {self.out / 'metrics.json'}, {self.out / 'metrics.jsonl'}, "
+              f"{plot} and {self.ckpt}/ (scripts/generate.py --checkpoint "
+              f"{self.ckpt})", flush=True)
+
+
+def sample_text(cfg, dense_state: dict, n_tokens: int, seed: int, device: str,
+                prompt: str | np.ndarray = "def ", temperature: float = 0.8, top_k: int = 40,
+                codec=None) -> str:
+    """Text sampled from the dense model assembled from the shards (one process); `prompt`
+    is text or ids, `codec` a data.Codec (default: bytes)."""
+    codec = codec or data_mod.Codec()
+    from autograd import nn
+
+    model = nn.GPT(cfg)
+    model.load_state_dict(dense_state)
+    model.to(device=device)
+    idx = (codec.encode(prompt) if isinstance(prompt, str) else prompt)[None].astype(np.int64)
+    import gpuplan as gp
+
+    out = model.generate(gp.to_device(idx, device), n_tokens, temperature=temperature,
+                         top_k=top_k, seed=seed)
+    return codec.decode(gp.to_host(out)[0])
+
+
+def _config_json(cfg) -> dict:
+    import dataclasses
+
+    d = dataclasses.asdict(cfg)
+    d["dtype"] = np.dtype(d["dtype"]).name
+    return d
+
+
+if __name__ == "__main__":
+    sys.exit(main())

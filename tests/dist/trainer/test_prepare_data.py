@@ -1,0 +1,48 @@
+"""dist.trainer.prepare_data (scripts/prepare_data.py): text -> a token folder that
+dist.trainer.data reads back as the text itself; one-line errors."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+from dist.trainer import data as data_mod
+from dist.trainer import prepare_data
+from tests.dist.trainer.test_data import TEXT
+
+
+def test_prepare_data_bytes_round_trip(tmp_path):
+    src = tmp_path / "notes.txt"
+    src.write_text(TEXT + "\u00e9t\u00e9 \u2013 unicode\n")
+    assert prepare_data.main([str(src), str(tmp_path / "out")]) == 0
+    meta = json.loads((tmp_path / "out" / "meta.json").read_text())
+    assert meta["vocab_size"] == 256 and meta["dtype"] == "uint16" and meta["tokenizer"] is None
+    corpus = data_mod.load_corpus(str(tmp_path / "out"), 16)
+    text_corpus = data_mod.load_corpus(str(src), 16)  # the same split as --data notes.txt
+    for a, b in ((corpus.train, text_corpus.train), (corpus.val, text_corpus.val)):
+        np.testing.assert_array_equal(a.tokens, b.tokens)
+    assert corpus.codec.decode(np.concatenate([corpus.train.tokens, corpus.val.tokens])) == \
+        src.read_text()
+    assert not list((tmp_path / "out").glob(".*partial"))
+
+
+def test_prepare_data_errors_are_one_line(tmp_path, capsys):
+    (tmp_path / "blob.dat").write_bytes(b"\0\1\2" * 10)
+    (tmp_path / "bad.json").write_text("{}")
+    (tmp_path / "ok.txt").write_text(TEXT)
+    cases = [([str(tmp_path / "blob.dat"), str(tmp_path / "o")], "is not text (NUL byte"),
+             ([str(tmp_path / "nope"), str(tmp_path / "o")], "no such file or folder"),
+             ([str(tmp_path / "ok.txt"), str(tmp_path / "o"), "--tokenizer", "/no/tok.json"],
+              "--tokenizer: no such file: /no/tok.json"),
+             ([str(tmp_path / "ok.txt"), str(tmp_path / "o"), "--val-fraction", "1"],
+              "--val-fraction must lie in (0, 1), given 1.0")]
+    if data_mod.tokenizers_available():
+        cases.append(([str(tmp_path / "ok.txt"), str(tmp_path / "o"), "--tokenizer",
+                       str(tmp_path / "bad.json")], "is not a tokenizer.json ("))
+    for args, message in cases:
+        assert prepare_data.main(args) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("prepare_data.py: error: ") and message in err, err
+        assert err.count("\n") == 1, err
+    assert not (tmp_path / "o" / "train.bin").exists()
