@@ -1,7 +1,7 @@
 """Residual add + LayerNorm on the emulated device: forward (s = x + residual, y, mean,
 rstd) and backward (dx with and without the residual gradient ds, and the two-pass
-dweight / dbias), warp-per-row and block-per-row, against float64 references
-(gpuplan.testing: layer_norm_reference, layer_norm_backward_reference)."""
+dweight / dbias), warp-per-row and block-per-row, against the family's float64 reference
+(gpuplan.ops.residual_norm.reference, on the normalization family's)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,12 @@ import numpy as np
 
 import gpuplan as gp
 from gpuplan.dtypes import accumulator
-from gpuplan.ops.normalization.reference import layer_norm_backward_reference, layer_norm_reference
-from gpuplan.testing import DTYPES, Case, check, dtype_id, emu, f64, random, run_emulated
+from gpuplan.ops.normalization.reference import layer_norm_reference
+from gpuplan.ops.residual_norm.reference import (
+    residual_layer_norm_backward_reference,
+    residual_layer_norm_reference,
+)
+from gpuplan.testing import DTYPES, Case, check, dtype_id, emu, random, run_emulated
 
 # (rows, dim, variant): a warp per row up to dim 1024, a block per row beyond.
 SHAPES = [(7, 33, "warp_row"), (40, 257, "warp_row"), (2, 1025, "block_row")]
@@ -35,9 +39,8 @@ def forward(dtype, rows: int, dim: int, variant: str, has_w: bool, has_b: bool) 
                         gp.ResidualLayerNormArgs(emu(x), emu(r), emu(w), emu(b), s, y, mean,
                                                  rstd))
     assert plan.sku().variant == variant, plan.sku()
-    s64 = f64(x) + f64(r)
+    s64, ry, rmean, rrstd = residual_layer_norm_reference(x, r, w, b, EPS)
     check(s, s64, dtype, "residual_layer_norm s")
-    ry, rmean, rrstd = layer_norm_reference(s64, w, b, EPS)
     check(y, ry, dtype, "residual_layer_norm y", scale=4.0)
     check(mean, rmean, dtype, "residual_layer_norm mean", scale=4.0)
     check(rstd, rrstd, dtype, "residual_layer_norm rstd", scale=4.0)
@@ -59,9 +62,7 @@ def backward(dtype, rows: int, dim: int, variant: str, has_w: bool, has_b: bool,
                             emu(dy), emu(s), emu(w), emu(mean.astype(acc)),
                             emu(rstd.astype(acc)), emu(ds), dx, dw, db))
     assert plan.sku().variant == variant, plan.sku()
-    rdx, rdw, rdb = layer_norm_backward_reference(dy, s, w, EPS)
-    if with_ds:
-        rdx = rdx + f64(ds)
+    rdx, rdw, rdb = residual_layer_norm_backward_reference(dy, s, w, ds, EPS)
     check(dx, rdx, dtype, "residual_layer_norm_backward dx", scale=8.0)
     # Column sums over `rows` terms: the error grows with the count.
     if has_w:

@@ -1,5 +1,6 @@
-"""Residual add + LayerNorm plans against float64 references (gpuplan.testing), host and
-device; the declared operands' checks; the fused op against the composed one."""
+"""Residual add + LayerNorm plans against the family's float64 reference
+(gpuplan.ops.residual_norm.reference), host and device; the declared operands' checks; the
+fused op against the composed one."""
 
 from __future__ import annotations
 
@@ -9,7 +10,11 @@ import pytest
 import gpuplan as gp
 from gpuplan.dtypes import accumulator
 from gpuplan.host_pool import block_rows
-from gpuplan.ops.normalization.reference import layer_norm_backward_reference, layer_norm_reference
+from gpuplan.ops.normalization.reference import layer_norm_reference
+from gpuplan.ops.residual_norm.reference import (
+    residual_layer_norm_backward_reference,
+    residual_layer_norm_reference,
+)
 from gpuplan.spec_check import check_plan
 from gpuplan.testing import assert_close, f64, on, random
 from tests.plan_testing import DTYPES
@@ -30,14 +35,13 @@ def _inputs(rows, dim, dtype, has_w, has_b):
 
 def forward_reference(x, residual, weight=None, bias=None, **_):
     """float64 s, y, mean, rstd (from the unrounded s: rounding s is the op's error)."""
-    s = f64(x) + f64(residual)
-    y, mean, rstd = layer_norm_reference(s, weight, bias, EPS)
+    s, y, mean, rstd = residual_layer_norm_reference(x, residual, weight, bias, EPS)
     return {"s": s, "y": y, "mean": mean, "rstd": rstd}
 
 
 def backward_reference(dy, s, weight=None, ds=None, **_):
-    dx, dw, db = layer_norm_backward_reference(dy, s, weight, EPS)
-    out = {"dx": dx if ds is None else dx + f64(ds), "dbias": db}
+    dx, dw, db = residual_layer_norm_backward_reference(dy, s, weight, ds, EPS)
+    out = {"dx": dx, "dbias": db}
     if weight is not None:
         out["dweight"] = dw
     return out
