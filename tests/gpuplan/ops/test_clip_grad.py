@@ -1,6 +1,7 @@
 """Gradient clipping in one multi-tensor plan: the norm and every scaled gradient against
-float64, clipping only below 1, a given norm, determinism, the declared `out` operand's
-checks, the gradients list's checks, and equality with global_l2_norm + unary('scale')."""
+the family's float64 reference (gpuplan.ops.clip_grad.reference), clipping only below 1, a
+given norm, determinism, the declared `out` operand's checks, the gradients list's checks,
+and equality with global_l2_norm + unary('scale')."""
 
 from __future__ import annotations
 
@@ -10,9 +11,11 @@ import numpy as np
 import pytest
 
 import gpuplan as gp
+from gpuplan.ops.clip_grad.reference import clip_coefficient, clip_grad_norm_reference
 from gpuplan.ops.reduction.launch import NORM_CHUNK
+from gpuplan.ops.reduction.reference import global_l2_norm_reference
 from gpuplan.spec_check import check_plan
-from gpuplan.testing import assert_close, assert_rejected, f64, on, random, stream_for
+from gpuplan.testing import assert_close, assert_rejected, on, random, stream_for
 
 EPS = 1e-6
 
@@ -26,9 +29,8 @@ def _grads(with_f64: bool) -> list[np.ndarray]:
 
 
 def _reference(grads: list, max_norm: float, total: float | None = None):
-    norm = np.sqrt(sum(float(np.sum(f64(g) ** 2)) for g in grads)) if total is None else total
-    coef = max_norm / (norm + EPS)
-    return norm, [f64(g) * min(coef, 1.0) for g in grads]
+    norm, scaled, _ = clip_grad_norm_reference(grads, max_norm, EPS, total)
+    return norm, scaled
 
 
 @pytest.mark.parametrize("with_f64", [False, True], ids=["f32-norm", "f64-norm"])
@@ -45,7 +47,7 @@ def test_clips_like_the_reference(device, with_f64, max_norm, given):
 
     def reference(out, arrays, max_norm, eps, total_norm):
         for a, w, g in zip(arrays, want, host, strict=True):  # scaled in place by the run
-            if w.size and min(max_norm / (want_norm + EPS), 1.0) == 1.0:
+            if w.size and clip_coefficient(want_norm, max_norm, EPS) == 1.0:
                 np.testing.assert_array_equal(gp.to_host(a), g)  # untouched, bit for bit
             else:
                 assert_close(a, w, g.dtype, scale=2)
@@ -145,8 +147,9 @@ def test_functional_and_descriptor():
 
 
 def _hypot(arrays: list) -> float:
-    """Independent reference: Python's math.hypot is scaled (no overflow or underflow)."""
-    return math.hypot(*(float(x) for a in arrays for x in f64(a).ravel()))
+    """The reduction family's reference: Python's math.hypot is scaled (no overflow or
+    underflow)."""
+    return global_l2_norm_reference(arrays)
 
 
 @pytest.mark.parametrize("case", ["f32-huge", "f32-tiny", "f64-huge-and-tiny", "mixed"])
