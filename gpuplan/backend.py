@@ -1,8 +1,9 @@
 """Where arrays live: host (NumPy), a CUDA device (CuPy), or the emulated device.
 
-This module is the only place in the project that decides between NumPy, CuPy and the
-emulated device. Importing it never touches CUDA, and CuPy is imported only when a CUDA
-device is asked for and a CUDA driver is installed (importing it costs ~165 MiB per rank).
+The array-level entry points (empty, asarray, to_host, device_of, ...) over the devices of
+gpuplan.devices, which answer for their arrays. Importing it never touches CUDA, and CuPy is
+imported only when a CUDA device is asked for and a CUDA driver is installed (importing it
+costs ~165 MiB per rank); the emulator is loaded only when the emulated device is asked for.
 
 Device names: "cpu", "cuda", "emulated". With ``GPUPLAN_DEVICE=emulated`` the emulated device
 is *the* device: ``device="cuda"`` resolves to it and `device_available()` is true.
@@ -10,62 +11,22 @@ is *the* device: ``device="cuda"`` resolves to it and `device_available()` is tr
 
 from __future__ import annotations
 
-import ctypes
-import functools
 import os
 import sys
 from typing import Any
 
 import numpy as np
 
+from gpuplan import devices
+from gpuplan.devices import _cuda_driver_present, cuda_available, cupy_module  # noqa: F401
 from gpuplan.dtypes import as_dtype
-from gpuplan.emulator import array as _emu
 
-DEVICES = ("cpu", "cuda", "emulated")
+DEVICES = tuple(devices.PLUGINS)
 
 
 def emulated_default() -> bool:
     """True when GPUPLAN_DEVICE=emulated makes the emulated device the default device."""
     return os.environ.get("GPUPLAN_DEVICE", "").lower() == "emulated"
-
-
-@functools.lru_cache(maxsize=1)
-def _cuda_driver_present() -> bool:
-    """Whether libcuda can be loaded: without it there is no GPU, and no reason to import
-    CuPy."""
-    for name in ("libcuda.so.1", "libcuda.so", "nvcuda.dll", "libcuda.dylib"):
-        try:
-            ctypes.CDLL(name)
-            return True
-        except OSError:
-            continue
-    return False
-
-
-@functools.lru_cache(maxsize=1)
-def cupy_module() -> Any | None:
-    """The cupy module, or None when CuPy is not installed (imported on first call)."""
-    if os.environ.get("GPUPLAN_DISABLE_CUDA") == "1":
-        return None
-    try:
-        import cupy
-    except Exception:  # noqa: BLE001 - any import failure means "no CuPy here"
-        return None
-    return cupy
-
-
-@functools.lru_cache(maxsize=1)
-def cuda_available() -> bool:
-    """True when a CUDA driver is present, CuPy imports and a CUDA device answers."""
-    if os.environ.get("GPUPLAN_DISABLE_CUDA") == "1" or not _cuda_driver_present():
-        return False
-    cp = cupy_module()
-    if cp is None:
-        return False
-    try:
-        return cp.cuda.runtime.getDeviceCount() > 0
-    except Exception:  # noqa: BLE001 - no driver / no device
-        return False
 
 
 def device_count() -> int:
@@ -114,31 +75,24 @@ def _cupy_if_imported() -> Any | None:
 
 
 def is_device_array(a: object) -> bool:
-    """True for a CuPy ndarray or an emulated-device array (never imports CuPy)."""
+    """True for an array of a device (CuPy, emulated); never imports CuPy or the emulator."""
     if type(a) is np.ndarray or a is None:
         return False
-    if isinstance(a, _emu.EmulatedArray):
-        return True
-    cp = _cupy_if_imported()
-    return cp is not None and isinstance(a, cp.ndarray)
+    return devices.of_array(a).name != "cpu"
 
 
 def array_namespace(a: object) -> Any:
     """numpy for host arrays, cupy for CUDA arrays, the emulated namespace for emulated ones."""
     if type(a) is np.ndarray:
         return np
-    if isinstance(a, _emu.EmulatedArray):
-        return _emu.namespace
-    return cupy_module() if is_device_array(a) else np
+    return devices.of_array(a).namespace()
 
 
 def device_of(a: object) -> str:
     """'cpu', 'cuda' or 'emulated' for an array."""
     if type(a) is np.ndarray:
         return "cpu"
-    if isinstance(a, _emu.EmulatedArray):
-        return "emulated"
-    return "cuda" if is_device_array(a) else "cpu"
+    return devices.of_array(a).name
 
 
 def data_ptr(a: Any) -> int:
@@ -149,15 +103,7 @@ def data_ptr(a: Any) -> int:
 
 
 def _namespace_for(device: str) -> Any:
-    device = resolve_device(device)
-    if device == "cpu":
-        return np
-    if device == "emulated":
-        return _emu.namespace
-    if not cuda_available():
-        raise RuntimeError("device='cuda' requested but no usable CUDA device is present "
-                           "(GPUPLAN_DEVICE=emulated runs the kernels on the emulated device)")
-    return cupy_module()
+    return devices.get(resolve_device(device)).namespace()
 
 
 def empty(shape: Any, dtype: Any, device: str = "cpu") -> Any:
@@ -178,16 +124,16 @@ def asarray(a: Any, dtype: Any = None, device: str | None = None) -> Any:
     dt = None if dtype is None else as_dtype(dtype)
     if device == "cpu":
         return np.asarray(to_host(a), dtype=dt)
-    if device == "cuda" and isinstance(a, _emu.EmulatedArray):
-        a = a.get()
+    if device_of(a) not in ("cpu", device):  # from one device to another: through the host
+        a = to_host(a)
     return _namespace_for(device).asarray(a, dtype=dt)
 
 
 def to_host(a: Any) -> np.ndarray:
     """A NumPy copy (or view, for host arrays) of `a`."""
-    if is_device_array(a):
-        return a.get()
-    return np.asarray(a)
+    if type(a) is np.ndarray:
+        return a
+    return devices.of_array(a).to_host(a)
 
 
 def to_device(a: Any, device: str) -> Any:

@@ -30,3 +30,9 @@ class MisalignedOperand(GpuPlanError):
 def describe(op: str, arg: str, expected: object, given: object) -> str:
     """The one message format: op, argument, what was expected and what was given."""
     return f"{op}: argument '{arg}': expected {expected}, given {given}"
+
+
+class GraphCaptureError(RuntimeError):
+    """Something in a captured region cannot be captured into a CUDA graph (a host sync, a
+    pageable host copy, a value read back), or a replay would touch freed memory. The
+    capture is abandoned; the stream works as before."""

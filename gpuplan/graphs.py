@@ -24,9 +24,9 @@ from typing import Any
 
 import numpy as np
 
-from gpuplan import backend
-from gpuplan.emulator.capture import GraphCaptureError
-from gpuplan.stream import _CAPTURES, Stream, upload
+from gpuplan import backend, devices
+from gpuplan.errors import GraphCaptureError
+from gpuplan.stream import Stream, upload
 
 __all__ = ["CUDAGraph", "CapturedStep", "GraphCaptureError", "GraphPool", "before_replay",
            "capture_step", "graph", "is_capturing", "side_stream"]
@@ -53,11 +53,11 @@ def side_stream(device: str | None = None) -> Stream:
     """The stream captures use: a non-blocking CUDA stream per device (capture refuses the
     legacy default stream), or the emulated device's stream."""
     device = backend.default_device() if device is None else backend.resolve_device(device)
-    if device == "emulated":
-        return Stream.emulated()
-    if device != "cuda":
+    if device == "cpu":
         raise GraphCaptureError(f"graph capture: needs a device (CUDA, or the emulated "
                                 f"device), given device {device!r}: host work runs eagerly")
+    if device != "cuda":
+        return Stream.of_device(device)  # a device with one stream (the emulated device)
     cp = backend.cupy_module()
     dev = cp.cuda.runtime.getDevice()
     cuda = _SIDE.get(dev)
@@ -132,7 +132,7 @@ class CUDAGraph:
         self._stream = stream
         _GRAPHS[stream.key] = self
         if device == "cuda":
-            _CAPTURES[stream.key] = self
+            devices.get("cuda").captures[stream.key] = self
 
     def capture_end(self) -> None:
         stream = self._require_capturing("capture_end")
@@ -161,7 +161,7 @@ class CUDAGraph:
     def _detach(self) -> None:
         key = self._stream.key
         _GRAPHS.pop(key, None)
-        _CAPTURES.pop(key, None)
+        devices.get("cuda").captures.pop(key, None)
         self._exit_allocator()
 
     def _exit_allocator(self) -> None:
@@ -177,7 +177,7 @@ class CUDAGraph:
         for hook in self._hooks:
             hook()
         stream = self._stream
-        if stream.is_emulated:
+        if stream.kind != "cuda":  # one stream (the emulated device): nothing to order
             self._graph.launch()
             return
         cp = backend.cupy_module()

@@ -4,9 +4,9 @@ Each op family declares one `CudaModule` at import time (no compilation then): t
 file beside its Python module and the full list of template instances it launches
 (`name_expressions`). The first `function()` call on a device compiles the module with
 `cupy.RawModule` (CuPy caches the binary on disk as well), or, for the emulated device, with
-the host compiler (`gpuplan.emulator`). `scripts/check_kernels.py` walks `registry()` to
-compile every instance for sm_80 and sm_90 without a GPU, and with ``--execute`` to run
-every instance on the emulated device.
+the host compiler: the device compiles it (`gpuplan.devices.Device.load_module`).
+`scripts/check_kernels.py` walks `registry()` to compile every instance for sm_80 and sm_90
+without a GPU, and with ``--execute`` to run every instance on the emulated device.
 
 CuPy's disk cache key ignores headers found through ``-I``, so the options carry a hash of
 every header the module includes (``-DGPUPLAN_HEADERS=<sha>``): editing a `.cuh` recompiles.
@@ -22,9 +22,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from gpuplan import backend
-from gpuplan.emulator.array import DEVICE_ID as EMULATED_DEVICE_ID
-from gpuplan.emulator.device import EmulatedModule
+from gpuplan import backend, devices
 
 #: The CUDA headers the families share (gpuplan_common.cuh, ...).
 INCLUDE_DIR = Path(__file__).resolve().parent / "ops" / "include"
@@ -100,21 +98,15 @@ class CudaModule:
             raise KeyError(f"{self.path.name}: kernel {name_expression!r} is not among the "
                            f"declared name_expressions")
         with _LOCK:
+            device = devices.for_device_id(device_id)
             mod = self._modules.get(device_id)
-            if device_id == EMULATED_DEVICE_ID:
-                if mod is None:
-                    mod = self._modules[device_id] = EmulatedModule(
-                        self.path, self.name_expressions, self.options)
-                fn = self._functions[key] = mod.get_function(name_expression)
-                _NAMES[id(fn)] = (self.path.name, name_expression)
-                return fn
             if mod is None:
-                cp = backend.cupy_module()
-                with cp.cuda.Device(device_id):
-                    mod = cp.RawModule(code=self.source(), options=self.options,
-                                       name_expressions=list(self.name_expressions))
-                self._modules[device_id] = mod
-            with backend.cupy_module().cuda.Device(device_id):
+                mod = self._modules[device_id] = device.load_module(
+                    self.path, self.name_expressions, self.options, device_id)
+            if device.name == "cuda":  # a RawKernel is fetched with its device current
+                with backend.cupy_module().cuda.Device(device_id):
+                    fn = mod.get_function(name_expression)
+            else:
                 fn = mod.get_function(name_expression)
             self._functions[key] = fn  # held: its id in _NAMES stays its own
             _NAMES[id(fn)] = (self.path.name, name_expression)
@@ -151,8 +143,8 @@ def registry() -> list[CudaModule]:
 @contextlib.contextmanager
 def on_stream(stream: Any) -> Iterator[None]:
     """Make `stream` current, and its device (CuPy array ops, cuBLAS handles and kernels all
-    follow the current device, not the stream's); nothing to do on the emulated device."""
-    if stream.is_emulated or stream.is_host:
+    follow the current device, not the stream's); nothing to do on other devices."""
+    if stream.kind != "cuda":
         yield
         return
     with backend.cupy_module().cuda.Device(stream.device_id), stream.cuda_stream:
@@ -167,11 +159,7 @@ def launch(stream: Any, kernel: Any, grid: int | tuple, block: int | tuple, args
     emulated device's bounds checks allow them; a GPU needs nothing)."""
     grid = grid if isinstance(grid, tuple) else (int(grid),)
     block = block if isinstance(block, tuple) else (int(block),)
-    if stream.is_emulated:
-        kernel(grid, block, args, shared_mem=shared_mem, reachable=reachable)
-    else:
-        with on_stream(stream):
-            kernel(grid, block, args, shared_mem=shared_mem)
+    stream.device.launch(stream, kernel, grid, block, args, shared_mem, reachable)
     name = _NAMES.get(id(kernel))
     if name is not None:
         LAUNCHED.add(name)
@@ -189,11 +177,7 @@ def allow_dynamic_smem(fn: Any, nbytes: int, device_id: int) -> None:
     current device, whatever device it was fetched for."""
     if nbytes <= 48 * 1024 or _SMEM_CAPS.get(id(fn), (None, 0))[1] >= nbytes:
         return
-    if device_id == EMULATED_DEVICE_ID:
-        fn.max_dynamic_shared_size_bytes = nbytes
-    else:
-        with backend.cupy_module().cuda.Device(device_id):
-            fn.max_dynamic_shared_size_bytes = nbytes
+    devices.for_device_id(device_id).allow_dynamic_smem(fn, nbytes, device_id)
     _SMEM_CAPS[id(fn)] = (fn, nbytes)
 
 

@@ -265,8 +265,8 @@ _NAMESPACES: dict[str, Any] = {}
 
 def _unavailable(cand: Candidate, stream: Stream) -> str | None:
     """Why the stream's device cannot run `cand` (None when it can)."""
-    if stream.is_emulated and cand.backend is BackendKind.CUBLAS:
-        return "cuBLAS does not run on the emulated device"
+    if cand.backend is BackendKind.CUBLAS and not stream.device.has_cublas:
+        return f"cuBLAS does not run on the {stream.kind} device"
     if cand.min_compute_capability and stream.kind != "cpu" and \
             stream.compute_capability < cand.min_compute_capability:
         return (f"needs sm_{cand.min_compute_capability}, the device is "

@@ -189,15 +189,9 @@ def array_type_of(kind: str) -> type:
     """The array class of plans on a stream of `kind` (np.ndarray, cupy.ndarray, ...)."""
     t = _ARRAY_TYPES.get(kind)
     if t is None:
-        if kind == "cpu":
-            t = np.ndarray
-        elif kind == "emulated":
-            from gpuplan.emulator.array import EmulatedArray
-            t = EmulatedArray
-        else:
-            from gpuplan import backend
-            t = backend.cupy_module().ndarray
-        _ARRAY_TYPES[kind] = t
+        from gpuplan import devices
+
+        t = _ARRAY_TYPES[kind] = devices.get(kind).array_type()
     return t
 
 

@@ -6,13 +6,8 @@ from typing import Any
 
 import numpy as np
 
-from gpuplan import backend, host
-from gpuplan.emulator import array as emulated_array
-from gpuplan.emulator import capture as emulated_capture
-from gpuplan.emulator.array import DEVICE_ID as EMULATED_DEVICE_ID
-from gpuplan.emulator.capture import GraphCaptureError
-from gpuplan.emulator.stream import EmulatedStream
-from gpuplan.errors import InvalidProblem, describe
+from gpuplan import backend, devices, host
+from gpuplan.errors import GraphCaptureError, InvalidProblem, describe
 
 
 class Stream:
@@ -44,8 +39,16 @@ class Stream:
     def emulated(cls) -> Stream:
         """The stream of the emulated device (kernels run on the host, see gpuplan.emulator)."""
         if cls._EMULATED is None:
-            cls._EMULATED = cls(EmulatedStream(), EMULATED_DEVICE_ID, "emulated")
+            device = devices.get("emulated")
+            cls._EMULATED = cls(device.stream, device.device_id, "emulated")
         return cls._EMULATED
+
+    @classmethod
+    def of_device(cls, device: str) -> Stream:
+        """The stream plans on `device` ("cpu", "cuda", "emulated") use by default."""
+        if device == "cpu":
+            return cls.host()
+        return cls._current_cuda() if device == "cuda" else cls.emulated()
 
     @classmethod
     def current(cls) -> Stream:
@@ -78,10 +81,7 @@ class Stream:
         emulated arrays, the current CUDA stream for CuPy arrays."""
         if type(a) is np.ndarray:
             return cls.host()
-        where = backend.device_of(a)
-        if where == "emulated":
-            return cls.emulated()
-        return cls._current_cuda() if where == "cuda" else cls.host()
+        return cls.of_device(backend.device_of(a))
 
     @property
     def kind(self) -> str:
@@ -105,19 +105,23 @@ class Stream:
         return self._device_id
 
     @property
+    def device(self) -> devices.Device:
+        """The device this stream runs on (gpuplan.devices)."""
+        return devices.get(self._kind)
+
+    @property
     def arch(self) -> str:
         """'host', 'emulated', or the compute capability such as '90'."""
         if self._kind != "cuda":
-            return "host" if self.is_host else "emulated"
-        return compute_capability(self._device_id)
+            return "host" if self.is_host else self._kind
+        return self.device.compute_capability(self._device_id)
 
     @property
     def compute_capability(self) -> int:
         """The device's compute capability as an int (80 for the emulated sm_80 part, 0 on
         the host)."""
-        if self._kind == "cuda":
-            return int(compute_capability(self._device_id))
-        return EMULATED_COMPUTE_CAPABILITY if self.is_emulated else 0
+        cc = self.device.compute_capability(self._device_id)
+        return 0 if cc == "host" else int(cc)
 
     def synchronize(self) -> None:
         if self._cuda is not None:
@@ -129,9 +133,7 @@ class Stream:
     @property
     def capturing(self) -> Any:
         """The graph capture in progress on this stream (gpuplan.graphs), or None."""
-        if self._kind == "emulated":
-            return emulated_capture.active()
-        return _CAPTURES.get(self.key) if _CAPTURES else None
+        return None if self._kind == "cpu" else self.device.capture_active(self)
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Stream) and other._cuda is self._cuda and \
@@ -149,8 +151,6 @@ class Stream:
 
 
 _CUDA_WRAPPERS: dict[tuple[int, int], Stream] = {}
-#: CUDA streams capturing a graph (Stream.key -> the capture's state, see gpuplan.graphs).
-_CAPTURES: dict[tuple, Any] = {}
 
 
 def upload(stream: Stream, dst: Any, host: np.ndarray) -> None:
@@ -163,46 +163,7 @@ def upload(stream: Stream, dst: Any, host: np.ndarray) -> None:
     rewritten once this returns only because it is pageable (NumPy) memory, which CUDA
     stages before returning; a pinned buffer would be read later, asynchronously."""
     host = np.ascontiguousarray(host, dtype=dst.dtype).reshape(dst.shape)
-    if stream.is_host:
-        np.copyto(dst, host)
-    elif stream.is_emulated:
-        cap = emulated_capture.active()
-        if cap is None:
-            np.copyto(dst.view(np.ndarray), host)
-            return
-        snap = host.copy()
-        target = dst.view(np.ndarray)
-        cap.keep.append(snap)
-        cap.record("upload", lambda: np.copyto(target, snap), (dst,))
-    else:
-        cap = stream.capturing
-        cuda = stream.cuda_stream
-        with backend.cupy_module().cuda.Device(stream.device_id):
-            if cap is None:
-                dst.set(host, stream=cuda)
-                return
-            snap = __import__("cupyx").empty_pinned(host.shape, host.dtype)
-            snap[...] = host
-            cap.keep.append(snap)
-            dst.data.copy_from_host_async(snap.ctypes.data, host.nbytes, cuda)
-
-#: The emulated device executes the PTX of an sm_80 part (mma.sync, ldmatrix, cp.async).
-EMULATED_COMPUTE_CAPABILITY = 80
-
-_CC_CACHE: dict[int, str] = {}
-
-
-def compute_capability(device_id: int | None) -> str:
-    if device_id is None:
-        return "host"
-    if device_id == EMULATED_DEVICE_ID:
-        return str(EMULATED_COMPUTE_CAPABILITY)
-    cc = _CC_CACHE.get(device_id)
-    if cc is None:
-        cp = backend.cupy_module()
-        cc = str(cp.cuda.Device(device_id).compute_capability)
-        _CC_CACHE[device_id] = cc
-    return cc
+    stream.device.upload(stream, dst, host)
 
 
 class Workspace:
@@ -224,13 +185,7 @@ class Workspace:
             raise InvalidProblem(describe("Workspace.allocate", "nbytes", ">= 0", nbytes))
         if nbytes == 0:
             return cls.none()
-        if stream.is_host:
-            return cls(np.empty(nbytes, dtype=np.uint8), nbytes)
-        if stream.is_emulated:
-            return cls(emulated_array.empty(nbytes, np.uint8), nbytes)
-        cp = backend.cupy_module()
-        with cp.cuda.Device(stream.device_id):
-            return cls(cp.empty(nbytes, dtype=cp.uint8), nbytes)
+        return cls(stream.device.alloc_bytes(nbytes, stream.device_id), nbytes)
 
     def view(self, dtype: Any, count: int, offset_bytes: int = 0) -> Any:
         """`count` elements of `dtype` starting at byte `offset_bytes` of the buffer."""

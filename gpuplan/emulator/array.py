@@ -17,10 +17,9 @@ from typing import Any
 
 import numpy as np
 
+from gpuplan.devices import EMULATED_DEVICE_ID as DEVICE_ID
 from gpuplan.emulator import capture as _capture
 
-#: The device id of the emulated device (distinct from every CUDA device id).
-DEVICE_ID = -1
 _ALIGN = 256
 
 

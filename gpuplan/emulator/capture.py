@@ -22,11 +22,7 @@ from typing import Any
 
 import numpy as np
 
-
-class GraphCaptureError(RuntimeError):
-    """Something in a captured region cannot be captured into a CUDA graph (a host sync, a
-    pageable host copy, a value read back), or a replay would touch freed memory. The
-    capture is abandoned; the stream works as before."""
+from gpuplan.errors import GraphCaptureError
 
 
 class Capture:

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import gpuplan as gp
+from gpuplan import devices
 
 PROBE = """
 import sys, numpy as np, gpuplan as gp, autograd, dist
@@ -80,7 +81,7 @@ def test_dynamic_smem_cap_is_raised_once_with_the_kernels_device_current(monkeyp
         def __setattr__(self, name, value):
             Kernel.raised.append((name, value, current[0]))
 
-    monkeypatch.setattr(nvrtc.backend, "cupy_module",
+    monkeypatch.setattr(devices, "cupy_module",
                         lambda: types.SimpleNamespace(cuda=types.SimpleNamespace(Device=Device)))
     monkeypatch.setattr(nvrtc, "_SMEM_CAPS", {})
     fn = Kernel()

@@ -23,8 +23,7 @@ from typing import Any
 import numpy as np
 
 from gpuplan.dtypes import accumulator, cuda_name, short_name
-from gpuplan.emulator.capture import GraphCaptureError
-from gpuplan.errors import InvalidProblem, describe
+from gpuplan.errors import GraphCaptureError, InvalidProblem, describe
 from gpuplan.execute import call
 from gpuplan.nvrtc import CudaModule, launch
 from gpuplan.ops.optimizer.common import check_disjoint
