@@ -27,6 +27,9 @@ if TYPE_CHECKING:
     from autograd.tensor import Tensor
 
 _ROWS = {op.name: op for op in BINARY_OPS}
+#: (op, dtype) for every dtype each binary op computes in (promote's fast path).
+_TAKES = frozenset((op.name, d) for op in BINARY_OPS for d in BINARY_DTYPES
+                   if dtype_kind(d) in op.kinds)
 _BOOL = np.dtype(np.bool_)
 
 
@@ -170,6 +173,10 @@ def convert_operand(v: Any, dtype: np.dtype, device: str, op: str) -> Any:
 
 def promote(op: str, a: Any, b: Any, dtype: Any = None) -> tuple[Any, Any]:
     """a and b converted to their result dtype (or `dtype`), checked against op's row."""
+    if dtype is None and isinstance(a, TensorBase) and isinstance(b, TensorBase):
+        d = a.data.dtype  # the common case, two tensors of one dtype op takes: as they are
+        if d == b.data.dtype and (op, d) in _TAKES:
+            return a, b
     like = a if isinstance(a, TensorBase) else b
     if not isinstance(like, TensorBase):
         raise TypeError(f"{op}(): one operand must be a Tensor, given {type(a).__name__} and "
