@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from autograd import anomaly, grad_mode
+from autograd import anomaly, grad_mode, tensor_base
 from autograd.tape import Node, _default_tape, _open_tapes
-from autograd.tensor_base import TensorBase, new_tensor
+from autograd.tensor_base import TensorBase
 
 if TYPE_CHECKING:
     from autograd.tensor import Tensor
@@ -86,14 +86,14 @@ class Function:
         if type(out) is not tuple:
             return _wrap_one(cls, ctx, out, parents, record)
         if not record:
-            return tuple(new_tensor(o) for o in out)
+            return tuple(tensor_base.TENSOR_CLASS(o) for o in out)
         tape = _open_tapes[-1] if _open_tapes else _default_tape
         node = Node(cls, ctx, tuple(parents), tuple((o.shape, o.dtype) for o in out), tape)
         tape._record(node)
         skip = ctx._non_differentiable
         results = []
         for k, o in enumerate(out):
-            t = new_tensor(o)
+            t = tensor_base.TENSOR_CLASS(o)
             if id(o) not in skip:
                 t.requires_grad = True
                 t._node = node
@@ -116,7 +116,7 @@ def _check_inference_saved(cls: type, saved: tuple, t: Tensor) -> None:
 
 
 def _wrap_one(cls: type, ctx: Context, out: Any, parents: list, record: bool) -> Tensor:
-    t = new_tensor(out)
+    t = tensor_base.TENSOR_CLASS(out)
     if record:
         tape = _open_tapes[-1] if _open_tapes else _default_tape
         node = Node(cls, ctx, tuple(parents), ((out.shape, out.dtype),), tape)

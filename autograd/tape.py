@@ -18,8 +18,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import gpuplan as gp
-from autograd import anomaly, inplace
-from autograd.tensor_base import TensorBase, new_tensor
+from autograd import anomaly, inplace, tensor_base
+from autograd.tensor_base import TensorBase
 from gpuplan.dtypes import FLOAT_DTYPES
 
 if TYPE_CHECKING:
@@ -174,9 +174,9 @@ def _accumulate_leaf(t: Tensor, g: Any, delivered: set) -> None:
         # another gradient or a view of one.
         if g.base is not None or id(g) in delivered:
             g = g.copy()
-        t.grad = new_tensor(g)
+        t.grad = tensor_base.TENSOR_CLASS(g)
     else:
-        t.grad = new_tensor(gp.functional.binary("add", t.grad.data, g))
+        t.grad = tensor_base.TENSOR_CLASS(gp.functional.binary("add", t.grad.data, g))
 
 
 def run_backward(roots: list[tuple[Tensor, Any]], retain: bool = False,

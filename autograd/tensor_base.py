@@ -111,15 +111,17 @@ class TensorBase:
         return self._inference
 
 
-_TENSOR_CLASS: type[TensorBase] = TensorBase
+#: The registered Tensor class (autograd.tensor sets it at import). Hot paths call it as
+#: ``tensor_base.TENSOR_CLASS(data)``: one Python call less per tensor than `new_tensor`.
+TENSOR_CLASS: type[TensorBase] = TensorBase
 
 
 def set_tensor_class(cls: type[TensorBase]) -> None:
     """Make `new_tensor` build instances of `cls` (autograd.tensor registers Tensor)."""
-    global _TENSOR_CLASS
-    _TENSOR_CLASS = cls
+    global TENSOR_CLASS
+    TENSOR_CLASS = cls
 
 
 def new_tensor(data: Any, requires_grad: bool = False) -> Any:
     """A Tensor (the registered class) holding `data` (an array, or a tensor's array)."""
-    return _TENSOR_CLASS(data, requires_grad)
+    return TENSOR_CLASS(data, requires_grad)

@@ -4,6 +4,7 @@
     python scripts/bench_autograd.py --device cpu --gpt small
     python scripts/bench_autograd.py --device cuda --gpt gpt2 --dtype bf16
     python scripts/bench_autograd.py --stub-math         # Python overhead only (no kernels)
+    python scripts/bench_autograd.py --calls             # Python calls per op and per step
 
 With --stub-math every plan's kernel/NumPy body is replaced by a no-op that counts calls:
 what remains is the Python cost of the plan layer (select from the cache, validation,
@@ -208,6 +209,53 @@ def bench_torch_overhead(repeat: int) -> None:
         print(f"{'torch fwd ' + name:<28}{sec * 1e6:>8.1f}")
 
 
+def python_calls(fn: Callable[[], object]) -> int:
+    """The Python function calls one `fn()` makes (sys.setprofile "call" events: functions
+    written in Python, not C builtins)."""
+    count = 0
+
+    def profile(frame: object, event: str, arg: object) -> None:
+        nonlocal count
+        if event == "call":
+            count += 1
+
+    sys.setprofile(profile)
+    try:
+        fn()
+    finally:
+        sys.setprofile(None)
+    return count - 1  # less fn's own frame
+
+
+def bench_calls(device: str) -> None:
+    """Python calls per recorded op (8x8 float32, inputs requiring grad, inside a tape) and
+    per small-GPT training step (forward, backward, clip, AdamW, zero_grad), counted after a
+    warm-up call (plans selected and cached)."""
+    rng = np.random.default_rng(0)
+
+    def t(*shape):
+        return ag.tensor(rng.standard_normal(shape).astype(np.float32), device=device,
+                         requires_grad=True)
+
+    a, b = t(8, 8), t(8, 8)
+    linear = nn.Linear(8, 8).to(device)
+    ops = {"add": lambda: a + b, "nn.Linear": lambda: linear(a),
+           "softmax": lambda: F.softmax(a, dim=-1),
+           "layer_norm": lambda: F.layer_norm(a, (8,), b[0], b[0])}
+    print(f"\nPython calls on {device} (8x8 float32, recorded on a tape)")
+    with ag.Tape():
+        for name, op in ops.items():
+            op()
+            print(f"{name:<28}{python_calls(op):>8}")
+    cfg = nn.GPTConfig(**GPT_SHAPES["small"][0], seed=0)
+    model = nn.GPT(cfg).to(device)
+    opt = optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1)
+    ids = gp.to_device(rng.integers(0, cfg.vocab_size, (2, 16)), device)
+    step = gpt_step_fn(model, opt, ids, ids)
+    step()
+    print(f"{'GPT small step (2x16)':<28}{python_calls(step):>8}")
+
+
 def gpt_step_fn(model: nn.GPT, opt: optim.Optimizer, idx, targets) -> Callable[[], float]:
     def step() -> float:
         loss = model.loss(idx, targets)
@@ -326,8 +374,13 @@ def main() -> None:
     parser.add_argument("--skip-ops", action="store_true")
     parser.add_argument("--stub-math", action="store_true",
                         help="measure the Python overhead only (plan bodies stubbed out)")
+    parser.add_argument("--calls", action="store_true",
+                        help="count the Python calls per op and per GPT step")
     args = parser.parse_args()
     device = args.device or ("cuda" if gp.device_available() else "cpu")
+    if args.calls:
+        bench_calls(device)
+        return
     if args.stub_math:
         bench_overhead(device, args.repeat or 2000)
         return
