@@ -62,7 +62,9 @@ def check_equal(device: str, steps: int) -> str | None:
     runs = []
     for captured in (False, True):
         if device == "emulated":
-            gp.emulator.reset_schedules()
+            from gpuplan.emulator import reset_schedules
+
+            reset_schedules()
         model = _mlp(device)
         step, sched = _trainer(model, 10, True)
         losses = []
@@ -101,7 +103,9 @@ def time_gpt(device: str, steps: int, size: str) -> tuple[float, float, float]:
     results = []
     for captured in (False, True):
         if device == "emulated":
-            gp.emulator.reset_schedules()
+            from gpuplan.emulator import reset_schedules
+
+            reset_schedules()
         model = nn.GPT(cfg)
         model.to(device=device)
         step, _ = _trainer(model, 256, False)

@@ -18,7 +18,9 @@ pytestmark = pytest.mark.gpu
 
 def _fresh_schedules(device):
     if device == "emulated":  # the same thread interleavings as the other run's
-        gp.emulator.reset_schedules()
+        from gpuplan.emulator import reset_schedules
+
+        reset_schedules()
 
 
 def _build(device, foreach):
