@@ -7,7 +7,7 @@ import pytest
 
 import autograd as ag
 from gpuplan.dtypes import bfloat16
-from tests.autograd.functions.helpers import gradcheck_on
+from tests.helpers import gradcheck_on
 
 
 def _rand(*shape, seed=0):

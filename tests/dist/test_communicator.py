@@ -14,7 +14,7 @@ import gpuplan as gp
 from dist.communicator import resolve_backend
 from dist.staging import PinnedBufferCache
 from gpuplan.testing import assert_close, f64, on, random
-from tests.plan_testing import DTYPES
+from tests.helpers import DTYPES
 
 mpi = pytest.mark.mpi
 

@@ -1,5 +1,5 @@
 """Declared op specs: generated classes, field checks, the derived operand checks, the enum
-table options, and the generic plan checker (gpuplan.spec_check) catching broken plans."""
+table options, and the generic plan checker (gpuplan.testing.check_plan) catching broken plans."""
 
 from __future__ import annotations
 
@@ -23,9 +23,8 @@ from gpuplan.spec import (
     Scalar,
     Shape,
 )
-from gpuplan.spec_check import check_plan, sweep_bad_inputs
-from gpuplan.testing import random
-from tests.plan_testing import DTYPES
+from gpuplan.testing import check_plan, random, sweep_bad_inputs
+from tests.helpers import DTYPES
 
 SPEC = OpSpec(
     "axpy_test",

@@ -9,8 +9,7 @@ import autograd as ag
 from autograd.nn import functional as F
 from gpuplan.ops.attention.reference import attention_reference
 from gpuplan.testing import assert_close, f64
-from tests.autograd.functions.helpers import check_dtypes, gradcheck_on
-from tests.plan_testing import DTYPES
+from tests.helpers import DTYPES, check_dtypes, gradcheck_on
 
 
 def _x(*shape, seed=0):

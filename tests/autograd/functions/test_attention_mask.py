@@ -9,7 +9,7 @@ import pytest
 
 import autograd as ag
 from autograd.nn import functional as F
-from tests.autograd.functions.helpers import gradcheck_on
+from tests.helpers import gradcheck_on
 
 RNG = np.random.default_rng(5)
 Q, K, V = (RNG.standard_normal((2, 3, 4, 8)), RNG.standard_normal((2, 3, 6, 8)),

@@ -8,8 +8,7 @@ import pytest
 import autograd as ag
 from autograd.nn import functional as F
 from gpuplan.ops.embedding.reference import embedding_backward_reference, embedding_reference
-from tests.autograd.functions.helpers import check_dtypes, gradcheck_on
-from tests.plan_testing import DTYPES
+from tests.helpers import DTYPES, check_dtypes, gradcheck_on
 
 
 def _w(v=6, d=3, seed=0):

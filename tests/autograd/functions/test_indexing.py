@@ -7,8 +7,7 @@ import numpy as np
 import pytest
 
 import autograd as ag
-from tests.autograd.functions.helpers import check_dtypes, gradcheck_on
-from tests.plan_testing import DTYPES
+from tests.helpers import DTYPES, check_dtypes, gradcheck_on
 
 
 def _r(*shape, seed=0):

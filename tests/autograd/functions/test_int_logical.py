@@ -9,7 +9,7 @@ import pytest
 
 import autograd as ag
 import gpuplan as gp
-from tests.autograd.functions.helpers import gradcheck_on
+from tests.helpers import gradcheck_on
 
 
 def t(a, device, **kw):

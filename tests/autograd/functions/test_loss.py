@@ -7,8 +7,7 @@ import pytest
 
 import autograd as ag
 from autograd.nn import functional as F
-from tests.autograd.functions.helpers import check_dtypes, gradcheck_on
-from tests.plan_testing import DTYPES
+from tests.helpers import DTYPES, check_dtypes, gradcheck_on
 
 
 def _x(*shape, seed=0):

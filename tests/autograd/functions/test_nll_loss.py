@@ -8,7 +8,7 @@ import pytest
 
 import autograd as ag
 from autograd.nn import functional as F
-from tests.autograd.functions.helpers import gradcheck_on
+from tests.helpers import gradcheck_on
 
 RNG = np.random.default_rng(3)
 LOGP = np.log(np.random.default_rng(1).dirichlet(np.ones(5), size=6))

@@ -8,7 +8,7 @@ import pytest
 
 import autograd as ag
 from autograd.nn import functional as F
-from tests.autograd.functions.helpers import gradcheck_on
+from tests.helpers import gradcheck_on
 
 X = np.random.default_rng(0).uniform(-1, 1, (2, 3, 4))
 

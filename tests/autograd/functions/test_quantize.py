@@ -15,7 +15,7 @@ import gpuplan as gp
 from autograd.nn import functional as F
 from gpuplan.ops.quantize.reference import quantize_reference64, scale_reference64
 from gpuplan.testing import assert_close, f64
-from tests.plan_testing import DTYPES
+from tests.helpers import DTYPES
 
 
 def _x(*shape, seed=0):

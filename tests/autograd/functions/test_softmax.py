@@ -8,9 +8,8 @@ import pytest
 import autograd as ag
 from autograd.functions.softmax import softmax as scaled_softmax
 from autograd.nn import functional as F
-from tests.autograd.functions.helpers import check_dtypes, gradcheck_on
 from tests.gpuplan.ops.test_softmax import ref_softmax
-from tests.plan_testing import DTYPES
+from tests.helpers import DTYPES, check_dtypes, gradcheck_on
 
 
 def _x(*shape, seed=0):

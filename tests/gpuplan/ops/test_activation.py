@@ -13,7 +13,7 @@ import gpuplan as gp
 from gpuplan.host_math import erf
 from gpuplan.ops.activation.plans import UNARY_OPS
 from gpuplan.testing import assert_close, assert_rejected, f64, on, random, run_plan, stream_for
-from tests.plan_testing import DTYPES, compile_with_enums
+from tests.helpers import DTYPES, compile_with_enums
 
 SIZES = [1, 37, 4099]  # odd sizes: scalar tails after the 16-byte packs
 _ERF = np.vectorize(math.erf)

@@ -16,7 +16,7 @@ import gpuplan.ops
 from gpuplan import nvrtc
 from gpuplan.dtypes import FLOAT_DTYPES
 from gpuplan.testing import assert_close, random, run_plan
-from tests.plan_testing import compile_with_enums
+from tests.helpers import compile_with_enums
 
 DOC = Path(__file__).resolve().parents[3] / "docs" / "adding_an_op.md"
 _BLOCK = re.compile(r"<!-- file: (\S+) -->\n```\w+\n(.*?)```", re.S)

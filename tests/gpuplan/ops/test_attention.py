@@ -12,9 +12,8 @@ import gpuplan as gp
 from gpuplan.dtypes import HALF_DTYPES
 from gpuplan.ops.attention.reference import attention_backward_reference, attention_reference
 from gpuplan.ops.dropout.reference import dropout_multipliers
-from gpuplan.spec_check import check_plan
-from gpuplan.testing import assert_close, f64, on, random, stream_for, tol
-from tests.plan_testing import DTYPES
+from gpuplan.testing import assert_close, check_plan, f64, on, random, stream_for, tol
+from tests.helpers import DTYPES
 
 SCALE = 0.4
 # (batch, lq, lk, head_dim, causal): a single element; odd lengths with lq < lk and lq > lk
@@ -27,7 +26,7 @@ _IDS = [f"{b}x{lq}x{lk}x{d}{'c' if c else ''}" for b, lq, lk, d, c in SHAPES]
 
 
 def _sweep(*extents):
-    """Whether to sweep bad operands: not with an empty operand (spec_check's strided variant
+    """Whether to sweep bad operands: not with an empty operand (check_plan's strided variant
     of an empty array is C-contiguous to NumPy, so it cannot be rejected)."""
     return all(extents)
 

@@ -14,9 +14,17 @@ from gpuplan.ops.binary.reference import (
     binary_backward_reference,
     binary_reference,
 )
-from gpuplan.spec_check import check_plan
-from gpuplan.testing import assert_close, assert_rejected, f64, on, random, run_plan, stream_for
-from tests.plan_testing import DTYPES, compile_with_enums
+from gpuplan.testing import (
+    assert_close,
+    assert_rejected,
+    check_plan,
+    f64,
+    on,
+    random,
+    run_plan,
+    stream_for,
+)
+from tests.helpers import DTYPES, compile_with_enums
 
 SHAPE_PAIRS = [
     ((7,), (7,)),

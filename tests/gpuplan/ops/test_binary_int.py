@@ -13,9 +13,8 @@ import pytest
 import gpuplan as gp
 from gpuplan.ops.binary.reference import binary_backward_reference, binary_reference
 from gpuplan.ops.binary.table import BINARY_OPS
-from gpuplan.spec_check import check_plan
-from gpuplan.testing import f64, on, random
-from tests.plan_testing import DTYPES
+from gpuplan.testing import check_plan, f64, on, random
+from tests.helpers import DTYPES
 
 INT_DTYPES = (np.int32, np.int64)
 INT_OPS = tuple(op.name for op in BINARY_OPS if "i" in op.kinds)

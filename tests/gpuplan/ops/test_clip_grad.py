@@ -14,8 +14,7 @@ import gpuplan as gp
 from gpuplan.ops.clip_grad.reference import clip_coefficient, clip_grad_norm_reference
 from gpuplan.ops.reduction.launch import NORM_CHUNK
 from gpuplan.ops.reduction.reference import global_l2_norm_reference
-from gpuplan.spec_check import check_plan
-from gpuplan.testing import assert_close, assert_rejected, on, random, stream_for
+from gpuplan.testing import assert_close, assert_rejected, check_plan, on, random, stream_for
 
 EPS = 1e-6
 

@@ -15,7 +15,7 @@ from gpuplan.ops.cross_entropy.reference import (
     cross_entropy_reference,
 )
 from gpuplan.testing import assert_close, assert_rejected, f64, on, random, run_plan, stream_for
-from tests.plan_testing import DTYPES, INDEX_DTYPES
+from tests.helpers import DTYPES, INDEX_DTYPES
 
 SHAPES = [(1, 1), (7, 33), (5, 1024), (6, 1025), (3, 50257)]
 IGNORE = -100

@@ -10,9 +10,8 @@ import pytest
 
 import gpuplan as gp
 from gpuplan.ops.dropout import plans as dmod
-from gpuplan.spec_check import check_plan
-from gpuplan.testing import assert_close, assert_rejected, f64, on, random, run_plan
-from tests.plan_testing import DTYPES
+from gpuplan.testing import assert_close, assert_rejected, check_plan, f64, on, random, run_plan
+from tests.helpers import DTYPES
 
 U32 = 0xFFFFFFFF
 

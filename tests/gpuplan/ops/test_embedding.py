@@ -9,9 +9,17 @@ import pytest
 
 import gpuplan as gp
 from gpuplan.ops.embedding.reference import embedding_backward_reference, embedding_reference
-from gpuplan.spec_check import check_plan
-from gpuplan.testing import assert_close, assert_rejected, f64, on, random, run_plan, stream_for
-from tests.plan_testing import DTYPES, INDEX_DTYPES
+from gpuplan.testing import (
+    assert_close,
+    assert_rejected,
+    check_plan,
+    f64,
+    on,
+    random,
+    run_plan,
+    stream_for,
+)
+from tests.helpers import DTYPES, INDEX_DTYPES
 
 SHAPES = [(1, 1, 1), (7, 5, 11), (50, 33, 257), (1000, 768, 4096)]
 

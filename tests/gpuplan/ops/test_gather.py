@@ -13,9 +13,8 @@ from gpuplan.ops.gather.reference import (
     index_select_reference,
     scatter_add_reference,
 )
-from gpuplan.spec_check import check_plan
-from gpuplan.testing import f64, on, random
-from tests.plan_testing import DTYPES
+from gpuplan.testing import check_plan, f64, on, random
+from tests.helpers import DTYPES
 
 F = gp.functional
 

@@ -9,9 +9,8 @@ import pytest
 
 import gpuplan as gp
 from gpuplan.ops.gemm.reference import assert_gemm_close, gemm_operands, gemm_reference
-from gpuplan.spec_check import check_plan
-from gpuplan.testing import assert_rejected, f64, on, random, run_plan, stream_for, tol
-from tests.plan_testing import DTYPES
+from gpuplan.testing import assert_rejected, check_plan, f64, on, random, run_plan, stream_for, tol
+from tests.helpers import DTYPES
 
 SHAPES = [(1, 1, 1), (17, 33, 65), (129, 7, 300), (136, 264, 72)]  # (m, n, k)
 TRANS = [(False, False), (False, True), (True, False), (True, True)]
@@ -145,8 +144,8 @@ def test_alpha_beta_are_run_arguments():
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_spec_checks(device, dtype):
-    """The declared operands' checks (gpuplan.spec_check): dtype, short/long buffers, strided
-    views, wrong side, missing bias, C overlapping an input; results against float64."""
+    """The declared operands' checks (gpuplan.testing.check_plan): dtype, short/long buffers,
+    strided views, wrong side, missing bias, C overlapping an input; results against float64."""
     desc = gp.GemmDescriptor(6, 5, 4, batch=2, trans_b=True, has_bias=True, dtype=dtype)
     a, b, c0, bias = gemm_operands(desc, seed=4)
 

@@ -15,10 +15,9 @@ from gpuplan.ops.gemm.reference import (
     gemm_reference,
 )
 from gpuplan.ops.gemm.sku import EPILOGUE_ACTIVATIONS, EPILOGUES
-from gpuplan.spec_check import check_plan
-from gpuplan.testing import f64, on, random, run_plan
+from gpuplan.testing import check_plan, f64, on, random, run_plan
 from tests.gpuplan.ops.test_gemm import TRANS, TRANS_IDS, backends
-from tests.plan_testing import DTYPES
+from tests.helpers import DTYPES
 
 
 def check_epilogue(device: str, desc: gp.GemmDescriptor, seed: int, alpha: float = 1.0,

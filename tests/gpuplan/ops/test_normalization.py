@@ -9,9 +9,17 @@ import autograd as ag
 import gpuplan as gp
 from gpuplan.dtypes import accumulator
 from gpuplan.ops.normalization.reference import layer_norm_reference
-from gpuplan.spec_check import check_plan
-from gpuplan.testing import assert_close, assert_rejected, f64, on, random, run_plan, stream_for
-from tests.plan_testing import DTYPES
+from gpuplan.testing import (
+    assert_close,
+    assert_rejected,
+    check_plan,
+    f64,
+    on,
+    random,
+    run_plan,
+    stream_for,
+)
+from tests.helpers import DTYPES
 
 # (rows, dim): one row, odd, around the warp/block threshold (1024), a long row.
 SHAPES = [(1, 1), (7, 33), (5, 1023), (9, 1025), (3, 4099)]

@@ -8,8 +8,16 @@ import pytest
 
 import gpuplan as gp
 from gpuplan.ops.optimizer.reference import adamw_reference, sgd_reference
-from gpuplan.spec_check import check_plan
-from gpuplan.testing import assert_close, assert_rejected, f64, on, random, run_plan, stream_for
+from gpuplan.testing import (
+    assert_close,
+    assert_rejected,
+    check_plan,
+    f64,
+    on,
+    random,
+    run_plan,
+    stream_for,
+)
 
 # (param dtype, grad dtype) pairs with kernels
 PAIRS = [
@@ -151,7 +159,7 @@ def _never_run(*args):
 
 @pytest.mark.parametrize("lowp", [None, gp.bfloat16])
 def test_spec_checks(device, lowp):
-    """Every malformed operand the declarations imply (gpuplan.spec_check: dtype, short/long
+    """Every malformed operand the declarations imply (gpuplan.testing.check_plan: dtype, short/long
     buffer, strided view, wrong side, missing, overlapping) is rejected with nothing written;
     the accepted call matches the float64 references."""
     n = 10

@@ -14,9 +14,17 @@ from gpuplan.ops.quantize.reference import (
     scale_reference64,
     scaled_reference_exact,
 )
-from gpuplan.spec_check import check_plan
-from gpuplan.testing import assert_close, assert_rejected, f64, on, random, run_plan, stream_for
-from tests.plan_testing import DTYPES
+from gpuplan.testing import (
+    assert_close,
+    assert_rejected,
+    check_plan,
+    f64,
+    on,
+    random,
+    run_plan,
+    stream_for,
+)
+from tests.helpers import DTYPES
 
 SHAPES = [(1, 1), (7, 5), (33, 257), (129, 1000)]
 

@@ -15,9 +15,8 @@ from gpuplan.ops.reduce_dim.reference import (
     topk_reference,
     variance_reference,
 )
-from gpuplan.spec_check import check_plan
-from gpuplan.testing import f64, on, random, run_plan, stream_for
-from tests.plan_testing import DTYPES
+from gpuplan.testing import check_plan, f64, on, random, run_plan, stream_for
+from tests.helpers import DTYPES
 
 # (outer, length, inner): warp-per-row (inner 1, long rows) and thread-per-column layouts.
 VIEWS = [(3, 100, 1), (4, 7, 5), (1, 1, 1), (2, 33, 3), (1, 300, 1)]

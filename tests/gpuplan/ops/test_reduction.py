@@ -11,9 +11,17 @@ from gpuplan.ops.reduction import launch as reduce_launch
 from gpuplan.ops.reduction.launch import COMBINES, NORM_CHUNK, NORM_DTYPES
 from gpuplan.ops.reduction.plans import REDUCE_OPS, reduce_layout
 from gpuplan.ops.reduction.reference import global_l2_norm_reference, reduce_reference
-from gpuplan.spec_check import check_plan
-from gpuplan.testing import assert_close, assert_rejected, f64, on, random, run_plan, stream_for
-from tests.plan_testing import DTYPES, compile_with_enums
+from gpuplan.testing import (
+    assert_close,
+    assert_rejected,
+    check_plan,
+    f64,
+    on,
+    random,
+    run_plan,
+    stream_for,
+)
+from tests.helpers import DTYPES, compile_with_enums
 
 # (shape, axes): rows (warp and block per row, split long rows), cols (split tall ones),
 # general strided patterns, size-1 axes, negative axes and all-axes reductions.

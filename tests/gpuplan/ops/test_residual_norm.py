@@ -15,9 +15,8 @@ from gpuplan.ops.residual_norm.reference import (
     residual_layer_norm_backward_reference,
     residual_layer_norm_reference,
 )
-from gpuplan.spec_check import check_plan
-from gpuplan.testing import assert_close, f64, on, random
-from tests.plan_testing import DTYPES
+from gpuplan.testing import assert_close, check_plan, f64, on, random
+from tests.helpers import DTYPES
 
 # (rows, dim): one element, odd, a warp row, and a row for a whole block (dim > 1024).
 SHAPES = [(1, 1), (7, 33), (5, 1023), (3, 1500)]

@@ -10,9 +10,8 @@ import pytest
 import gpuplan as gp
 from gpuplan.ops.select.plans import SELECT_DTYPES
 from gpuplan.ops.select.reference import broadcast_shape, triangle_reference, where_reference
-from gpuplan.spec_check import check_plan
-from gpuplan.testing import assert_rejected, on, random, stream_for
-from tests.plan_testing import DTYPES
+from gpuplan.testing import assert_rejected, check_plan, on, random, stream_for
+from tests.helpers import DTYPES
 
 ALL_DTYPES = [pytest.param(d, id=gp.dtypes.short_name(d)) for d in SELECT_DTYPES]
 WHERE_SHAPES = [((37,), (37,), (37,)), ((3, 1, 5), (4, 1), ()), ((2, 3, 4), (4,), (2, 1, 1)),

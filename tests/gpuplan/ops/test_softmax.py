@@ -12,9 +12,17 @@ from gpuplan.ops.softmax.reference import (
     softmax_backward_reference,
     softmax_reference,
 )
-from gpuplan.spec_check import check_plan
-from gpuplan.testing import assert_close, assert_rejected, f64, on, random, run_plan, stream_for
-from tests.plan_testing import DTYPES
+from gpuplan.testing import (
+    assert_close,
+    assert_rejected,
+    check_plan,
+    f64,
+    on,
+    random,
+    run_plan,
+    stream_for,
+)
+from tests.helpers import DTYPES
 
 # (rows, dim): tiny, odd, around the warp/block threshold, a GPT-2 vocabulary row.
 SHAPES = [(1, 1), (7, 33), (5, 1024), (6, 1025), (2, 50257)]

@@ -1,5 +1,7 @@
-"""Shared checks for autograd Function tests: gradcheck on a device, and a dtype sweep that
-compares each dtype's forward and gradients with the float64 run on the same rounded inputs."""
+"""The pytest-side test helpers, one home (the plan-checking helpers the kernel cases share
+are in gpuplan.testing; each op's float64 reference is its family's reference.py):
+dtype parameter lists, an NVRTC compile of a .cu file with generated enums, and the checks of
+autograd Functions (gradcheck on a device, a dtype sweep against the float64 run)."""
 
 from __future__ import annotations
 
@@ -7,10 +9,43 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
+import pytest
 
 import autograd as ag
-from gpuplan.dtypes import as_dtype, is_float
+import gpuplan as gp
+from gpuplan.dtypes import FLOAT_DTYPES, as_dtype, is_float
 from gpuplan.testing import assert_close, f64
+
+# -- plans ------------------------------------------------------------------------------------
+
+DTYPES = [pytest.param(d, id=gp.dtypes.short_name(d)) for d in FLOAT_DTYPES]
+INDEX_DTYPES = [pytest.param(np.dtype(np.int32), id="i32"), pytest.param(np.dtype(np.int64),
+                                                                          id="i64")]
+
+
+
+def compile_with_enums(cu_file: str, exprs: list[str], enums: dict[str, tuple[str, ...]],
+                       options: tuple[str, ...] = ()) -> None:
+    """NVRTC-compile `cu_file` (a family's .cu file) for the name expressions `exprs`
+    with the enums generated from `enums` as the op modules generate them from their
+    tables (no GPU needed: NVRTC only). Raises on a compile error; skips without CuPy."""
+    pytest.importorskip("cupy")
+    from pathlib import Path
+
+    from cupy._core import core
+    from cupy.cuda import compiler
+
+    from gpuplan.nvrtc import COMPILE_OPTIONS, INCLUDE_DIR, enum_options
+
+    path = Path(cu_file)
+    opts = (tuple(core.assemble_cupy_compiler_options(())) + COMPILE_OPTIONS
+            + (f"-I{path.parent}", f"-I{INCLUDE_DIR}", "-arch=sm_80") + tuple(options)
+            + enum_options(enums))
+    compiler._NVRTCProgram(path.read_text(), path.name, name_expressions=list(exprs),
+                           method="ptx").compile(opts)
+
+
+# -- autograd Functions -------------------------------------------------------------------------
 
 
 def leaves(device: str, *arrays: np.ndarray) -> list[ag.Tensor]:
