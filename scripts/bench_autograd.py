@@ -23,16 +23,13 @@ import importlib
 import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout, uninstalled
-
-import autograd as ag  # noqa: E402
-import gpuplan as gp  # noqa: E402
-from autograd import nn, optim  # noqa: E402
-from autograd.nn import functional as F  # noqa: E402
+import autograd as ag
+import gpuplan as gp
+from autograd import nn, optim
+from autograd.nn import functional as F
 
 _EXECUTE = importlib.import_module("gpuplan.execute")  # gp.execute is the function
 

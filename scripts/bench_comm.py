@@ -12,15 +12,12 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 from mpi4py import MPI
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-import dist  # noqa: E402
-import gpuplan as gp  # noqa: E402
+import dist
+import gpuplan as gp
 
 
 def timed(fn, comm, iters: int, sync) -> float:

@@ -26,15 +26,12 @@ import argparse
 import os
 import sys
 import time
-from pathlib import Path
 
 for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")  # before NumPy loads its BLAS
 
-import numpy as np  # noqa: E402
+import numpy as np  # noqa: E402 - after the BLAS thread variables
 from mpi4py import MPI  # noqa: E402
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import autograd as ag  # noqa: E402
 import dist  # noqa: E402

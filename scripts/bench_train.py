@@ -71,11 +71,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from bench_sides import (  # noqa: E402
+from bench_sides import (
     HYPER,
     PAUSE,
     Side,
@@ -84,11 +80,13 @@ from bench_sides import (  # noqa: E402
     ours_side,
     time_sides,
 )
-from torch_gpt import import_torch, torch_memory, torch_train_step  # noqa: E402
+from torch_gpt import import_torch, torch_memory, torch_train_step
 
-import gpuplan as gp  # noqa: E402
-from autograd import nn  # noqa: E402
-from dist.trainer.progress import device_name, flops_per_token, peak_tflops  # noqa: E402
+import gpuplan as gp
+from autograd import nn
+from dist.trainer.progress import device_name, flops_per_token, peak_tflops
+
+ROOT = Path(__file__).resolve().parents[1]
 
 MODELS: dict[str, dict[str, int]] = {
     "gpt2": dict(vocab_size=50304, block_size=1024, n_layer=12, n_head=12, n_embd=768),

@@ -18,15 +18,12 @@ import argparse
 import statistics
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-import autograd as ag  # noqa: E402
-import gpuplan as gp  # noqa: E402
-from autograd import nn, optim  # noqa: E402
+import autograd as ag
+import gpuplan as gp
+from autograd import nn, optim
 
 
 def _trainer(model, vocab: int, lr_decay: bool):
