@@ -5,8 +5,9 @@ The source is the kernel file itself, transformed in two ways only (line count k
 - inline PTX statements become calls of emulated instructions (`ptx.translate_source`);
 - ``__shared__`` declarations become references into the block's emulated shared memory.
 An entry table (one invoker per declared name expression) is appended. The translation
-unit is compiled with ``-fsanitize=address`` in callback mode against no ASan runtime: the
-emulator runtime defines the callbacks and bounds-checks every kernel memory access.
+unit is compiled with ``-fsanitize=address,alignment`` in callback mode against no sanitizer
+runtime: the emulator runtime defines the callbacks, bounds-checks every kernel memory access
+and faults on an access misaligned for its type (as a GPU does).
 
 The cache key covers the sources of the module and of every header it includes, the
 emulator's own header and runtime, the compiler's version and the options.
@@ -31,8 +32,9 @@ HERE = Path(__file__).resolve().parent
 RUNTIME_SOURCES = ("runtime.cpp", "emu_abi.h")
 KERNEL_HEADERS = ("cuda_emu.h", "emu_abi.h")
 
-#: Instrumentation: ASan's per-access callbacks (no shadow memory, no ASan runtime).
-SANITIZE = ("-fsanitize=address", "--param=asan-instrumentation-with-call-threshold=0",
+#: Instrumentation: ASan's per-access callbacks (no shadow memory, no ASan runtime) for the
+#: bounds checks, and UBSan's alignment check (the runtime's handler faults as a GPU would).
+SANITIZE = ("-fsanitize=address,alignment", "--param=asan-instrumentation-with-call-threshold=0",
             "--param=asan-globals=0", "--param=asan-stack=0",
             "-fno-sanitize-address-use-after-scope")
 OPT = ("-O1", "-g", "-fno-omit-frame-pointer")

@@ -892,6 +892,53 @@ EMU_EXPORT void* __asan_memset(void* d, int c, size_t n) {
     check_access(reinterpret_cast<uintptr_t>(d), n, true);
     return memset(d, c, n);
 }
+// -- alignment: GCC's -fsanitize=alignment calls this when a typed access is misaligned --
+// A GPU faults on a load or store whose address is not a multiple of its type's alignment
+// ("misaligned address": a float4 or a 16-byte pack read through a cast pointer, a double at
+// 4 bytes); x86 reads it silently and the compiler may split it into smaller accesses. Each
+// typed access of the kernel is checked against its C++ type's alignment, which for CUDA's
+// types (vector types, __align__ structs) is the GPU's. The layouts are UBSan's (v1 ABI).
+struct UbsanLocation {
+    const char* file;
+    uint32_t line;
+    uint32_t column;
+};
+struct UbsanType {
+    uint16_t kind;
+    uint16_t info;
+    char name[1];
+};
+struct UbsanTypeMismatch {
+    UbsanLocation loc;
+    const UbsanType* type;
+    unsigned char log_alignment;
+    unsigned char check_kind;
+};
+
+// A load or a store; anything else (a reference bound to a struct that is then copied, a
+// member access) reads or writes through the misaligned pointer as well.
+static const char* ubsan_access(unsigned char kind) {
+    return kind == 0 ? "load of" : kind == 1 ? "store to" : "access to";
+}
+
+static void misaligned(const UbsanTypeMismatch* d, uintptr_t a) {
+    const uintptr_t align = uintptr_t(1) << d->log_alignment;
+    if (!g.active || a == 0 || (a & (align - 1)) == 0 || current() == nullptr) return;
+    const char* file = d->loc.file ? d->loc.file : "?";
+    const char* base = strrchr(file, '/');
+    fault_in_fiber("misaligned address: %s %#lx of type %s, which needs %lu-byte alignment "
+                   "on a GPU (%s:%u)", ubsan_access(d->check_kind), static_cast<unsigned long>(a),
+                   d->type ? d->type->name : "?", static_cast<unsigned long>(align),
+                   base ? base + 1 : file, d->loc.line);
+}
+
+EMU_EXPORT void __ubsan_handle_type_mismatch_v1(UbsanTypeMismatch* d, uintptr_t a) {
+    misaligned(d, a);
+}
+EMU_EXPORT void __ubsan_handle_type_mismatch_v1_abort(UbsanTypeMismatch* d, uintptr_t a) {
+    misaligned(d, a);
+}
+
 EMU_EXPORT void __asan_init(void) {}
 EMU_EXPORT void __asan_version_mismatch_check_v8(void) {}
 EMU_EXPORT void __asan_handle_no_return(void) {}
