@@ -166,10 +166,9 @@ def additive_mask(mask: Any, like: Tensor, lq: int, lk: int) -> Any:
     if m.ndim < 2 or m.shape[-2] not in (1, lq) or m.shape[-1] not in (1, lk):
         raise ValueError(f"scaled_dot_product_attention: attn_mask must broadcast to "
                          f"[..., {lq}, {lk}], given shape {tuple(m.shape)}")
-    if m.dtype == bool:
-        filled = gp.full(m.shape, -math.inf, like.dtype, like.device)
-        filled[m.data] = 0.0
-        return new_tensor(filled)
+    if m.dtype == bool:  # a select, not mask indexing: no host sync (CUDA graph capture)
+        zero, ninf = (gp.full((), v, like.dtype, like.device) for v in (0.0, -math.inf))
+        return new_tensor(F.where(m.data, zero, ninf))
     if not gp.dtypes.is_float(m.dtype):
         raise ValueError(f"scaled_dot_product_attention: attn_mask must be bool or float, "
                          f"given dtype {m.dtype}")
@@ -185,10 +184,11 @@ def _dead_rows(add: Tensor) -> tuple[Tensor, Tensor | None]:
         return add, None
     data = add.data
     dead = gp.array_namespace(data).isneginf(data).all(axis=-1, keepdims=True)
-    fixed = data.copy()
-    fixed[gp.array_namespace(data).broadcast_to(dead, data.shape)] = 0.0
-    keep = gp.full(dead.shape, 1.0, data.dtype, add.device)
-    keep[dead] = 0.0
+    zero, one = (gp.full((), v, data.dtype, add.device) for v in (0.0, 1.0))
+    # Selects, not boolean-mask assignment: CuPy sizes a mask's result on the host (a sync
+    # that breaks CUDA graph capture on a GPU; the emulated device cannot show it).
+    fixed = F.where(dead, zero, data)
+    keep = F.where(dead, zero, one)
     return new_tensor(fixed), new_tensor(keep)
 
 

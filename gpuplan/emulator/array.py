@@ -135,9 +135,22 @@ def _recording(name: str) -> Any:
     return method
 
 
+def _bool_mask(key: Any) -> bool:
+    """Whether an index holds a boolean array (a mask) of at least one dimension."""
+    parts = key if isinstance(key, tuple) else (key,)
+    return any(isinstance(k, np.ndarray) and k.dtype == np.bool_ and k.ndim > 0 for k in parts)
+
+
+_MASK = ("boolean-mask indexing (CuPy sizes a mask's selection on the host: a sync; use a "
+         "select such as gpuplan.functional.where)")
+
+
 def _getitem(self: EmulatedArray, key: Any) -> Any:
     """Indexing as CuPy does it: a single element is a 0-d device array (reading it is a
-    host read); a view needs no stream work; a gather (fancy index) is recorded."""
+    host read); a view needs no stream work; a gather (fancy index) is recorded; a boolean
+    mask is refused (CuPy reads the mask's count back to size the result)."""
+    if _bool_mask(key):
+        raise _capture.refuse(f"ndarray.__getitem__ with {_MASK}")
     r = np.ndarray.__getitem__(self, key)
     if isinstance(r, np.generic):  # the same element as a 0-d view
         return np.ndarray.__getitem__(self, (*(key if isinstance(key, tuple) else (key,)),
@@ -148,11 +161,20 @@ def _getitem(self: EmulatedArray, key: Any) -> Any:
                      {})
 
 
+def _setitem(self: EmulatedArray, key: Any, value: Any) -> None:
+    """Assignment as CuPy does it: recorded stream work, except through a boolean mask
+    (a host sync on a GPU), which is refused."""
+    if _bool_mask(key):
+        raise _capture.refuse(f"ndarray.__setitem__ with {_MASK}")
+    _captured("ndarray.__setitem__", lambda *a: np.ndarray.__setitem__(*a), (self, key, value),
+              {})
+
+
 _CAPTURE_HOOKS = {
     "__getitem__": _getitem,
     "__array_ufunc__": _ufunc,
     "__array_function__": _function,
-    "__setitem__": _recording("__setitem__"),
+    "__setitem__": _setitem,
     "fill": _recording("fill"),
     "copy": _recording("copy"),
     "astype": _recording("astype"),

@@ -99,6 +99,28 @@ def test_a_sync_inside_capture_raises_and_the_stream_still_works(accelerator):
     np.testing.assert_array_equal(gp.to_host(y), 2 * np.arange(6, dtype=np.float32))
 
 
+def test_boolean_mask_indexing_inside_capture_raises(accelerator):
+    """CuPy sizes a boolean mask's selection on the host (a sync): reading or assigning
+    through a mask cannot be captured; a select can."""
+    x = gp.to_device(np.arange(6, dtype=np.float32), accelerator)
+    mask = gp.to_device(np.arange(6) % 2 == 0, accelerator)
+    for what, use in {"__getitem__": lambda: x[mask],
+                      "__setitem__": lambda: x.__setitem__(mask, 0.0)}.items():
+        with pytest.raises(GraphCaptureError, match="capture") as info:
+            with gp.graphs.graph(gp.graphs.CUDAGraph()):
+                use()
+        if accelerator == "emulated":  # the message names the call and the cause
+            assert what in str(info.value) and "boolean-mask" in str(info.value)
+    np.testing.assert_array_equal(gp.to_host(x), np.arange(6, dtype=np.float32))
+    zero = gp.full((), 0.0, np.float32, accelerator)
+    g = gp.graphs.CUDAGraph()
+    with gp.graphs.graph(g):
+        y = gp.functional.where(mask, zero, x)
+    g.replay()
+    np.testing.assert_array_equal(gp.to_host(y), np.where(np.arange(6) % 2 == 0, 0.0,
+                                                          np.arange(6.0)))
+
+
 def test_a_pageable_upload_inside_capture_raises(accelerator):
     x = gp.to_device(np.zeros(4, np.float32), accelerator)
     with pytest.raises(GraphCaptureError):

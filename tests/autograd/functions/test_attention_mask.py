@@ -107,3 +107,26 @@ def test_fully_masked_rows_give_zeros(device):
     add = np.where(mask, 0.0, -np.inf)
     got = F.scaled_dot_product_attention(q, k, v, attn_mask=add).numpy()
     assert np.all(got[..., 2, :] == 0) and np.all(np.isfinite(got))
+
+
+@pytest.mark.gpu
+def test_bool_mask_with_dead_rows_captures_in_a_graph(accelerator):
+    """The bool mask's fill and the dead-row fix-up are selects, not mask indexing (which
+    syncs with the host on a GPU): a step with them captures and replays the eager values."""
+    import gpuplan as gp
+
+    dead = BOOL.copy()
+    dead[2] = False  # a query that sees no key: its output row is 0
+    mask = ag.tensor(gp.asarray(dead, device=accelerator))
+
+    def step(q, k, v):
+        with ag.no_grad():
+            t = [ag.tensor(a) for a in (q, k, v)]
+            return F.scaled_dot_product_attention(*t, attn_mask=mask).data
+
+    inputs = [gp.asarray(a.astype(np.float32), device=accelerator) for a in (Q, K, V)]
+    eager = gp.to_host(step(*inputs))
+    captured = gp.graphs.capture_step(step, *inputs, warmup=1)
+    replayed = gp.to_host(captured(*inputs))
+    np.testing.assert_array_equal(replayed, eager)
+    assert not replayed[:, :, 2].any()
