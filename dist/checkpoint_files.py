@@ -110,13 +110,19 @@ def pack_shard(header: dict[str, Any], state: dict[str, np.ndarray]) -> bytes:
 
 
 def unpack_shard(payload: bytes) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-    with np.load(io.BytesIO(payload)) as npz:
+    """(state, header) of a shard; every array must be stored with the dtype and shape its
+    header entry names (bf16 as its 16-bit pattern): nothing is reinterpreted or broadcast."""
+    with np.load(io.BytesIO(payload), allow_pickle=False) as npz:
         header = json.loads(bytes(npz["header"]).decode())
         state = {}
         for i, entry in enumerate(header["entries"]):
             raw = npz[f"a{i}"]
-            dtype = as_dtype(entry["dtype"])
-            state[entry["name"]] = raw.view(dtype) if raw.dtype != dtype else raw
+            dtype, shape = as_dtype(entry["dtype"]), tuple(entry["shape"])
+            stored = np.dtype(np.uint16) if dtype == bfloat16 else dtype
+            if raw.dtype != stored or raw.shape != shape:
+                raise ValueError(f"array {entry['name']!r} is stored as {raw.dtype} "
+                                 f"{raw.shape}, its entry says {dtype.name} {shape}")
+            state[entry["name"]] = raw.view(dtype) if dtype == bfloat16 else raw
     return state, header
 
 
@@ -125,6 +131,11 @@ def digest(payload: bytes) -> str:
 
 
 # ---- finding and reading committed checkpoints --------------------------------------------
+
+def inside(path: Path, folder: Path) -> bool:
+    """Whether `path`, links resolved, lies in `folder` (links resolved)."""
+    return path.resolve().is_relative_to(folder.resolve())
+
 
 def list_checkpoints(root: str | os.PathLike) -> list[Path]:
     """The committed step folders under `root` (those with a manifest), by step."""
@@ -144,7 +155,11 @@ def read_latest(root: Path) -> Path | None:
     if step_of(Path(name)) is None or "/" in name:
         raise CheckpointError(f"{pointer}: expected a step folder name like step_000200, "
                               f"given {name[:40]!r}")
-    return root / name
+    step_dir = root / name
+    if step_dir.exists() and not inside(step_dir, root):
+        raise CheckpointError(f"{pointer}: names {name}, which resolves outside {root} "
+                              f"(a link out of the checkpoint folder)")
+    return step_dir
 
 
 def resolve(path: str | os.PathLike) -> Path:
@@ -203,7 +218,15 @@ def read_shard(step_dir: Path, manifest: dict[str, Any],
     """(state, header) of rank `rank`'s shard after checking its size, SHA-256, step,
     coordinates and entries against the manifest."""
     record = manifest["shards"][rank]
-    path = step_dir / str(record.get("file"))
+    name = record.get("file")
+    if not isinstance(name, str) or name in ("", ".", "..") or Path(name).name != name \
+            or "\\" in name:
+        raise CheckpointError(f"{step_dir / MANIFEST}: shard record {rank}: 'file' must be a "
+                              f"file name in its step folder, given {str(name)[:60]!r}")
+    path = step_dir / name
+    if path.exists() and not inside(path, step_dir):
+        raise CheckpointError(f"{path}: resolves outside its step folder {step_dir} (a link "
+                              f"out of the checkpoint); refused")
     if not path.is_file():
         raise CheckpointError(f"{path}: missing (the manifest lists it for rank {rank})")
     payload = path.read_bytes()

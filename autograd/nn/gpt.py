@@ -223,11 +223,12 @@ class GPT(GPTLayers, Module):
         as ``save_pretrained`` writes it): the config's shape and activation ("gelu_new" is
         ``activation="gelu_tanh"``), its weights. ``block_size`` (at most ``n_positions``)
         keeps the first rows of ``wpe``; ``overrides`` (``dropout``, ``dtype``, ``seed``)
-        replace config fields. Options nn.GPT lacks raise ``gpt2_io.GPT2FormatError``."""
+        replace config fields. Options nn.GPT lacks raise ``gpt2_io.GPT2FormatError``.
+        Returned in eval mode (as transformers' from_pretrained): call ``train()`` to train."""
         config, state = gpt2_io.load_gpt2(path, block_size, **overrides)
         model = cls(config)
         model.load_state_dict(state)
-        return model
+        return model.eval()
 
     def save_pretrained_gpt2(self, path: str | os.PathLike) -> Path:
         """Write this model as a Hugging Face GPT-2 folder (``config.json`` with model_type

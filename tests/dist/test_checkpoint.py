@@ -284,3 +284,67 @@ def test_resume_equality_across_ranks(world, tmp_path_factory):
     layout = (1, 2, 2) if world.size == 4 else (1, 1, 2)
     _resume_equality(root, world, layout)
     world.barrier()
+
+
+def _rewrite_manifest(step_dir: Path, **record) -> None:
+    manifest_path = step_dir / "manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    manifest["shards"][0].update(record)
+    manifest_path.write_text(json.dumps(manifest))
+
+
+@pytest.mark.parametrize("name", ["../../outside/shard.npz", "/etc/passwd", "..", "a/b.npz"])
+def test_a_shard_named_outside_its_step_folder_is_refused(tmp_path, name):
+    shard = _two_steps(tmp_path / "run")
+    _rewrite_manifest(shard.parent, file=name)
+    error = _load_error(tmp_path / "run")
+    assert "'file' must be a file name in its step folder" in str(error), error
+
+
+def test_a_shard_linked_outside_the_checkpoint_is_refused(tmp_path):
+    """A shard replaced by a link to a file outside (same bytes, so digests agree) is not
+    read through the link."""
+    shard = _two_steps(tmp_path / "run")
+    outside = tmp_path / "outside.npz"
+    outside.write_bytes(shard.read_bytes())
+    shard.unlink()
+    shard.symlink_to(outside)
+    error = _load_error(tmp_path / "run")
+    assert "resolves outside its step folder" in str(error), error
+
+
+def test_latest_naming_a_step_folder_linked_outside_is_refused(tmp_path):
+    shard = _two_steps(tmp_path / "run")
+    outside = tmp_path / "elsewhere"
+    shard.parent.rename(outside)
+    (tmp_path / "run" / "step_000002").symlink_to(outside)
+    error = _load_error(tmp_path / "run")
+    assert "resolves outside" in str(error) and "latest" in str(error), error
+
+
+def _respin(shard: Path, edit) -> None:
+    """Rewrite shard's arrays with `edit(arrays)` (header unchanged), fixing the manifest's
+    size and digest, so only the entry check can notice."""
+    import io
+    with np.load(shard) as npz:
+        arrays = {k: npz[k] for k in npz.files}
+    edit(arrays)
+    buf = io.BytesIO()
+    np.savez(buf, **arrays)
+    payload = buf.getvalue()
+    shard.write_bytes(payload)
+    _rewrite_manifest(shard.parent, bytes=len(payload),
+                      sha256=hashlib.sha256(payload).hexdigest())
+
+
+@pytest.mark.parametrize("edit,message", [
+    # 1.weight, float64 [3, 2]: one row of it (never broadcast), its bits as int64 (never
+    # reinterpreted).
+    (lambda a: a.update(a2=a["a2"][:1]), "is stored as float64 (1, 2)"),
+    (lambda a: a.update(a2=a["a2"].view(np.int64)), "is stored as int64 (3, 2)"),
+])
+def test_arrays_unlike_their_entries_are_refused(tmp_path, edit, message):
+    shard = _two_steps(tmp_path)
+    _respin(shard, edit)
+    error = _load_error(tmp_path)
+    assert message in str(error) and "its entry says float64 (3, 2)" in str(error), error

@@ -144,6 +144,15 @@ def test_saved_folder_has_gpt2_layout_and_matches_a_numpy_gpt2(tmp_path, options
     loaded = nn.GPT.from_pretrained_gpt2(folder)
     assert loaded.config == model.config.__class__(**{**SMALL, **options})
     assert np.array_equal(_logits(loaded, idx), _logits(model, idx))
+    assert not loaded.training  # eval mode, as transformers' from_pretrained
+
+
+def test_from_pretrained_is_in_eval_mode_so_dropout_does_not_change_logits(tmp_path):
+    folder = nn.GPT(nn.GPTConfig(**SMALL)).save_pretrained_gpt2(tmp_path / "m")
+    loaded = nn.GPT.from_pretrained_gpt2(folder, dropout=0.5)
+    idx = _idx(loaded.config, T=7)
+    assert np.array_equal(_logits(loaded, idx), _logits(loaded, idx))
+    assert loaded.train().training  # and it trains when asked
 
 
 def test_round_trip_keeps_bf16_and_crops_positions(tmp_path):
