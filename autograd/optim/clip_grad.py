@@ -51,7 +51,7 @@ def clip_grad_norm_(parameters: Iterable[Any] | Any, max_norm: float,
     float (before clipping). PyTorch's ``clip_grad_norm_`` returns a device tensor instead;
     the float costs one device-to-host read (a sync) per call on a GPU, and is what tells
     the in-place version tracking whether the gradients were scaled. A step that must not
-    sync (a captured CUDA graph, see scripts/graph_step.py) calls
+    sync (a captured CUDA graph, see dist/trainer/graph_step.py) calls
     ``gp.functional.clip_grad_norm_`` on the gradient arrays, which keeps the norm on the
     device. Parameters without a gradient are skipped; with none at all the norm is 0.0.
     One plan call computes the norm and scales (on a GPU the scaling reads the norm on the
