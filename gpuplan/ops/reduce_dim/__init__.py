@@ -1,23 +1,15 @@
-"""The reduce_dim op family: reductions that keep an index or need a second pass: arg_select,
-topk, variance, prod's backward."""
+"""The reduce_dim op family: reductions along one dim that keep positions, max/min with their
+indices (arg_select) and the k largest or smallest (topk)."""
 
 from gpuplan.ops.reduce_dim.plans import (
     ArgSelectArgs,
     ArgSelectDescriptor,
     ArgSelectPlan,
-    ProdBackwardArgs,
-    ProdBackwardDescriptor,
-    ProdBackwardPlan,
     TopkArgs,
     TopkDescriptor,
     TopkPlan,
-    VarianceArgs,
-    VarianceDescriptor,
-    VariancePlan,
     arg_select,
-    prod_backward,
     topk,
-    variance,
 )
 
 __all__ = [
@@ -27,17 +19,9 @@ __all__ = [
     "TopkDescriptor",
     "TopkArgs",
     "TopkPlan",
-    "VarianceDescriptor",
-    "VarianceArgs",
-    "VariancePlan",
-    "ProdBackwardDescriptor",
-    "ProdBackwardArgs",
-    "ProdBackwardPlan",
 ]
 #: Array-level wrappers re-exported by gpuplan.functional.
 __functional__ = [
     "arg_select",
     "topk",
-    "variance",
-    "prod_backward",
 ]

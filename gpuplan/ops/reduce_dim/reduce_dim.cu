@@ -1,5 +1,4 @@
-// Reductions along one dim that keep positions (max/min with indices, top-k), the two-pass
-// variance over axes, and the gradient of a product along one dim.
+// Reductions along one dim that keep positions: max/min with indices, top-k.
 // T: float, double, __half, __nv_bfloat16 (compared and accumulated in gp::acc_type<T>).
 // x is viewed as [outer, R, inner]: the reduced dim has length R and element stride inner.
 // Order of values (SEL_MAX): NaN first (the first NaN wins, like torch), then larger values,
@@ -131,93 +130,6 @@ __global__ void __launch_bounds__(256) topk_select(const T* __restrict__ x, T* _
             }
             pv = bv;
             pi = bi;
-        }
-    }
-}
-
-// Variance (STD: its square root) over a strided view: dims [0, nk) kept (output in C
-// order), dims [nk, nk + nr) reduced, element strides st*. A thread per output makes two
-// passes in C order of the reduced dims: mean = sum / n, then sum of (x - mean)^2, divided by
-// max(0, n - correction) (the accurate two-pass formula; no cancellation of large squares).
-template <typename T, int STD>
-__global__ void __launch_bounds__(256) variance_general(const T* __restrict__ x, T* __restrict__ y,
-                                                        long long n_out, long long n_red, int nk,
-                                                        int nr, GP_DIMS_PARAMS(s),
-                                                        GP_DIMS_PARAMS(st),
-                                                        typename gp::acc_type<T>::type correction) {
-    using A = typename gp::acc_type<T>::type;
-    const long long shp[8] = GP_DIMS_ARRAY(s);
-    const long long str[8] = GP_DIMS_ARRAY(st);
-    const long long step = (long long)gridDim.x * blockDim.x;
-    for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < n_out; o += step) {
-        const long long base = gp::kept_offset(o, nk, shp, str);
-        A sums[2] = {A(0), A(0)};
-        for (int pass = 0; pass < 2; ++pass) {
-            const A mean = sums[0] / A(n_red);
-            long long off = base;
-            long long idx[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-            for (long long r = 0; r < n_red; ++r) {
-                const A v = gp::to_acc<T>(x[off]);
-                if (pass == 0) {
-                    sums[0] += v;
-                } else {
-                    sums[1] += (v - mean) * (v - mean);
-                }
-                bool carry = true;  // odometer step over the reduced dims, last dim fastest
-#pragma unroll
-                for (int d = 7; d >= 0; --d) {
-                    if (carry && d >= nk && d < nk + nr) {
-                        off += str[d];
-                        if (++idx[d] == shp[d]) {
-                            idx[d] = 0;
-                            off -= str[d] * shp[d];
-                        } else {
-                            carry = false;
-                        }
-                    }
-                }
-            }
-        }
-        const A dof = A(n_red) - correction;
-        A var = sums[1] / (dof > A(0) ? dof : A(0));
-        if constexpr (STD) var = sqrt(var);
-        y[o] = gp::from_acc<T>(var);
-    }
-}
-
-// Gradient of y = prod(x[o, :, i]) along the middle dim: dx[o, r, i] = dy[o, i] times the
-// product of the other elements. With no zero in the row that is p / x (p the product, in the
-// accumulator type); with one zero, the zero's entry gets the product of the rest and every
-// other entry 0; with two or more zeros, all 0. A thread per (o, i).
-template <typename T>
-__global__ void __launch_bounds__(256) prod_backward(const T* __restrict__ x, const T* __restrict__ dy,
-                                                     T* __restrict__ dx, long long outer, long long R,
-                                                     long long inner) {
-    using A = typename gp::acc_type<T>::type;
-    const long long n_out = outer * inner;
-    const long long step = (long long)gridDim.x * blockDim.x;
-    for (long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x; t < n_out; t += step) {
-        const long long off = (t / inner) * R * inner + t % inner;
-        A p = A(1);
-        long long zeros = 0;
-        for (long long r = 0; r < R; ++r) {
-            const A v = gp::to_acc<T>(x[off + r * inner]);
-            if (v == A(0)) {
-                ++zeros;
-            } else {
-                p *= v;
-            }
-        }
-        const A g = gp::to_acc<T>(dy[t]);
-        for (long long r = 0; r < R; ++r) {
-            const A v = gp::to_acc<T>(x[off + r * inner]);
-            A d = A(0);
-            if (zeros == 0) {
-                d = g * (p / v);
-            } else if (zeros == 1 && v == A(0)) {
-                d = g * p;
-            }
-            dx[off + r * inner] = gp::from_acc<T>(d);
         }
     }
 }

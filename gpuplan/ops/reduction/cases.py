@@ -18,7 +18,12 @@ from gpuplan.ops.reduction.launch import (
     launch_reduce,
     reduce_layout,
 )
-from gpuplan.ops.reduction.reference import global_l2_norm_reference, reduce_reference
+from gpuplan.ops.reduction.reference import (
+    global_l2_norm_reference,
+    prod_backward_reference,
+    reduce_reference,
+    variance_reference,
+)
 from gpuplan.testing import DTYPES, Case, check, dtype_id, emu, f64, random, run_emulated
 
 # (shape, axes, what): the kernels each layout launches for dtype t (h: f16/bf16; acc: f32
@@ -143,6 +148,29 @@ def global_norm_case(with_f64: bool) -> None:
           scale=10.0)
 
 
+def variance_case(dtype, std: bool) -> None:
+    for shape, axes in (((5, 33), 1), ((4, 7, 9), 1), ((3, 4, 5, 6), (0, 2))):
+        x = (random(shape, dtype, seed=4) + 3).astype(dtype)
+        desc = gp.VarianceDescriptor(shape, axes, False, 1.0, std, dtype)
+        y = emu(np.full(desc.out_shape(), 5, dtype))
+        run_emulated(gp.VariancePlan, desc, gp.VarianceArgs(emu(x), y))
+        ref = variance_reference(x, axes, False, 1.0, std)
+        check(y, ref, dtype, f"variance std={std} {shape} axes={axes}", scale=8)
+
+
+def prod_backward_case(dtype) -> None:
+    view = (3, 6, 2)
+    x = random(view, dtype, seed=5, low=0.5, high=1.5)
+    x[0, 2, 0] = 0
+    x[1, 1, 1] = x[1, 4, 1] = 0
+    dy = random((3, 2), dtype, seed=6)
+    dx = emu(np.full(view, 5, dtype))
+    run_emulated(gp.ProdBackwardPlan, gp.ProdBackwardDescriptor(*view, dtype),
+                 gp.ProdBackwardArgs(emu(x), emu(dy), dx))
+    ref = prod_backward_reference(x, dy)
+    check(dx, ref, dtype, "prod_backward", scale=4)
+
+
 CASES = (
     [Case(f"reduce {shape} axes={axes} [{dtype_id(t)}]",
           lambda t=t, s=shape, a=axes, w=what: reduce_case(t, s, a, w))
@@ -165,4 +193,9 @@ CASES = (
        for h in HALF_DTYPES]
     + [Case(f"global_l2_norm mixed{' +f64' if w else ''}", lambda w=w: global_norm_case(w))
        for w in (False, True)]
+)
+CASES += (
+    [Case(f"variance std={s} [{dtype_id(t)}]", lambda t=t, s=s: variance_case(t, s))
+     for t in DTYPES for s in (False, True)]
+    + [Case(f"prod_backward [{dtype_id(t)}]", lambda t=t: prod_backward_case(t)) for t in DTYPES]
 )

@@ -312,3 +312,27 @@ def launch_reduce(stream: Stream, layout: ReduceLayout, op_code: int, x: Any, y:
     `layout.workspace_bytes(...)` bytes of `ws` from `ws_offset`."""
     reduce_launch(layout, op_code, x.dtype, y.dtype, float(divisor)).run(stream, x, y, ws,
                                                                          ws_offset)
+
+
+# -- one dim of a tensor as [outer, length, inner] (reduce_dim, prod_backward) -----------
+
+
+def dim_view(op: str, shape: tuple, dim: int | None) -> tuple[int, int, int]:
+    """(outer, length, inner) of `shape` around `dim` (None: the whole tensor as one row)."""
+    if dim is None:
+        return 1, math.prod(shape), 1
+    nd = len(shape)
+    r = max(nd, 1)  # a 0-d tensor takes dim 0 and -1, like torch
+    if isinstance(dim, bool) or not isinstance(dim, (int, np.integer)) or not -r <= dim < r:
+        raise InvalidProblem(describe(op, "dim", f"an int in [-{r}, {r})", dim))
+    if nd == 0:
+        return 1, 1, 1
+    d = int(dim) % nd
+    return math.prod(shape[:d]), shape[d], math.prod(shape[d + 1:])
+
+
+def kept_shape(shape: tuple, dim: int | None, keepdim: bool) -> tuple:
+    if dim is None or not shape:
+        return (1,) * len(shape) if keepdim else ()
+    d = int(dim) % len(shape)
+    return shape[:d] + ((1,) if keepdim else ()) + shape[d + 1:]

@@ -1,5 +1,6 @@
 """float64 references of the reduction family from the definitions: sum, mean, max, min and
-prod over axes (NumPy's axes and keepdims), and the L2 norm of a list of tensors."""
+prod over axes (NumPy's axes and keepdims), the L2 norm of a list of tensors, the corrected
+variance (and std) over axes, and the gradient of a product along one dim."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ import numpy as np
 
 from gpuplan.testing import f64
 
-__all__ = ["global_l2_norm_reference", "reduce_reference", "reduced_axes"]
+__all__ = ["global_l2_norm_reference", "prod_backward_reference", "reduce_reference",
+           "reduced_axes", "variance_reference"]
 
 
 def reduced_axes(ndim: int, axes: Any) -> tuple[int, ...]:
@@ -68,3 +70,30 @@ def global_l2_norm_reference(arrays: Sequence[Any]) -> float:
     if any(math.isinf(v) for v in values):
         return math.inf
     return math.hypot(*values)
+
+
+def variance_reference(x: Any, axes: Any = None, keepdims: bool = False,
+                       correction: float = 1.0, std: bool = False) -> np.ndarray:
+    """sum((x - mean)^2) / max(0, n - correction) over `axes` (n elements each; axes and
+    keepdims as in reduce_reference) in float64, two passes; with `std` its square root.
+    n - correction <= 0 divides by 0 (inf, or NaN for 0 / 0), as torch."""
+    x = f64(x)
+    red = reduced_axes(x.ndim, axes)
+    n = math.prod(x.shape[a] for a in red)
+    mean = reduce_reference("mean", x, red, keepdims=True)
+    squares = reduce_reference("sum", (x - mean) ** 2, red, keepdims)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        v = squares / np.float64(max(0.0, n - correction))
+    return np.sqrt(v) if std else v
+
+
+def prod_backward_reference(x: Any, dy: Any) -> np.ndarray:
+    """dx [outer, length, inner] of y = prod(x, dim 1) for x [outer, length, inner]:
+    dx[o, r, i] = dy[o, i] * prod_{r' != r} x[o, r', i], the product of the others taken
+    literally (no division: exact where x has zeros)."""
+    x, dy = f64(x), f64(dy)
+    dx = np.zeros(x.shape)
+    for o, r, i in np.ndindex(x.shape):
+        others = [x[o, q, i] for q in range(x.shape[1]) if q != r]
+        dx[o, r, i] = dy[o, i] * math.prod(others, start=1.0)
+    return dx

@@ -10,7 +10,12 @@ import gpuplan as gp
 from gpuplan.ops.reduction import launch as reduce_launch
 from gpuplan.ops.reduction.launch import COMBINES, NORM_CHUNK, NORM_DTYPES
 from gpuplan.ops.reduction.plans import REDUCE_OPS, reduce_layout
-from gpuplan.ops.reduction.reference import global_l2_norm_reference, reduce_reference
+from gpuplan.ops.reduction.reference import (
+    global_l2_norm_reference,
+    prod_backward_reference,
+    reduce_reference,
+    variance_reference,
+)
 from gpuplan.testing import (
     assert_close,
     assert_rejected,
@@ -307,3 +312,47 @@ def test_functional_global_norm(device):
     assert y.shape == () and y.dtype == np.float32 and gp.device_of(y) == device
     assert_close(y, global_l2_norm_reference(arrays), np.float32)
     assert gp.functional.global_l2_norm([]).shape == ()
+
+
+# -- variance over axes, and the gradient of prod along one dim -------------------------------
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape,axes,correction,std", [
+    ((5, 33), 1, 1.0, False), ((4, 7, 9), 1, 0.0, True), ((3, 4, 5, 6), (0, 2), 1.0, True),
+    ((6, 5, 4), None, 2.0, False), ((50, 3), 0, 1.0, True), ((1, 4), 0, 1.0, False)])
+def test_variance(device, dtype, shape, axes, correction, std):
+    x = random(shape, dtype, seed=3) + 4.0  # an offset: the two-pass formula keeps precision
+    x = x.astype(dtype)
+    keepdims = len(shape) % 2 == 1
+    desc = gp.VarianceDescriptor(shape, axes, keepdims, correction, std, dtype)
+    check_plan(gp.VariancePlan, desc, {"x": x},
+               lambda x, **_: variance_reference(x, axes, keepdims, correction, std),
+               device=device, scale=8, bad_inputs=shape == (5, 33))
+
+
+def test_variance_of_nothing_is_nan(device):
+    x = on(device, np.zeros((3, 0), np.float32))
+    y = gp.functional.variance(x, 1)
+    assert np.isnan(gp.to_host(y)).all() and y.shape == (3,)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("view", [(3, 6, 1), (2, 5, 3)])
+def test_prod_backward_with_zeros(device, dtype, view):
+    x = random(view, dtype, seed=5, low=0.5, high=1.5)
+    x[0, 2, 0] = 0  # one zero in a row
+    x[1, 1, 0] = x[1, 3, 0] = 0  # two zeros: all 0
+    dy = random((view[0], view[2]), dtype, seed=6)
+    check_plan(gp.ProdBackwardPlan, gp.ProdBackwardDescriptor(*view, dtype), {"x": x, "dy": dy},
+               lambda x, dy, **_: prod_backward_reference(x, dy), device=device, scale=4,
+               bad_inputs=view == (2, 5, 3))
+
+
+def test_variance_and_prod_backward_errors_and_shapes(device):
+    with pytest.raises(gp.InvalidProblem, match="variance: argument 'correction'"):
+        gp.VariancePlan.select(gp.Stream.host(), gp.VarianceDescriptor((3,), None, False, -1.0))
+    x = on(device, random((2, 3, 4), np.float32))
+    dx = gp.functional.prod_backward(x, on(device, np.ones((2, 4), np.float32)), 1)
+    assert dx.shape == (2, 3, 4)
+    assert stream_for(device) is not None and f64(dx).shape == (2, 3, 4)
