@@ -146,6 +146,16 @@ class Trainer:
         self.device_label = name
         self.graphed = graph_step.GraphedStep(self) if ns.cuda_graph else None
 
+    def earlier_run(self) -> str | None:
+        """What of an earlier run OUT/checkpoint holds (its latest committed step), or None
+        when it holds no committed checkpoint."""
+        from dist.checkpoint_files import list_checkpoints
+
+        committed = list_checkpoints(self.ckpt)
+        if not committed:
+            return None
+        return f"{len(committed)} committed, the latest {committed[-1]}"
+
     def resume(self) -> None:
         """Load the checkpoint --resume names (OUT/checkpoint's latest by default); every
         rank checks its shard (see dist.checkpoint) and raises the same error. A checkpoint
@@ -233,6 +243,13 @@ class Trainer:
 
         ns, rank = self.ns, self.world.rank
         np.seterr(over="ignore", invalid="ignore")  # non-finite values: see nonfinite()
+        taken = self.world.bcast_object(None if ns.resume else self.earlier_run(), root=0)
+        if taken:  # a new run never takes over another run's --out (its checkpoints, metrics)
+            if rank == 0:
+                print(f"train.py: error: --out {ns.out} holds the checkpoints of an earlier run "
+                      f"({taken}); continue it with --resume, or give this run a new --out",
+                      file=sys.stderr, flush=True)
+            return 2
         if ns.resume or ns.init_from:
             error = None
             try:

@@ -217,3 +217,22 @@ def test_emulated_device_run_matches_the_host_run(tmp_path):
     for a, b in zip(h_cpu, h_emu, strict=True):
         assert b["train_loss"] == pytest.approx(a["train_loss"], rel=1e-4)
         assert b["val_loss"] == pytest.approx(a["val_loss"], rel=1e-4)
+
+
+def test_a_new_run_never_takes_over_an_earlier_runs_out(tmp_path):
+    """Without --resume, an --out holding another run's checkpoints is refused with one line on
+    every rank (exit 2) and nothing of the earlier run changes; --resume continues it."""
+    out = tmp_path / "run"
+    first = run(1, *TINY, "--steps", "2", "--eval-interval", "1", "--out", str(out))
+    assert first.returncode == 0, first.stderr[-3000:]
+    before = {p.relative_to(out): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
+    again = run(2, *TINY, "--steps", "3", "--seed", "7", "--out", str(out))
+    assert again.returncode == 2 and "Traceback" not in again.stderr, again.stderr[-3000:]
+    assert _errors(again) == [
+        f"train.py: error: --out {out} holds the checkpoints of an earlier run (2 committed, "
+        f"the latest {out / 'checkpoint' / 'step_000002'}); continue it with --resume, or give "
+        f"this run a new --out"]
+    after = {p.relative_to(out): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
+    assert after == before
+    resumed = run(1, *TINY, "--steps", "3", "--eval-interval", "1", "--resume", "--out", str(out))
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
