@@ -130,6 +130,7 @@ class Trainer:
         self.sched = optim.CosineWithWarmup(self.opt, ns.warmup, ns.steps, min_lr=ns.min_lr)
         self.out = Path(ns.out)
         self.ckpt = self.out / "checkpoint"
+        self.schedule_note: str | None = None  # set by resume() when --steps moves the end
         self.history: list[dict] = []
         self.skipped: list[int] = []
         self.start, self.consecutive_skips = 0, 0
@@ -167,7 +168,14 @@ class Trainer:
             raise ValueError("--init-from and --resume exclude each other")
         meta = dist.load_checkpoint(where, self.model, comm=self.world, optimizer=self.opt,
                                     reshard=True)
-        self.sched.load_state_dict(meta["scheduler"])
+        sched = dict(meta["scheduler"])
+        if sched["total_steps"] != self.ns.steps:  # the schedule follows the new --steps
+            self.schedule_note = (f"note: --steps {self.ns.steps} sets the schedule's end (the "
+                                  f"checkpoint's run planned {sched['total_steps']}): from step "
+                                  f"{int(meta['step'])} on, the learning rate follows the "
+                                  f"cosine to step {self.ns.steps}")
+            sched["total_steps"] = max(self.ns.steps, sched["warmup_steps"])
+        self.sched.load_state_dict(sched)
         self.start, self.history = int(meta["step"]), list(meta["history"])
         self.skipped = list(meta.get("skipped", []))
         self.last_saved = dist.checkpoint.resolve(where)
@@ -268,6 +276,13 @@ class Trainer:
                     print(f"train.py: error: {option}: {errors[0]}", file=sys.stderr,
                           flush=True)
                 return 2
+            if ns.resume and self.start >= ns.steps:  # a finished run: say so, change nothing
+                if rank == 0:
+                    print(f"train.py: nothing to do: the checkpoint is at step {self.start}, "
+                          f"--steps {ns.steps} (a larger --steps continues it)", flush=True)
+                return 0
+            if rank == 0 and self.schedule_note:
+                print(self.schedule_note, flush=True)
         if rank == 0:
             c = self.corpus
             print(f"gpt: {self.n_params / 1e6:.2f}M params, {ns.n_layer} layers x {ns.n_embd} "

@@ -236,3 +236,31 @@ def test_a_new_run_never_takes_over_an_earlier_runs_out(tmp_path):
     assert after == before
     resumed = run(1, *TINY, "--steps", "3", "--eval-interval", "1", "--resume", "--out", str(out))
     assert resumed.returncode == 0, resumed.stderr[-3000:]
+
+
+def test_resume_with_more_steps_follows_the_new_schedule_and_a_finished_run_stops(tmp_path):
+    """--resume of a finished run says there is nothing to do (exit 0, nothing written);
+    --resume with a larger --steps says the schedule now ends there and runs the learning
+    rates of a run planned for that many steps from the start."""
+    out, whole = tmp_path / "run", tmp_path / "whole"
+    common = [*TINY, "--eval-interval", "1"]
+    first, full = run_many([(1, [*common, "--steps", "2", "--out", str(out)]),
+                            (1, [*common, "--steps", "4", "--out", str(whole)])])
+    assert first.returncode == 0 and full.returncode == 0, first.stderr + full.stderr
+    metrics = (out / "metrics.jsonl").read_bytes()
+    done = run(1, *common, "--steps", "2", "--resume", "--out", str(out))
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert "train.py: nothing to do: the checkpoint is at step 2, --steps 2" in done.stdout
+    assert (out / "metrics.jsonl").read_bytes() == metrics
+    more = run(1, *common, "--steps", "4", "--resume", "--out", str(out))
+    assert more.returncode == 0, more.stderr[-3000:]
+    assert "note: --steps 4 sets the schedule's end (the checkpoint's run planned 2)" \
+        in more.stdout
+
+    def lrs(folder):
+        records = [json.loads(line) for line in
+                   (folder / "metrics.jsonl").read_text().splitlines() if line.strip()]
+        return {r["step"]: r["lr"] for r in records}
+
+    resumed, planned = lrs(out), lrs(whole)
+    assert [resumed[s] for s in (3, 4)] == [planned[s] for s in (3, 4)]
