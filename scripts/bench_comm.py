@@ -106,8 +106,10 @@ def main() -> int:
                 iters = max(3, args.iters if nbytes < (8 << 20) else args.iters // 4)
                 res = fn(world, device, nbytes, iters, sync_for(device))
                 if world.rank == 0:
-                    raw = f"{res['mpi4py']:12.3f}" if "mpi4py" in res else f"{'-':>12}"
-                    print(f"{name:<10} {device:<8} {nbytes:>10} {res['ours']:10.3f} {raw}",
+                    # 4 significant digits: a slow small message (a starved rank) still
+                    # prints its rate, never 0.000.
+                    raw = f"{res['mpi4py']:12.4g}" if "mpi4py" in res else f"{'-':>12}"
+                    print(f"{name:<10} {device:<8} {nbytes:>10} {res['ours']:10.4g} {raw}",
                           flush=True)
     return 0
 
