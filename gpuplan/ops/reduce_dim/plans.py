@@ -51,10 +51,6 @@ _DTYPE = DType("dtype", FLOAT_DTYPES, default=np.float32)
 _X = In("x", ("outer", "length", "inner"))
 
 
-def _grid(n: int) -> int:
-    return max(1, min(cdiv(n, 256), _MAX_GRID))
-
-
 def _host_order(x: np.ndarray, largest: bool) -> np.ndarray:
     """Positions along axis 1 of x [outer, length, inner] sorted in the selection order."""
     v = np.moveaxis(x, 1, -1)

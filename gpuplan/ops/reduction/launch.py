@@ -126,6 +126,11 @@ MODULE = CudaModule(
 )
 
 
+def thread_per_output_grid(n: int) -> int:
+    """Blocks of 256 threads for one thread per output of `n`, capped (grid-stride beyond)."""
+    return max(1, min(cdiv(n, 256), _MAX_GRID))
+
+
 def align256(n: int) -> int:
     return -(-n // 256) * 256
 

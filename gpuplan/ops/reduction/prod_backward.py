@@ -12,8 +12,8 @@ from gpuplan.dtypes import FLOAT_DTYPES, accumulator, as_dtype, cuda_name
 from gpuplan.dtypes import short_name as sn
 from gpuplan.errors import InvalidProblem, describe
 from gpuplan.execute import call
-from gpuplan.nvrtc import CudaModule, cdiv, launch
-from gpuplan.ops.reduction.launch import dim_view, kept_shape
+from gpuplan.nvrtc import CudaModule, launch
+from gpuplan.ops.reduction.launch import dim_view, kept_shape, thread_per_output_grid
 from gpuplan.plan import BackendKind, Candidate, Plan, host_candidate
 from gpuplan.spec import DType, Extent, In, OpSpec, Out
 from gpuplan.stream import Stream, Workspace
@@ -21,17 +21,12 @@ from gpuplan.stream import Stream, Workspace
 __all__ = ["ProdBackwardDescriptor", "ProdBackwardArgs", "ProdBackwardPlan"]
 __functional__ = ["prod_backward"]
 
-_MAX_GRID = 1 << 18
 _DTYPE = DType("dtype", FLOAT_DTYPES, default=np.float32)
 _ROW = (Extent("outer"), Extent("length"), Extent("inner"))
 _X = In("x", ("outer", "length", "inner"))
 
 MODULE = CudaModule(__file__, "prod_backward.cu",
                     [f"prod_backward<{cuda_name(t)}>" for t in FLOAT_DTYPES])
-
-
-def _grid(n: int) -> int:
-    return max(1, min(cdiv(n, 256), _MAX_GRID))
 
 
 PROD_BACKWARD = OpSpec(
@@ -62,7 +57,7 @@ class ProdBackwardPlan(Plan):
     def _prepare(self) -> None:
         d = self.desc
         self._kernel = f"prod_backward<{cuda_name(d.dtype)}>"
-        self._grid = _grid(d.outer * d.inner)
+        self._grid = thread_per_output_grid(d.outer * d.inner)
         self._extents = (np.int64(d.outer), np.int64(d.length), np.int64(d.inner))
 
     def _run_numpy(self, stream: Stream, ws: Workspace, args: Any) -> None:

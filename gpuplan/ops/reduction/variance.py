@@ -13,8 +13,8 @@ from gpuplan import backend
 from gpuplan.dtypes import FLOAT_DTYPES, accumulator, as_dtype, cuda_name
 from gpuplan.dtypes import short_name as sn
 from gpuplan.execute import call
-from gpuplan.nvrtc import CudaModule, cdiv, launch
-from gpuplan.ops.reduction.launch import normalize_axes, reduce_layout
+from gpuplan.nvrtc import CudaModule, launch
+from gpuplan.ops.reduction.launch import normalize_axes, reduce_layout, thread_per_output_grid
 from gpuplan.plan import BackendKind, Candidate, Plan, host_candidate
 from gpuplan.spec import DType, Flag, In, OpSpec, Out, Real, Shape, Value
 from gpuplan.stream import Stream, Workspace
@@ -23,16 +23,11 @@ __all__ = ["VarianceDescriptor", "VarianceArgs", "VariancePlan"]
 __functional__ = ["variance"]
 
 _MAX_DIMS = 8
-_MAX_GRID = 1 << 18
 _DTYPE = DType("dtype", FLOAT_DTYPES, default=np.float32)
 
 MODULE = CudaModule(
     __file__, "variance.cu",
     [f"variance_general<{cuda_name(t)}, {std}>" for t in FLOAT_DTYPES for std in (0, 1)])
-
-
-def _grid(n: int) -> int:
-    return max(1, min(cdiv(n, 256), _MAX_GRID))
 
 
 def _var_axes(desc: Any) -> tuple[int, ...]:
@@ -106,7 +101,7 @@ class VariancePlan(Plan):
             return
         ext, strides, nk = _general_dims(shape, self._axes)
         pad = _MAX_DIMS - len(ext)
-        self._grid = _grid(n_out)
+        self._grid = thread_per_output_grid(n_out)
         self._params = (np.int64(n_out), np.int64(n_red), np.int32(nk), np.int32(len(ext) - nk),
                         *(np.int64(e) for e in ext + (1,) * pad),
                         *(np.int64(s) for s in strides + (0,) * pad),
