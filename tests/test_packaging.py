@@ -7,7 +7,7 @@ import subprocess
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("gpuplan", "autograd", "dist")
+PACKAGES = ("gpuplan", "autograd", "dist", "benchsuite")
 # What a package folder may hold: Python, the CUDA/C++ sources it compiles, the type marker.
 SOURCE_SUFFIXES = {".py", ".cu", ".cuh", ".h", ".cpp", ".typed"}
 
@@ -46,4 +46,4 @@ def test_every_package_is_typed_and_listed_for_the_wheel():
         source = (ROOT / "scripts" / f"{name}.py").read_text()
         assert f"from {scripts[f'gpuplan-{name}'].replace(':', ' import ')}\n" in source, name
     setup = (ROOT / "setup.py").read_text()
-    assert 'include=["gpuplan*", "autograd*", "dist*"]' in setup  # dist.trainer ships
+    assert 'include=["gpuplan*", "autograd*", "dist*", "benchsuite*"]' in setup  # dist.trainer ships

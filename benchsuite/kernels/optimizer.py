@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 import gpuplan as gp
-from scripts.benchmarks.common import Case, device_array, empty, size, zeros
+from benchsuite.kernels.common import Case, device_array, empty, size, zeros
 
 
 def _gpt2_sizes(vocab: int, ctx: int, embd: int, layers: int) -> tuple[int, ...]:

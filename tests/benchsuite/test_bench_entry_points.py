@@ -19,6 +19,9 @@ import numpy as np
 import pytest
 
 import gpuplan as gp
+from benchsuite import gpu_check
+from benchsuite import graph_check as check_graphs
+from benchsuite import op_overhead as bench_autograd
 from tests.scripts.test_train import _mpiexec
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -32,18 +35,6 @@ ENV = {**{k: v for k, v in os.environ.items()
        "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
 EMULATED = {"GPUPLAN_DEVICE": "emulated"}  # "cuda" (and --device auto) mean the emulated device
 
-
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(f"{name}_under_bench_test",
-                                                  SCRIPTS / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # gpu_check's dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
-
-check_graphs, bench_autograd, gpu_check = (_load(n) for n in
-                                           ("check_graphs", "bench_autograd", "gpu_check"))
 
 
 def _run(args: list[str], env: dict | None = None, ranks: int = 0,

@@ -6,8 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 import gpuplan as gp
-from gpuplan.dtypes import accumulator
-from scripts.benchmarks.common import (
+from benchsuite.kernels.common import (
     Case,
     device_array,
     empty,
@@ -16,6 +15,7 @@ from scripts.benchmarks.common import (
     run_plan_state,
     size,
 )
+from gpuplan.dtypes import accumulator
 
 N, V = size((8192, 50257), (128, 503))
 

@@ -1,4 +1,4 @@
-"""scripts/bench_kernels.py: --smoke runs every case of every scripts/benchmarks module on the
+"""scripts/bench_kernels.py: --smoke runs every case of every benchsuite.kernels module on the
 emulated device (the plan calls a GPU run makes, at tiny sizes), with the same cases as the
 full run, without importing CuPy; without a device the script says so and exits 2.
 
@@ -8,7 +8,6 @@ descriptor, Args field or dtype fails here first, where the plans check their op
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
@@ -25,9 +24,8 @@ SMOKE_ENV = "GPUPLAN_BENCH_SMOKE"
 
 
 def _load():
-    spec = importlib.util.spec_from_file_location("bench_kernels_under_test", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    import benchsuite.kernel_bench as mod
+
     return mod
 
 

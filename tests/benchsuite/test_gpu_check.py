@@ -3,7 +3,6 @@ per-step time limit (the probe and the steps are replaced where a GPU would be n
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 import time
@@ -15,15 +14,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "gpu_check.py"
 
 
-def _load():
-    spec = importlib.util.spec_from_file_location("gpu_check_script", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
-
-gc = _load()
+from benchsuite import gpu_check as gc  # noqa: E402
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""Benchmark cases and their timing, shared by the scripts/benchmarks/<family>.py modules.
+"""Benchmark cases and their timing, shared by the benchsuite/kernels/<family>.py modules.
 
 A family module defines ``CASES: list[Case]``. ``setup()`` allocates the inputs once on the
 benchmark device (`device_array`, `empty`, `zeros`: a CUDA GPU, or the emulated device under

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 import gpuplan as gp
-from scripts.benchmarks.common import (
+from benchsuite.kernels.common import (
     Case,
     device_array,
     empty,

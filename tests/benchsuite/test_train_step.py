@@ -6,28 +6,14 @@ options are one error line."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
+from benchsuite import train_step as bench_train
+
 ROOT = Path(__file__).resolve().parents[2]
-SCRIPTS = ROOT / "scripts"
-
-
-def _load():
-    if str(SCRIPTS) not in sys.path:
-        sys.path.insert(0, str(SCRIPTS))
-    spec = importlib.util.spec_from_file_location("bench_train_under_test",
-                                                  SCRIPTS / "bench_train.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-bench_train = _load()
 TINY = ["--model", "tiny", "--steps", "2", "--warmup", "1"]
 
 
