@@ -46,4 +46,5 @@ def test_every_package_is_typed_and_listed_for_the_wheel():
         source = (ROOT / "scripts" / f"{name}.py").read_text()
         assert f"from {scripts[f'gpuplan-{name}'].replace(':', ' import ')}\n" in source, name
     setup = (ROOT / "setup.py").read_text()
-    assert 'include=["gpuplan*", "autograd*", "dist*", "benchsuite*"]' in setup  # dist.trainer ships
+    # dist.trainer and benchsuite ship
+    assert 'include=["gpuplan*", "autograd*", "dist*", "benchsuite*"]' in setup
