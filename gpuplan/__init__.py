@@ -181,6 +181,14 @@ from gpuplan.ops.residual_norm import (
     ResidualLayerNormDescriptor,
     ResidualLayerNormPlan,
 )
+from gpuplan.ops.rope import (
+    RopeArgs,
+    RopeBackwardArgs,
+    RopeBackwardDescriptor,
+    RopeBackwardPlan,
+    RopeDescriptor,
+    RopePlan,
+)
 from gpuplan.ops.select import (
     TriangleArgs,
     TriangleDescriptor,

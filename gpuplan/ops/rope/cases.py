@@ -1,0 +1,35 @@
+"""Rotary embedding kernels on the device under test, forward and backward in every dtype,
+against the complex-rotation float64 reference: odd shapes in both layouts ([B*H, T, 1, D]
+as attention takes q/k, [B, T, H, D] with heads inside), a large position offset (angles
+of thousands of radians), more (batch, head) rows than the grid's y dimension covers, and
+an empty sequence."""
+
+from __future__ import annotations
+
+import numpy as np
+
+import gpuplan as gp
+from gpuplan.ops.rope.reference import rope_reference
+from gpuplan.testing import DTYPES, Case, check, dtype_id, emu, random, run_emulated
+
+#: (batch, seq, heads, head_dim, theta, offset)
+SHAPES = [(3, 5, 1, 8, 10000.0, 0), (2, 7, 3, 6, 500000.0, 11), (1, 3, 2, 2, 10.0, 4093),
+          (70, 1, 1, 4, 10000.0, 0), (2, 0, 3, 8, 10000.0, 0)]
+
+
+def rotate(dtype, shape, backward: bool) -> None:
+    batch, seq, heads, dim, theta, offset = shape
+    x = random((batch, seq, heads, dim), dtype, seed=dim + seq, low=-2.0, high=2.0)
+    out = emu(np.full(x.shape, 7, dtype))
+    desc = gp.RopeDescriptor(batch, seq, heads, dim, theta, dtype)
+    if backward:
+        run_emulated(gp.RopeBackwardPlan, desc, gp.RopeBackwardArgs(emu(x), out, offset))
+    else:
+        run_emulated(gp.RopePlan, desc, gp.RopeArgs(emu(x), out, offset))
+    check(out, rope_reference(x, theta, offset, inverse=backward), dtype,
+          f"rope {'backward ' if backward else ''}{shape}", scale=2)
+
+
+CASES = [Case(f"rope {'backward' if bw else 'forward'}[{dtype_id(t)}-{s}]",
+              lambda t=t, s=s, bw=bw: rotate(t, s, bw))
+         for t in DTYPES for s in SHAPES for bw in (False, True)]
