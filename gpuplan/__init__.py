@@ -207,6 +207,14 @@ from gpuplan.ops.softmax import (
     SoftmaxDescriptor,
     SoftmaxPlan,
 )
+from gpuplan.ops.swiglu import (
+    SwigluArgs,
+    SwigluBackwardArgs,
+    SwigluBackwardDescriptor,
+    SwigluBackwardPlan,
+    SwigluDescriptor,
+    SwigluPlan,
+)
 from gpuplan.plan import (
     BackendKind,
     KernelSku,

@@ -160,19 +160,22 @@ class RopeBackwardPlan(_RopePlan):
 # -- functional API ------------------------------------------------------------------------
 
 
-def _layout(op: str, x: Any, seq_dim: int) -> tuple[int, int, int, int]:
+def _layout(op: str, name: str, x: Any, seq_dim: int) -> tuple[int, int, int, int]:
     """(batch, seq, heads, head_dim) of x with positions along axis `seq_dim`: the axes
     before it fold into batch, those between it and the last into heads."""
     nd = x.ndim
     if nd < 2:
-        raise InvalidProblem(describe(op, "x", "an array [..., seq, ..., head_dim] of at "
+        raise InvalidProblem(describe(op, name, "an array [..., seq, ..., head_dim] of at "
                                                "least 2 dims", f"shape {tuple(x.shape)}"))
     if isinstance(seq_dim, bool) or not isinstance(seq_dim, (int, np.integer)) or \
             not -nd <= seq_dim < nd or int(seq_dim) % nd == nd - 1:
-        raise InvalidProblem(describe(op, "seq_dim", f"an axis of x before its last, head_dim "
+        raise InvalidProblem(describe(op, "seq_dim", f"an axis of {name} before its last, head_dim "
                                                      f"(x has {nd} dims)", repr(seq_dim)))
     axis = int(seq_dim) % nd
     shape = tuple(x.shape)
+    if shape[-1] % 2:
+        raise InvalidProblem(describe(op, name, "[..., head_dim] with head_dim even (two "
+                                                "halves rotate together)", f"shape {shape}"))
     batch = int(np.prod(shape[:axis], dtype=np.int64))
     heads = int(np.prod(shape[axis + 1:-1], dtype=np.int64))
     return batch, shape[axis], heads, shape[-1]
@@ -182,7 +185,7 @@ def rope(x: Any, theta: float = 10000.0, offset: int = 0, seq_dim: int = -2) -> 
     """The rotary embedding of x (positions offset + index along axis `seq_dim`, the last
     axis the even head dim), same shape and dtype: seq_dim=-2 for [B, H, T, D], 1 for
     [B, T, H, D]."""
-    batch, seq, heads, dim = _layout("rope", x, seq_dim)
+    batch, seq, heads, dim = _layout("rope", "x", x, seq_dim)
     flat = backend.ascontiguous(x).reshape(batch, seq, heads, dim)
     y = call(RopePlan, RopeDescriptor(batch, seq, heads, dim, theta, x.dtype), like=x,
              x=flat, offset=offset)
@@ -191,7 +194,7 @@ def rope(x: Any, theta: float = 10000.0, offset: int = 0, seq_dim: int = -2) -> 
 
 def rope_backward(dy: Any, theta: float = 10000.0, offset: int = 0, seq_dim: int = -2) -> Any:
     """The gradient of `rope` with respect to x: dy rotated by -angle (same layout)."""
-    batch, seq, heads, dim = _layout("rope_backward", dy, seq_dim)
+    batch, seq, heads, dim = _layout("rope_backward", "dy", dy, seq_dim)
     flat = backend.ascontiguous(dy).reshape(batch, seq, heads, dim)
     dx = call(RopeBackwardPlan, RopeDescriptor(batch, seq, heads, dim, theta, dy.dtype),
               like=dy, dy=flat, offset=offset)

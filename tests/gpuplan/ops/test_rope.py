@@ -129,7 +129,7 @@ def test_bad_offset(offset, words):
     ((2, 3, 4), -1, "argument 'seq_dim': expected an axis of x before its last"),
     ((2, 3, 4), 3, "argument 'seq_dim'"),
     ((2, 3, 4), 1.0, "argument 'seq_dim'"),
-    ((2, 3, 5), -2, "argument 'head_dim': expected an even extent"),
+    ((2, 3, 5), -2, "argument 'x': expected [..., head_dim] with head_dim even"),
 ])
 def test_bad_functional_input(shape, seq_dim, words):
     with pytest.raises(gp.InvalidProblem) as err:
