@@ -8,10 +8,9 @@ import numpy as np
 import gpuplan as gp
 from benchsuite.kernels.common import (
     Case,
-    device_array,
     empty,
     plan_state,
-    random_host,
+    random_device,
     run_plan_state,
     size,
 )
@@ -28,9 +27,9 @@ def _unary(op: str, dtype, backward: bool = False) -> Case:
     tag = f"{op}_{'bwd' if backward else 'fwd'}_{gp.dtypes.short_name(dtype)}_{ROWS}x{COLS}"
 
     def setup() -> dict:
-        x = device_array(random_host((N,), dtype))
+        x = random_device((N,), dtype)
         if backward:
-            dy = device_array(random_host((N,), dtype, seed=1))
+            dy = random_device((N,), dtype, seed=1)
             dx = empty(N, dtype)
             return plan_state(gp.UnaryBackwardPlan, gp.UnaryBackwardDescriptor(op, N, dtype),
                               gp.UnaryBackwardArgs(x, dy, dx), x=x, y=dx)

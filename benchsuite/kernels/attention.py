@@ -13,10 +13,9 @@ import numpy as np
 import gpuplan as gp
 from benchsuite.kernels.common import (
     Case,
-    device_array,
     empty,
     plan_state,
-    random_host,
+    random_device,
     run_plan_state,
     size,
 )
@@ -27,7 +26,7 @@ B, T = HEADS[0] * HEADS[1], size(1024, 80)
 
 
 def _operands(dt, dim: int, n: int = 4) -> list:
-    return [device_array(random_host((B, T, dim), dt, seed=i)) for i in range(n)]
+    return [random_device((B, T, dim), dt, seed=i) for i in range(n)]
 
 
 def _forward_setup(dt, dim: int):

@@ -8,10 +8,9 @@ import numpy as np
 import gpuplan as gp
 from benchsuite.kernels.common import (
     Case,
-    device_array,
     empty,
     plan_state,
-    random_host,
+    random_device,
     run_plan_state,
     size,
 )
@@ -28,8 +27,8 @@ def _binary(op: str, dtype, b_shape: tuple) -> Case:
     tag = f"{op}_{gp.dtypes.short_name(dtype)}_{ROWS}x{COLS}_b{'x'.join(map(str, b_shape))}"
 
     def setup() -> dict:
-        a = device_array(random_host((ROWS, COLS), dtype))
-        b = device_array(random_host(b_shape, dtype, seed=1))
+        a = random_device((ROWS, COLS), dtype)
+        b = random_device(b_shape, dtype, seed=1)
         c = empty((ROWS, COLS), dtype)
         return plan_state(gp.BinaryPlan, gp.BinaryDescriptor(op, (ROWS, COLS), b_shape, dtype),
                           gp.BinaryArgs(a, b, c), a=a, b=b, c=c)
@@ -49,9 +48,9 @@ def _binary_backward(dtype) -> Case:
     """mul with a broadcast [COLS] operand: da elementwise, db a column reduction."""
 
     def setup() -> dict:
-        a = device_array(random_host((ROWS, COLS), dtype))
-        b = device_array(random_host((COLS,), dtype, seed=1))
-        dc = device_array(random_host((ROWS, COLS), dtype, seed=2))
+        a = random_device((ROWS, COLS), dtype)
+        b = random_device((COLS,), dtype, seed=1)
+        dc = random_device((ROWS, COLS), dtype, seed=2)
         da, db = empty((ROWS, COLS), dtype), empty((COLS,), dtype)
         desc = gp.BinaryBackwardDescriptor("mul", (ROWS, COLS), (COLS,), dtype)
         return plan_state(gp.BinaryBackwardPlan, desc, gp.BinaryBackwardArgs(a, b, dc, da, db),
@@ -72,8 +71,8 @@ def _binary_backward(dtype) -> Case:
 
 def _bias_add(dtype) -> Case:
     def setup() -> dict:
-        x = device_array(random_host((ROWS, COLS), dtype))
-        bias = device_array(random_host((COLS,), dtype, seed=1))
+        x = random_device((ROWS, COLS), dtype)
+        bias = random_device((COLS,), dtype, seed=1)
         y = empty((ROWS, COLS), dtype)
         return plan_state(gp.BiasAddPlan, gp.BiasAddDescriptor(ROWS, COLS, dtype),
                           gp.BiasAddArgs(x, bias, y), x=x, bias=bias, y=y)

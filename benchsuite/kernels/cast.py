@@ -8,10 +8,9 @@ import numpy as np
 import gpuplan as gp
 from benchsuite.kernels.common import (
     Case,
-    device_array,
     empty,
     plan_state,
-    random_host,
+    random_device,
     run_plan_state,
     size,
 )
@@ -25,7 +24,7 @@ def _size(dtype) -> int:
 
 def _cast(src, dst) -> Case:
     def setup() -> dict:
-        x = device_array(random_host((N,), src))
+        x = random_device((N,), src)
         y = empty(N, dst)
         return plan_state(gp.CastPlan, gp.CastDescriptor(N, src, dst), gp.CastArgs(x, y),
                           x=x, y=y)

@@ -11,7 +11,7 @@ from benchsuite.kernels.common import (
     device_array,
     empty,
     plan_state,
-    random_host,
+    random_device,
     run_plan_state,
     size,
 )
@@ -21,7 +21,7 @@ N, V = size((8192, 50257), (128, 503))
 
 
 def _inputs(dt) -> tuple:
-    logits = device_array(random_host((N, V), dt, scale=2.0))
+    logits = random_device((N, V), dt, scale=2.0)
     t = np.random.default_rng(1).integers(0, V, N)
     t[::17] = -100
     return logits, device_array(t.astype(np.int64))

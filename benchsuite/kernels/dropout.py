@@ -8,9 +8,8 @@ import numpy as np
 import gpuplan as gp
 from benchsuite.kernels.common import (
     Case,
-    device_array,
     empty,
-    random_host,
+    random_device,
     size,
 )
 
@@ -19,7 +18,7 @@ P = 0.1
 
 
 def _setup(dtype) -> dict:
-    x = device_array(random_host((ROWS, COLS), dtype))
+    x = random_device((ROWS, COLS), dtype)
     n = ROWS * COLS
     stream = gp.Stream.current()
     desc = gp.DropoutDescriptor(n, P, dtype)  # forward and backward share it

@@ -11,7 +11,7 @@ from benchsuite.kernels.common import (
     device_array,
     empty,
     plan_state,
-    random_host,
+    random_device,
     run_plan_state,
     size,
     zeros,
@@ -27,7 +27,7 @@ def _indices(seed: int = 1) -> np.ndarray:
 
 def _forward_setup(dtype):
     def setup() -> dict:
-        weight = device_array(random_host((V, D), dtype))
+        weight = random_device((V, D), dtype)
         idx = device_array(_indices())
         out = empty((N, D), dtype)
         return plan_state(gp.EmbeddingPlan, gp.EmbeddingDescriptor(V, D, N, dtype),
@@ -48,7 +48,7 @@ def _forward_bytes(st: dict) -> int:
 
 def _backward_setup(dtype, deterministic: bool):
     def setup() -> dict:
-        dout = device_array(random_host((N, D), dtype, seed=2))
+        dout = random_device((N, D), dtype, seed=2)
         host_idx = _indices()
         idx = device_array(host_idx)
         dweight = zeros((V, D), dtype)

@@ -8,10 +8,9 @@ import numpy as np
 import gpuplan as gp
 from benchsuite.kernels.common import (
     Case,
-    device_array,
     empty,
     plan_state,
-    random_host,
+    random_device,
     run_plan_state,
     size,
 )
@@ -23,9 +22,9 @@ N, D = size((16384, 4096), (48, 4096))
 def _ln_forward_setup(dt, rms: bool):
     def setup() -> dict:
         acc = accumulator(dt)
-        x = device_array(random_host((N, D), dt, scale=2.0))
-        w = device_array(random_host((D,), dt, seed=1))
-        b = None if rms else device_array(random_host((D,), dt, seed=2))
+        x = random_device((N, D), dt, scale=2.0)
+        w = random_device((D,), dt, seed=1)
+        b = None if rms else random_device((D,), dt, seed=2)
         y = empty((N, D), dt)
         rstd = empty((N,), acc)
         if rms:
@@ -56,9 +55,9 @@ def _forward_baseline(rms: bool):
 
 def _backward_setup(dt, rms: bool):
     def setup() -> dict:
-        x = device_array(random_host((N, D), dt, scale=2.0))
-        dy = device_array(random_host((N, D), dt, seed=3))
-        w = device_array(random_host((D,), dt, seed=1))
+        x = random_device((N, D), dt, scale=2.0)
+        dy = random_device((N, D), dt, seed=3)
+        w = random_device((D,), dt, seed=1)
         dx = empty((N, D), dt)
         dw = empty((D,), dt)
         if rms:

@@ -11,7 +11,7 @@ from benchsuite.kernels.common import (
     device_array,
     empty,
     plan_state,
-    random_host,
+    random_device,
     run_plan_state,
     size,
 )
@@ -21,7 +21,7 @@ DT = gp.bfloat16
 
 
 def _quantize_setup() -> dict:
-    x = device_array(random_host((N, D), DT, scale=3.0))
+    x = random_device((N, D), DT, scale=3.0)
     q = empty((N, D), np.int8)
     scale = empty((N,), np.float32)
     return plan_state(gp.QuantizePerTokenPlan, gp.QuantizePerTokenDescriptor(N, D, DT),
@@ -56,7 +56,7 @@ def _dequantize_baseline(st: dict) -> None:
 
 def _dequantize_backward_setup() -> dict:
     scale = device_array(np.random.default_rng(4).uniform(0.001, 0.1, N).astype(np.float32))
-    d_out = device_array(random_host((N, D), DT, seed=5))
+    d_out = random_device((N, D), DT, seed=5)
     d_in = empty((N, D), DT)
     desc = gp.DequantizePerTokenBackwardDescriptor(N, D, DT)
     return plan_state(gp.DequantizePerTokenBackwardPlan, desc,
@@ -72,7 +72,7 @@ def _dequantize_backward_baseline(st: dict) -> None:
 
 
 def _quantize_backward_setup() -> dict:
-    d_q = device_array(random_host((N, D), np.float32, seed=6))
+    d_q = random_device((N, D), np.float32, seed=6)
     d_x = empty((N, D), DT)
     desc = gp.QuantizePerTokenBackwardDescriptor(N, D, DT)  # d_q's dtype (f32): the array's
     return plan_state(gp.QuantizePerTokenBackwardPlan, desc,

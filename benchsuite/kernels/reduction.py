@@ -9,10 +9,9 @@ import numpy as np
 import gpuplan as gp
 from benchsuite.kernels.common import (
     Case,
-    device_array,
     empty,
     plan_state,
-    random_host,
+    random_device,
     run_plan_state,
     size,
 )
@@ -26,7 +25,7 @@ def _reduce(op: str, dtype, shape: tuple, axes, label: str) -> Case:
     desc = gp.ReduceDescriptor(op, shape, axes, False, dtype)
 
     def setup() -> dict:
-        x = device_array(random_host(shape, dtype))
+        x = random_device(shape, dtype)
         y = empty(desc.out_shape(), dtype)
         return plan_state(gp.ReducePlan, desc, gp.ReduceArgs(x, y), x=x, y=y, axes=axes)
 
@@ -56,7 +55,7 @@ _NORM_SHAPES = _norm_shapes(*size((50304, 1024, 24), (1000, 64, 2)))
 
 def _global_norm(dtype) -> Case:
     def setup() -> dict:
-        arrays = tuple(device_array(random_host(s, dtype, seed=i))
+        arrays = tuple(random_device(s, dtype, seed=i)
                        for i, s in enumerate(_NORM_SHAPES))
         acc = np.float64 if np.dtype(dtype) == np.float64 else np.float32
         out = empty((), acc)

@@ -8,10 +8,9 @@ import numpy as np
 import gpuplan as gp
 from benchsuite.kernels.common import (
     Case,
-    device_array,
     empty,
     plan_state,
-    random_host,
+    random_device,
     run_plan_state,
     size,
 )
@@ -21,7 +20,7 @@ N, D = size((16384, 4096), (1024, 256))
 
 def _forward_setup(dt, plan_cls, causal: bool = False):
     def setup() -> dict:
-        x = device_array(random_host((N, D), dt, scale=3.0))
+        x = random_device((N, D), dt, scale=3.0)
         y = empty((N, D), dt)
         # causal: [N / D, D, D] attention scores (Lq = Lk = D)
         desc = gp.SoftmaxDescriptor(N, D, 0.125, causal, D if causal else 0, dt)
@@ -47,9 +46,9 @@ def _forward_baseline(log: bool):
 
 def _backward_setup(dt):
     def setup() -> dict:
-        x = device_array(random_host((N, D), dt, scale=3.0))
+        x = random_device((N, D), dt, scale=3.0)
         y = gp.functional.softmax(x)
-        dy = device_array(random_host((N, D), dt, seed=1))
+        dy = random_device((N, D), dt, seed=1)
         dx = empty((N, D), dt)
         desc = gp.SoftmaxBackwardDescriptor(N, D, 1.0, dtype=dt)
         return plan_state(gp.SoftmaxBackwardPlan, desc, gp.SoftmaxBackwardArgs(y, dy, dx),
