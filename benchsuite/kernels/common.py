@@ -114,14 +114,14 @@ def random_device(shape: tuple, dtype: Any, seed: int = 0, scale: float = 1.0) -
     memory, so there it is `random_host` copied over (the same values for the same seed)."""
     if device() != "cuda":
         return device_array(random_host(shape, dtype, seed, scale))
-    import gpuplan as gp
     from gpuplan.dtypes import as_dtype
+    from gpuplan.functional import cast
 
     cp = _cupy()
     x = cp.random.default_rng(seed).standard_normal(shape, dtype=cp.float32)
     if scale != 1.0:
         x *= cp.float32(scale)
-    return x if as_dtype(dtype) == np.dtype(np.float32) else gp.cast(x, dtype)
+    return x if as_dtype(dtype) == np.dtype(np.float32) else cast(x, dtype)
 
 
 def _cupy() -> Any:
