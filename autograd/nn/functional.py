@@ -14,14 +14,16 @@ from autograd.functions.matmul import linear, linear_gelu
 from autograd.functions.normalization import layer_norm, residual_layer_norm, rms_norm
 from autograd.functions.padding import pad
 from autograd.functions.quantize import dequantize_per_token, quantize_per_token
+from autograd.functions.rope import rope
 from autograd.functions.softmax import log_softmax, softmax
+from autograd.functions.swiglu import swiglu
 from autograd.tensor import Tensor
 
 __all__ = [
     "linear", "linear_gelu", "relu", "gelu", "silu", "sigmoid", "tanh", "softmax",
     "log_softmax", "layer_norm", "residual_layer_norm", "rms_norm", "embedding", "dropout",
     "cross_entropy", "nll_loss", "mse_loss", "one_hot", "pad", "scaled_dot_product_attention",
-    "quantize_per_token", "dequantize_per_token",
+    "quantize_per_token", "dequantize_per_token", "rope", "swiglu",
 ]
 
 
