@@ -122,9 +122,16 @@ def execute(mods: list, families: list[str], quiet: bool, device: str) -> int:
     testing.set_device(device)
     declared = {(m.path.name, n) for m in mods for n in m.name_expressions}
     failures: list[str] = []
+    gpu_only: list[str] = []
     t_all = time.perf_counter()
     for family in families:
-        cases = importlib.import_module(f"gpuplan.ops.{family}.cases").CASES
+        module = importlib.import_module(f"gpuplan.ops.{family}.cases")
+        cases = list(module.CASES)
+        gpu_cases = list(getattr(module, "GPU_CASES", ()))  # cuBLAS: a real GPU only
+        if device == "cuda":
+            cases += gpu_cases
+        elif gpu_cases:
+            gpu_only.append(f"{family}: {len(gpu_cases)}")
         files = {m.path.name for m in mods if m.path.parent == folder(family)}
         t0 = time.perf_counter()
         bad = 0
@@ -150,6 +157,9 @@ def execute(mods: list, families: list[str], quiet: bool, device: str) -> int:
     print(f"{testing.DEVICE} device: {len(mods)} modules in {time.perf_counter() - t_all:.0f} s")
     for f in failures:
         print(f"  {f}")
+    if gpu_only:
+        print(f"not run on the {testing.DEVICE} device: the GPU-only cases (cuBLAS) of "
+              f"{', '.join(gpu_only)}")
     print(f"executed {len(executed)} of {len(declared)} kernel instances, "
           f"{len(failures)} failures")
     return 0 if not failures and not missing else 1

@@ -7,6 +7,11 @@ Tolerance as tests/gpuplan/ops/test_gemm.py: |err| <= rtol * (|ref| + |beta * C0
 + atol * sqrt(K) with the dtype's (rtol, atol): a sum of K products grows like sqrt(K), and
 an addend may be rounded once more before the final rounding.
 
+GPU_CASES run the cuBLAS SKU itself (every dtype, every transpose pair, bias, alpha/beta,
+an activation epilogue with the pre-activation saved): cuBLAS is a GPU library, so they run
+where the device is a real GPU (`check_kernels.py --execute --device cuda`, the GPU check),
+and the emulated device lists them as not run.
+
 gemm_scale_bias and gemm_activation are launched only by the cuBLAS SKU (C = beta * C + bias
 before a beta = 1 cuBLAS call; preact = C, C = f(C) after it), which the emulated device
 does not have; their cases call that SKU's launch methods, GemmPlan._scale_bias and
@@ -179,3 +184,46 @@ CASES = (
             lambda t=t, epi=epi, save=save: activation_pass(t, epi, save))
        for t in DTYPES for epi in EPILOGUE_ACTIVATIONS for save in (False, True)]
 )
+
+
+def cublas(desc: gp.GemmDescriptor, seed: int, alpha: float, beta: float) -> None:
+    """The cuBLAS SKU (GemmPlan selected with backend=CUBLAS) against float64 math."""
+    a, b, c0, bias = gemm_operands(desc, seed)
+    if beta == 0:
+        c0 = np.full(desc.c_shape(), np.nan, desc.dtype)  # beta == 0 never reads C
+    c = emu(c0.copy())
+    pre = emu(np.full(desc.c_shape(), np.nan, desc.dtype)) if desc.save_preact else None
+    plan = run_emulated(gp.GemmPlan, desc, gp.GemmArgs(emu(a), emu(b), c, emu(bias), preact=pre,
+                                                       alpha=alpha, beta=beta),
+                        gp.PlanPreference(backend=gp.BackendKind.CUBLAS))
+    assert plan.sku().variant == "cublas", plan.sku()
+    want_pre = gemm_reference(desc, a, b, c0, bias, alpha, beta)
+    if desc.epilogue == "none":
+        assert_gemm_close(c, want_pre, desc, c0, bias, what="gemm cublas", beta=beta)
+        return
+    assert_gemm_close(c, gemm_epilogue_reference(desc, want_pre), desc, c0, bias,
+                      what=f"gemm cublas {desc.epilogue}", beta=beta, pre=want_pre)
+    if pre is not None:
+        assert_gemm_close(pre, want_pre, desc, c0, bias, what="gemm cublas preact", beta=beta)
+
+
+def _cublas_cases() -> list[Case]:
+    cases = []
+    for t in DTYPES:
+        for i, (ta, tb) in enumerate(FLAGS):
+            bc = BROADCASTS[i]
+            d = gp.GemmDescriptor(72, 48, 136, batch=1 if bc == "both" else 3, trans_a=ta,
+                                  trans_b=tb, has_bias=i % 2 == 0,
+                                  broadcast_a=bc in ("a", "both"),
+                                  broadcast_b=bc in ("b", "both"), dtype=t)
+            cases.append(Case(f"cublas {_flags_id(ta, tb)} bcast={bc}[{dtype_id(t)}]",
+                              lambda d=d, i=i: cublas(d, 50 + i, 1.5, 0.5 if i % 2 else 0.0)))
+        d = gp.GemmDescriptor(40, 64, 96, has_bias=True, dtype=t,
+                              epilogue=EPILOGUE_ACTIVATIONS[0], save_preact=True)
+        cases.append(Case(f"cublas {EPILOGUE_ACTIVATIONS[0]} saved[{dtype_id(t)}]",
+                          lambda d=d: cublas(d, 60, 1.0, 0.25)))
+    return cases
+
+
+#: Cases that need a real GPU (cuBLAS); see the module docstring.
+GPU_CASES = _cublas_cases()

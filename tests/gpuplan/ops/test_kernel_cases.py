@@ -30,3 +30,17 @@ def test_family_cases_pass_and_launch_every_instance(family):
     assert declared, f"{family}: no CUDA module in {folder(family)}"
     missing = sorted(declared - nvrtc.LAUNCHED)
     assert not missing, f"{family}: {len(missing)} instances never launched: {missing[:5]}"
+
+
+def test_gpu_only_cases_reach_the_cublas_selection_on_the_emulated_device():
+    """The cuBLAS cases (GPU_CASES, run on a real GPU only) build their operands and ask for
+    the cuBLAS SKU; the emulated device refuses it by name, so everything before the launch
+    has run here."""
+    testing.set_device("emulated")
+    with_gpu_cases = [f for f in FAMILIES if getattr(
+        importlib.import_module(f"gpuplan.ops.{f}.cases"), "GPU_CASES", None)]
+    assert "gemm" in with_gpu_cases
+    for family in with_gpu_cases:
+        for case in importlib.import_module(f"gpuplan.ops.{family}.cases").GPU_CASES:
+            with pytest.raises(gpuplan.errors.Unsupported, match="cublas"):
+                case.run()
