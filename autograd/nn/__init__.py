@@ -18,6 +18,8 @@ from autograd.nn.layers import (
     Tanh,
     host_parameter,
 )
+from autograd.nn.llama import Llama, LlamaAttention, LlamaBlock, LlamaMLP
+from autograd.nn.llama_config import LlamaConfig
 from autograd.nn.loss import CrossEntropyLoss, MSELoss, NLLLoss
 from autograd.nn.module import IncompatibleKeys, Module, ModuleList, Parameter, Sequential
 
@@ -26,5 +28,6 @@ __all__ = [
     "Identity", "IncompatibleKeys", "LayerNorm", "Linear", "Module", "ModuleList", "Parameter",
     "ReLU", "RMSNorm", "Sequential", "functional", "host_parameter",
     "CrossEntropyLoss", "MSELoss", "ModuleDict", "MultiheadAttention", "NLLLoss", "ParameterList",
-    "SiLU", "Sigmoid", "Tanh", "init",
+    "SiLU", "Sigmoid", "Tanh", "init", "Llama", "LlamaAttention", "LlamaBlock", "LlamaConfig",
+    "LlamaMLP",
 ]

@@ -1,0 +1,160 @@
+"""A Llama-style decoder-only transformer (transformers' LlamaForCausalLM numerics): pre-norm
+blocks with RMSNorm, rotary position embeddings, grouped-query causal attention and a SwiGLU
+MLP, no biases."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+import gpuplan as gp
+from autograd.functions.attention import split_heads
+from autograd.nn import functional as F
+from autograd.nn.layers import Embedding, Linear, RMSNorm
+from autograd.nn.llama_config import LlamaConfig
+from autograd.nn.module import Module, ModuleList
+from autograd.tensor import Tensor
+
+
+def repeat_kv(x: Tensor, groups: int) -> Tensor:
+    """``[B, Hkv, T, D]`` -> ``[B, Hkv * groups, T, D]``, head ``h`` the K/V head
+    ``h // groups`` (transformers' repeat_kv); its gradient sums each group's copies."""
+    if groups == 1:
+        return x
+    B, H, T, D = x.shape
+    return x.unsqueeze(2).expand(B, H, groups, T, D).reshape(B, H * groups, T, D)
+
+
+class LlamaAttention(Module):
+    """``o_proj(concat_h softmax(q_h k_g(h)^T / sqrt(Dh) + causal mask) v_g(h))`` with
+    ``q = rope(x @ Wq)`` (n_head heads), ``k = rope(x @ Wk)``, ``v = x @ Wv`` (n_kv_head
+    heads each), query head h reading K/V head ``g(h) = h // (n_head / n_kv_head)``. The
+    weights are ``[C, H Dh]``, ``[C, Hkv Dh]``, ``[C, Hkv Dh]`` and ``[H Dh, C]``; the
+    number of heads is read from their widths, so a shard holding whole heads runs as is.
+
+    RoPE runs on ``[B, H, T, Dh]`` (the layout the fused attention takes, no copy between);
+    positions start at ``offset``. K/V heads are repeated to the query heads before the
+    fused attention, which takes as many K/V heads as query heads."""
+
+    def __init__(self, cfg: LlamaConfig) -> None:
+        super().__init__()
+        self.head_dim, self.rope_theta = cfg.head_dim, float(cfg.rope_theta)
+        self.attn_dropout = float(cfg.dropout)
+        kv = cfg.kv_heads * cfg.head_dim
+        self.q_proj = Linear(cfg.n_embd, cfg.n_embd, bias=False, dtype=cfg.dtype, seed=0)
+        self.k_proj = Linear(cfg.n_embd, kv, bias=False, dtype=cfg.dtype, seed=0)
+        self.v_proj = Linear(cfg.n_embd, kv, bias=False, dtype=cfg.dtype, seed=0)
+        self.o_proj = Linear(cfg.n_embd, cfg.n_embd, bias=False, dtype=cfg.dtype, seed=0)
+
+    def forward(self, x: Tensor, offset: int = 0) -> Tensor:
+        B, T, _ = x.shape
+        q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        H, Hkv = q.shape[-1] // self.head_dim, k.shape[-1] // self.head_dim
+        (q,), (k,), (v,) = split_heads(q, 1, H), split_heads(k, 1, Hkv), split_heads(v, 1, Hkv)
+        q = F.rope(q, theta=self.rope_theta, offset=offset)
+        k = F.rope(k, theta=self.rope_theta, offset=offset)
+        k, v = repeat_kv(k, H // Hkv), repeat_kv(v, H // Hkv)
+        p = self.attn_dropout if self.training else 0.0
+        y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
+        return self.o_proj(y.transpose(1, 2).reshape(B, T, H * self.head_dim))
+
+
+class LlamaMLP(Module):
+    """``down_proj(silu(x @ W_gate) * (x @ W_up))``, the product fused (`F.swiglu`);
+    ``W_gate, W_up [C, F]``, ``W_down [F, C]``."""
+
+    def __init__(self, cfg: LlamaConfig) -> None:
+        super().__init__()
+        self.gate_proj = Linear(cfg.n_embd, cfg.hidden, bias=False, dtype=cfg.dtype, seed=0)
+        self.up_proj = Linear(cfg.n_embd, cfg.hidden, bias=False, dtype=cfg.dtype, seed=0)
+        self.down_proj = Linear(cfg.hidden, cfg.n_embd, bias=False, dtype=cfg.dtype, seed=0)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.down_proj(F.swiglu(self.gate_proj(x), self.up_proj(x)))
+
+
+class LlamaBlock(Module):
+    """``h = x + self_attn(input_layernorm(x))``, then ``h + mlp(post_attention_layernorm(h))``."""
+
+    def __init__(self, cfg: LlamaConfig) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.n_embd, eps=cfg.norm_eps, dtype=cfg.dtype)
+        self.self_attn = LlamaAttention(cfg)
+        self.post_attention_layernorm = RMSNorm(cfg.n_embd, eps=cfg.norm_eps, dtype=cfg.dtype)
+        self.mlp = LlamaMLP(cfg)
+
+    def forward(self, x: Tensor, offset: int = 0) -> Tensor:
+        h = x + self.self_attn(self.input_layernorm(x), offset)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class Llama(Module):
+    """``logits[B, T, V] = lm_head(norm(layers(embed_tokens[idx])))``.
+
+    Parameters (transformers' LlamaForCausalLM names without its ``model.`` prefix, Linear
+    weights stored ``[in, out]``): ``embed_tokens.weight [V, C]``,
+    ``layers.{i}.input_layernorm.weight [C]``,
+    ``layers.{i}.self_attn.{q,k,v,o}_proj.weight`` (``[C, H Dh]``, ``[C, Hkv Dh]`` twice,
+    ``[H Dh, C]``), ``layers.{i}.post_attention_layernorm.weight [C]``,
+    ``layers.{i}.mlp.{gate,up}_proj.weight [C, F]``, ``layers.{i}.mlp.down_proj.weight
+    [F, C]``, ``norm.weight [C]`` and, untied only, ``lm_head.weight [C, V]`` (tied:
+    ``logits = x @ embed_tokens.weight^T`` and ``lm_head`` is None).
+
+    Init (transformers' Llama): matrices and the embedding N(0, 0.02), norms 1; drawn in
+    ``named_parameters`` order from ``np.random.default_rng(config.seed)`` in float64 on the
+    host, so the same seed gives the same model on any device. Norms and RoPE compute in
+    float32 at least (float64 for a float64 model)."""
+
+    def __init__(self, config: LlamaConfig) -> None:
+        super().__init__()
+        cfg = self.config = config
+        self.embed_tokens = Embedding(cfg.vocab_size, cfg.n_embd, dtype=cfg.dtype, seed=0)
+        self.layers = ModuleList([LlamaBlock(cfg) for _ in range(cfg.n_layer)])
+        self.norm = RMSNorm(cfg.n_embd, eps=cfg.norm_eps, dtype=cfg.dtype)
+        self.lm_head = (None if cfg.tie_weights else
+                        Linear(cfg.n_embd, cfg.vocab_size, bias=False, dtype=cfg.dtype, seed=0))
+        self._init_weights()
+
+    def _init_weights(self) -> None:
+        rng = np.random.default_rng(self.config.seed)
+        for name, p in self.named_parameters():
+            if name.endswith("norm.weight"):
+                values = np.ones(p.shape)
+            else:
+                values = rng.normal(0.0, 0.02, p.shape)
+            p.data[...] = gp.to_device(values.astype(p.dtype), p.device)
+
+    def embed(self, idx: Any) -> Tensor:
+        """``embed_tokens[idx]`` ``[B, T, C]`` for token ids ``idx [B, T]`` (int32 or int64,
+        array or Tensor)."""
+        idx = idx.data if isinstance(idx, Tensor) else idx
+        if idx.ndim != 2:
+            raise ValueError(f"Llama: idx must be [B, T] token ids, given shape "
+                             f"{tuple(idx.shape)}")
+        if idx.shape[1] > self.config.block_size:
+            raise ValueError(f"Llama: sequence length {idx.shape[1]} exceeds block_size "
+                             f"{self.config.block_size}")
+        return self.embed_tokens(idx)
+
+    def logits(self, x: Tensor) -> Tensor:
+        """``norm(x)`` projected on the vocabulary: ``[B, T, C]`` -> ``[B, T, V]``."""
+        x = self.norm(x)
+        return x @ self.embed_tokens.weight.T if self.lm_head is None else self.lm_head(x)
+
+    def forward(self, idx: Any, targets: Any = None) -> Tensor | tuple[Tensor, Tensor]:
+        """``idx [B, T]`` -> logits ``[B, T, V]``; with ``targets [B, T]``, returns
+        ``(logits, mean cross-entropy over B*T)`` (targets of -100 ignored)."""
+        x = self.embed(idx)
+        for block in self.layers:
+            x = block(x)
+        logits = self.logits(x)
+        if targets is None:
+            return logits
+        B, T, V = logits.shape
+        targets = targets.data if isinstance(targets, Tensor) else targets
+        return logits, F.cross_entropy(logits.reshape(B * T, V), targets.reshape(B * T))
+
+    def loss(self, idx: Any, targets: Any) -> Tensor:
+        """Mean next-token cross-entropy of ``forward(idx)`` against ``targets [B, T]``."""
+        return self.forward(idx, targets)[1]
