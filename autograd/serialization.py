@@ -11,6 +11,7 @@ import numpy as np
 
 import gpuplan as gp
 from autograd.tensor import Tensor
+from gpuplan.confined_write import atomic_write
 from gpuplan.dtypes import as_dtype, bfloat16
 
 # safetensors' dtype codes for the dtypes a state dict of ours can hold. safetensors.numpy
@@ -62,12 +63,10 @@ def save(state_dict: Mapping[str, Any], path: str | os.PathLike,
         if not isinstance(name, str) or not name:
             raise TypeError(f"autograd.save: names must be non-empty strings, given {name!r}")
         arrays[name] = _host_array(name, value)
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp")
     import safetensors.numpy  # imported on use: `import autograd` must not need it
 
-    safetensors.numpy.save_file(arrays, str(tmp), metadata=meta or None)
-    os.replace(tmp, path)  # no half-written file under the final name
+    # all or nothing, through a fresh exclusive temporary file: never a link planted there
+    atomic_write(Path(path), safetensors.numpy.save(arrays, metadata=meta or None))
 
 
 def load(path: str | os.PathLike, device: str | None = None) -> dict[str, Tensor]:

@@ -184,12 +184,22 @@ def save_checkpoint(directory: str | os.PathLike, module: Module,
     return root / step_dirname(step)
 
 
+def _remove(path: Path) -> None:
+    """Delete a folder of ours; a link found there is unlinked, never followed."""
+    if path.is_symlink():
+        path.unlink(missing_ok=True)
+    else:
+        shutil.rmtree(path, ignore_errors=True)
+
+
 def _prepare_staging(root: Path, step: int) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     for stale in root.glob(".tmp-step_*"):
-        shutil.rmtree(stale, ignore_errors=True)  # a crashed save's (one job per root)
+        _remove(stale)  # a crashed save's (one job per root)
     for stale in root.glob(".trash-step_*"):
-        shutil.rmtree(stale, ignore_errors=True)
+        _remove(stale)
+    for stale in root.glob(f".{LATEST}.*tmp"):  # a pointer move killed before its rename
+        stale.unlink(missing_ok=True)
     staging = root / f".tmp-{step_dirname(step)}-{uuid.uuid4().hex[:8]}"
     staging.mkdir()
     return staging
@@ -240,14 +250,16 @@ def _commit(root: Path, staging: Path, step: int, metadata: Any,
     atomic_write(staging / MANIFEST, json.dumps(manifest, indent=1).encode())
     final = root / step_dirname(step)
     replaced = None
-    if final.exists():  # the same step saved again (a run resumed from an older one)
+    # the same step saved again (a run resumed from an older one); a link there is moved
+    # aside, never followed
+    if os.path.lexists(final):
         replaced = root / f".trash-{final.name}-{uuid.uuid4().hex[:8]}"
         os.replace(final, replaced)
     os.replace(staging, final)
     fsync_dir(root)
     atomic_write(root / LATEST, f"{final.name}\n".encode())
     if replaced is not None:
-        shutil.rmtree(replaced, ignore_errors=True)
+        _remove(replaced)
     if keep is not None:
         _prune(root, keep, final)
 
@@ -260,7 +272,7 @@ def _prune(root: Path, keep: int, current: Path) -> None:
         trash = root / f".trash-{old.name}-{uuid.uuid4().hex[:8]}"
         os.replace(old, trash)
         fsync_dir(root)
-        shutil.rmtree(trash, ignore_errors=True)
+        _remove(trash)
 
 
 def load_checkpoint(directory: str | os.PathLike, module: Module,

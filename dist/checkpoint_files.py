@@ -28,6 +28,8 @@ from typing import Any
 
 import numpy as np
 
+from gpuplan import confined_write
+from gpuplan.confined_write import write_new
 from gpuplan.dtypes import as_dtype, bfloat16
 
 FORMAT = "gpuplan-dist-checkpoint-2"
@@ -76,19 +78,15 @@ def fsync_dir(path: Path) -> None:
 
 
 def write_file(path: Path, payload: bytes) -> None:
-    """Write `payload` to a new file and fsync it (its folder is fsynced by the caller)."""
-    with open(path, "wb") as f:
-        f.write(payload)
-        f.flush()
-        os.fsync(f.fileno())
+    """Create `path` (never through an existing file or link), write `payload` and fsync it
+    (its folder is fsynced by the caller)."""
+    write_new(path, payload)
 
 
-def atomic_write(path: Path, payload: bytes) -> None:
-    """Write to `.name.tmp`, fsync, rename over `path`, fsync the folder: all or nothing."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    write_file(tmp, payload)
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
+def atomic_write(path: Path, payload: bytes, root: Path | None = None) -> None:
+    """Write to a fresh exclusive temporary file, fsync, rename over `path`, fsync the
+    folder: all or nothing, never through a link out of `root` (default: its folder)."""
+    confined_write.atomic_write(path, payload, root)
 
 
 # ---- shard payloads ----------------------------------------------------------------------

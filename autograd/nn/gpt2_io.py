@@ -28,6 +28,7 @@ import numpy as np
 
 from autograd import serialization
 from autograd.nn.gpt_config import GPTConfig
+from gpuplan.confined_write import atomic_write, check_inside
 from gpuplan.dtypes import as_dtype, bfloat16
 
 if TYPE_CHECKING:
@@ -254,10 +255,14 @@ def save_gpt2(model: GPT, path: str | os.PathLike) -> Path:
     hf = gpt2_config_json(config, dtype)
     folder = Path(path)
     folder.mkdir(parents=True, exist_ok=True)
+    # Both files stay inside the folder: a config.json or model.safetensors that is a link
+    # out of it is refused, never written through.
+    for name in (WEIGHTS_FILE, CONFIG_FILE):
+        check_inside(folder / name, folder)
     # transformers refuses safetensors files whose metadata lacks a known "format".
     serialization.save(state_to_gpt2(state, config), folder / WEIGHTS_FILE,
                        metadata={"format": "pt"})
-    (folder / CONFIG_FILE).write_text(json.dumps(hf, indent=2) + "\n")
+    atomic_write(folder / CONFIG_FILE, (json.dumps(hf, indent=2) + "\n").encode(), folder)
     return folder
 
 

@@ -24,11 +24,20 @@ def export(checkpoint: Path, out: Path | None, gpt2: Path | None) -> list[Path]:
     """Write the consolidated model of `checkpoint` to `out` and/or `gpt2`; the paths."""
     import autograd as ag
     from autograd import nn
+    from autograd.nn import gpt2_io
     from dist.reshard import gpt_config_from_json, read_dense_checkpoint
+    from gpuplan.confined_write import check_inside
 
     dense = read_dense_checkpoint(checkpoint)
+    # Nothing is written through a link out of its folder: all targets checked first.
+    targets = [] if out is None else [(out, out.parent)]
+    if gpt2 is not None:
+        targets += [(gpt2 / name, gpt2) for name in (gpt2_io.CONFIG_FILE, gpt2_io.WEIGHTS_FILE)]
+    for target, folder in targets:
+        check_inside(target, folder)
     written = []
     if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)  # a missing folder is created
         meta = {"gpt_config": json.dumps(dense.config), "source": str(dense.step_dir),
                 "step": str(dense.metadata.get("step", ""))}
         ag.save(dense.params, out, metadata=meta)

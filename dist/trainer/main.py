@@ -157,6 +157,19 @@ class Trainer:
             return None
         return f"{len(committed)} committed, the latest {committed[-1]}"
 
+    def out_refusal(self) -> str | None:
+        """Why OUT cannot be written: one of the files or folders this run writes there is a
+        link leading out of OUT (its writes never follow one); None when all stay inside."""
+        from gpuplan.confined_write import LinkOutsideError, check_inside
+
+        targets = [self.out / n for n in ("metrics.json", "metrics.jsonl", "loss.png")]
+        try:
+            for target in [*targets, self.ckpt, self.ckpt / "latest"]:
+                check_inside(target, self.out)
+        except LinkOutsideError as exc:
+            return str(exc)
+        return None
+
     def resume(self) -> None:
         """Load the checkpoint --resume names (OUT/checkpoint's latest by default); every
         rank checks its shard (see dist.checkpoint) and raises the same error. A checkpoint
@@ -251,7 +264,13 @@ class Trainer:
 
         ns, rank = self.ns, self.world.rank
         np.seterr(over="ignore", invalid="ignore")  # non-finite values: see nonfinite()
-        taken = self.world.bcast_object(None if ns.resume else self.earlier_run(), root=0)
+        refusal, taken = self.world.bcast_object(
+            (self.out_refusal(), None if ns.resume else self.earlier_run()) if rank == 0
+            else None, root=0)
+        if refusal:  # every write in OUT stays inside it: one line, nothing written
+            if rank == 0:
+                print(f"train.py: error: --out: {refusal}", file=sys.stderr, flush=True)
+            return 2
         if taken:  # a new run never takes over another run's --out (its checkpoints, metrics)
             if rank == 0:
                 print(f"train.py: error: --out {ns.out} holds the checkpoints of an earlier run "
@@ -299,7 +318,8 @@ class Trainer:
                 print(oversubscription_note(), flush=True)
         # metrics.jsonl: a resumed run keeps the records up to its step, a new run starts anew.
         log = (progress_mod.MetricsLog(self.out / "metrics.jsonl",
-                                       self.start if ns.resume else None) if rank == 0 else None)
+                                       self.start if ns.resume else None, root=self.out)
+               if rank == 0 else None)
         prog = self.prog = progress_mod.Progress(ns.steps, self.start,
                                                  progress_mod.show_bar(ns.progress, rank))
         stop = ns.steps if ns.stop_after is None else min(ns.steps, ns.stop_after)
@@ -359,12 +379,14 @@ class Trainer:
         return 0
 
     def finish(self, dense_state: dict) -> None:
+        from gpuplan.confined_write import atomic_write
+
         from . import plotting
 
-        self.out.mkdir(parents=True, exist_ok=True)
         metrics = {"args": vars(self.ns), "params": self.n_params, "device": self.device_label,
                    "history": self.history, "skipped_steps": self.skipped}
-        (self.out / "metrics.json").write_text(json.dumps(metrics, indent=1))
+        atomic_write(self.out / "metrics.json", json.dumps(metrics, indent=1).encode(),
+                     self.out)
         steps = [h["step"] for h in self.history]
         plot = str(self.out / "loss.png")
         try:

@@ -15,6 +15,8 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from gpuplan.confined_write import atomic_file
+
 Series = Mapping[str, tuple[Sequence[float], Sequence[float]]]
 
 
@@ -56,9 +58,8 @@ def write_loss_plot(path: str | os.PathLike, series: Series, *, title: str = "",
     fig.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    fig.savefig(os.fspath(tmp), format="png")
-    os.replace(tmp, path)
+    with atomic_file(path) as f:  # a fresh exclusive temporary file, never a planted link
+        fig.savefig(f, format="png")
     return path
 
 

@@ -17,12 +17,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import sys
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
+
+from gpuplan.confined_write import atomic_file, atomic_write
 
 from . import data as data_mod
 
@@ -81,22 +83,20 @@ def prepare(source: str, out: str, tokenizer: str | None = None,
     if out_dir.exists() and not out_dir.is_dir():
         raise ValueError(f"--out: {out} is a file")
     out_dir.mkdir(parents=True, exist_ok=True)
-    part = out_dir / ".all.bin.partial"
     # As train.py reads text: a file as it is, a folder's files each with a separator line.
     sep = b"" if Path(source).is_file() else data_mod._SEPARATOR
     n = 0
-    try:
-        with open(part, "wb") as f:
-            for path in files:
-                for ids in encoder(path.read_bytes() + sep):
-                    ids.tofile(f)
-                    n += len(ids)
+    # Every file goes through a fresh exclusive temporary name (never a link planted in
+    # OUT) and appears complete: val.bin first, then train.bin.
+    with atomic_file(out_dir / "train.bin", out_dir) as train:
+        for path in files:
+            for ids in encoder(path.read_bytes() + sep):
+                ids.tofile(train)
+                n += len(ids)
         n_val = max(int(n * val_fraction), 1)
         if n - n_val < 1:
             raise ValueError(f"{description} gives only {n} tokens")
-        _split(part, out_dir, n - n_val, encoder.dtype.itemsize)
-    finally:
-        part.unlink(missing_ok=True)
+        _split(train, out_dir, n - n_val, encoder.dtype.itemsize)
     meta = {"vocab_size": encoder.vocab_size, "dtype": encoder.dtype.name,
             "encoding": "bytes" if tokenizer is None else "tokenizer",
             "tokenizer": None, "train_tokens": n - n_val, "val_tokens": n_val,
@@ -104,22 +104,19 @@ def prepare(source: str, out: str, tokenizer: str | None = None,
     if tokenizer is not None:
         copy = out_dir / "tokenizer.json"
         if Path(tokenizer).resolve() != copy.resolve():
-            shutil.copyfile(tokenizer, copy)
+            atomic_write(copy, Path(tokenizer).read_bytes(), out_dir)
         meta["tokenizer"] = copy.name
-    (out_dir / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
+    atomic_write(out_dir / "meta.json", (json.dumps(meta, indent=1) + "\n").encode(), out_dir)
     return meta
 
 
-def _split(part: Path, out_dir: Path, n_train: int, itemsize: int) -> None:
-    """part's tail after n_train ids -> val.bin; part cut there -> train.bin (renames, so
-    a reader never sees half-written files)."""
-    val_part = out_dir / ".val.bin.partial"
-    with open(part, "rb") as src, open(val_part, "wb") as dst:
-        src.seek(n_train * itemsize)
-        shutil.copyfileobj(src, dst, 1 << 22)
-    os.truncate(part, n_train * itemsize)
-    os.replace(val_part, out_dir / "val.bin")
-    os.replace(part, out_dir / "train.bin")
+def _split(train: BinaryIO, out_dir: Path, n_train: int, itemsize: int) -> None:
+    """The ids after the first n_train of `train` (the whole stream) -> val.bin; `train`
+    cut there."""
+    with atomic_file(out_dir / "val.bin", out_dir) as val:
+        train.seek(n_train * itemsize)
+        shutil.copyfileobj(train, val, 1 << 22)
+    train.truncate(n_train * itemsize)
 
 
 def main(argv: list[str] | None = None) -> int:

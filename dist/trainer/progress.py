@@ -13,6 +13,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TextIO
 
+from gpuplan.confined_write import append_text, atomic_write, check_inside, make_folder
+
 # Dense peak TFLOP/s (no sparsity) by device-name fragment, most specific first:
 # (bf16 tensor core, f32 without tensor cores; f32 GEMMs here run cuBLAS in pedantic,
 # non-TF32 mode). NVIDIA data sheets.
@@ -182,9 +184,12 @@ class MetricsLog:
     so records past it (written by the run that died after its checkpoint) and a last line
     cut short are dropped (the file is rewritten beside itself and renamed into place)."""
 
-    def __init__(self, path: str | os.PathLike, resume_step: int | None = None) -> None:
+    def __init__(self, path: str | os.PathLike, resume_step: int | None = None,
+                 root: str | os.PathLike | None = None) -> None:
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.root = self.path.parent if root is None else Path(root)  # writes stay inside
+        make_folder(self.path.parent, self.root)
+        check_inside(self.path, self.root)  # (before reading it: never a file outside)
         kept = []
         if resume_step is not None and self.path.exists():
             for line in self.path.read_text().splitlines():
@@ -192,21 +197,14 @@ class MetricsLog:
                     rec = json.loads(line)
                 except json.JSONDecodeError:
                     continue  # a line cut short by a kill
-                if isinstance(rec, dict) and rec.get("step", math.inf) <= resume_step:
+                step = rec.get("step") if isinstance(rec, dict) else None
+                if isinstance(step, int) and step <= resume_step:
                     kept.append(line)
-        tmp = self.path.with_name(f".{self.path.name}.tmp")
-        with open(tmp, "w") as f:
-            f.write("".join(line + "\n" for line in kept))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.path)
+        atomic_write(self.path, "".join(line + "\n" for line in kept).encode(), self.root)
 
     def append(self, record: dict) -> None:
         line = json.dumps({k: _json_safe(v) for k, v in record.items()})
-        with open(self.path, "a") as f:
-            f.write(line + "\n")
-            f.flush()
-            os.fsync(f.fileno())
+        append_text(self.path, line + "\n", self.root)
 
 
 def _json_safe(value):

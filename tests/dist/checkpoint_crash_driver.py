@@ -48,8 +48,8 @@ def atomic_then_die_at(name: str, half: bool):
     def wrapped(path: Path, payload: bytes) -> None:
         if path.name != name:
             return _real_atomic(path, payload)
-        if half:  # the temporary file half written, never renamed
-            half_then_die(path.with_name(f".{path.name}.tmp"), payload)
+        if half:  # the temporary file (a fresh name: see confined_write) half written
+            half_then_die(path.with_name(f".{path.name}.0123456789ab.tmp"), payload)
         _real_atomic(path, payload)
         die()
     return wrapped

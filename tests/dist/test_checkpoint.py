@@ -348,3 +348,19 @@ def test_arrays_unlike_their_entries_are_refused(tmp_path, edit, message):
     _respin(shard, edit)
     error = _load_error(tmp_path)
     assert message in str(error) and "its entry says float64 (3, 2)" in str(error), error
+
+
+def test_a_save_never_writes_through_a_planted_link(tmp_path):
+    """Before: `latest` was written through a planted `.latest.tmp` link (the file outside
+    overwritten), and a step folder name taken by a dangling link failed the commit."""
+    outside = tmp_path / "outside.txt"
+    outside.write_text("keep")
+    root = tmp_path / "run"
+    root.mkdir()
+    (root / ".latest.tmp").symlink_to(outside)
+    (root / "step_000001").symlink_to(tmp_path / "nowhere")
+    (root / ".tmp-step_000009-x").symlink_to(tmp_path)  # "stale staging": unlinked only
+    dist.save_checkpoint(root, model(1), step=1)
+    assert outside.read_text() == "keep" and (root / "latest").read_text() == "step_000001\n"
+    assert not (root / "step_000001").is_symlink() and tmp_path.is_dir()
+    assert dist.load_checkpoint(root, model(0)) == {}

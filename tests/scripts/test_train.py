@@ -240,6 +240,31 @@ def test_a_new_run_never_takes_over_an_earlier_runs_out(tmp_path):
     assert resumed.returncode == 0, resumed.stderr[-3000:]
 
 
+def test_an_out_with_a_link_leading_outside_is_refused_before_anything_is_written(tmp_path):
+    """Before: metrics.json was written through a link out of OUT at the end of the run, and
+    a checkpoint folder linked outside received every checkpoint. Now: one line on every
+    rank (exit 2), nothing written in OUT or outside."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "file").write_text("keep")
+    jobs = []
+    for name, target in (("metrics.json", outside / "file"), ("checkpoint", outside)):
+        out = tmp_path / name
+        out.mkdir()
+        (out / name).symlink_to(target)
+        jobs.append((2, [*TINY, "--steps", "2", "--out", str(out)]))
+    for res, (name, target) in zip(run_many(jobs), (("metrics.json", outside / "file"),
+                                                    ("checkpoint", outside)), strict=True):
+        assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr[-3000:]
+        out = tmp_path / name
+        assert _errors(res) == [f"train.py: error: --out: {out / name}: resolves to {target}, "
+                                f"outside {out} (a link out of the folder); refused, nothing "
+                                f"written"]
+        assert [p.name for p in out.iterdir()] == [name]
+    assert [p.name for p in outside.iterdir()] == ["file"]
+    assert (outside / "file").read_text() == "keep"
+
+
 def test_resume_with_more_steps_follows_the_new_schedule_and_a_finished_run_stops(tmp_path):
     """--resume of a finished run says there is nothing to do (exit 0, nothing written);
     --resume with a larger --steps says the schedule now ends there and runs the learning

@@ -243,3 +243,23 @@ def test_dropout_fields_map_to_gpt2_pdrops():
             cfg.dropout, cfg.dropout, attn)
         assert gpt2_io.config_from_gpt2(hf) == nn.GPTConfig(
             **SMALL, **options, activation=cfg.activation)
+
+
+def test_save_pretrained_never_writes_through_a_link_out_of_its_folder(tmp_path):
+    """Before: a config.json linked outside the folder was written through."""
+    from gpuplan.confined_write import LinkOutsideError
+
+    model = nn.GPT(nn.GPTConfig(vocab_size=11, block_size=4, n_layer=1, n_head=1, n_embd=4))
+    folder, outside = tmp_path / "gpt2", tmp_path / "outside.txt"
+    folder.mkdir()
+    outside.write_text("keep")
+    (folder / ".model.safetensors.tmp").symlink_to(outside)  # the old temporary name
+    model.save_pretrained_gpt2(folder)
+    assert outside.read_text() == "keep"
+    for name in ("config.json", "model.safetensors"):
+        (folder / name).unlink()
+        (folder / name).symlink_to(outside)
+        with pytest.raises(LinkOutsideError, match=f"{name}: resolves to"):
+            model.save_pretrained_gpt2(folder)
+        assert outside.read_text() == "keep"
+        (folder / name).unlink()

@@ -65,3 +65,20 @@ def test_a_broken_line_before_the_last_is_an_error(tmp_path, capsys):
         plotting.read_metrics(tmp_path / "m.jsonl")
     assert plotting.main([str(tmp_path / "m.jsonl")]) == 2
     assert "plotting.py: error:" in capsys.readouterr().err
+
+
+def test_the_plot_is_never_written_through_a_planted_link(tmp_path):
+    """Before: savefig wrote through a `.loss.png.tmp` link to a file outside OUT."""
+    from gpuplan.confined_write import LinkOutsideError
+
+    out, outside = tmp_path / "out", tmp_path / "outside.txt"
+    out.mkdir()
+    outside.write_text("keep")
+    (out / ".loss.png.tmp").symlink_to(outside)
+    plotting.write_loss_plot(out / "loss.png", {"train": ([1, 2], [3.0, 2.0])})
+    assert outside.read_text() == "keep" and imread(out / "loss.png").shape[-1] in (3, 4)
+    (out / "loss.png").unlink()
+    (out / "loss.png").symlink_to(outside)
+    with pytest.raises(LinkOutsideError, match="loss.png: resolves to"):
+        plotting.write_loss_plot(out / "loss.png", {"train": ([1, 2], [3.0, 2.0])})
+    assert outside.read_text() == "keep"

@@ -46,3 +46,23 @@ def test_prepare_data_errors_are_one_line(tmp_path, capsys):
         assert err.startswith("prepare_data.py: error: ") and message in err, err
         assert err.count("\n") == 1, err
     assert not (tmp_path / "o" / "train.bin").exists()
+
+
+def test_prepare_data_never_writes_through_a_planted_link(tmp_path, capsys):
+    """Before: the fixed `.all.bin.partial`/`.val.bin.partial` names and meta.json were
+    opened through links planted in OUT (the file outside overwritten)."""
+    src, out, outside = tmp_path / "notes.txt", tmp_path / "out", tmp_path / "outside.txt"
+    src.write_text(TEXT)
+    out.mkdir()
+    outside.write_text("keep")
+    for name in (".all.bin.partial", ".val.bin.partial", ".meta.json.tmp"):
+        (out / name).symlink_to(outside)
+    assert prepare_data.main([str(src), str(out)]) == 0
+    assert outside.read_text() == "keep"
+    assert len(data_mod.load_corpus(str(out), 16).train.tokens) > 0
+    (out / "meta.json").unlink()
+    (out / "meta.json").symlink_to(outside)
+    assert prepare_data.main([str(src), str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("prepare_data.py: error: ") and "meta.json: resolves to" in err
+    assert err.count("\n") == 1 and outside.read_text() == "keep"

@@ -87,7 +87,7 @@ def test_metrics_log_appends_fsynced_lines(tmp_path, monkeypatch):
     log.append({"step": 2, "train_loss": float("nan"), "mfu": None})
     assert _records(path) == [{"step": 1, "train_loss": 3.0},
                               {"step": 2, "train_loss": None, "mfu": None}]
-    assert len(synced) == 3  # the (empty) new file, then each record
+    assert len(synced) == 4  # the (empty) new file and its folder, then each record
     progress.MetricsLog(path)  # a new run (no resume) starts a new file
     assert path.read_text() == ""
 
@@ -117,3 +117,26 @@ def test_gpus_in_job_counts_each_host_and_device_once():
     assert progress.gpus_in_job(Comm([]), 0) == 1
     assert progress.gpus_in_job(Comm([(host, 0), (host, 0), (host, 0)]), 0) == 1  # 4 ranks
     assert progress.gpus_in_job(Comm([(host, 1), ("other", 0), ("other", 1)]), 0) == 4
+
+
+def test_metrics_log_never_writes_through_a_planted_link(tmp_path):
+    """Before: a `.metrics.jsonl.tmp` link was written through and renamed onto
+    metrics.jsonl, so every later record went outside OUT; a metrics.jsonl link was
+    appended through."""
+    from gpuplan.confined_write import LinkOutsideError
+
+    out, outside = tmp_path / "out", tmp_path / "outside.txt"
+    out.mkdir()
+    outside.write_text("keep")
+    (out / ".metrics.jsonl.tmp").symlink_to(outside)
+    log = progress.MetricsLog(out / "metrics.jsonl", root=out)
+    log.append({"step": 1})
+    assert outside.read_text() == "keep" and not (out / "metrics.jsonl").is_symlink()
+    assert (out / "metrics.jsonl").read_text() == '{"step": 1}\n'
+    (out / "metrics.jsonl").unlink()
+    (out / "metrics.jsonl").symlink_to(outside)
+    with pytest.raises(LinkOutsideError, match="metrics.jsonl: resolves to .* outside"):
+        progress.MetricsLog(out / "metrics.jsonl", resume_step=0, root=out)
+    with pytest.raises(LinkOutsideError, match="outside"):
+        log.append({"step": 2})
+    assert outside.read_text() == "keep"
