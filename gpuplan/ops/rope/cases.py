@@ -1,8 +1,8 @@
 """Rotary embedding kernels on the device under test, forward and backward in every dtype,
 against the complex-rotation float64 reference: odd shapes in both layouts ([B*H, T, 1, D]
 as attention takes q/k, [B, T, H, D] with heads inside), a large position offset (angles
-of thousands of radians), more (batch, head) rows than the grid's y dimension covers, and
-an empty sequence."""
+of thousands of radians), more (batch, head) rows (4100) than the launch's y dimension
+(4096 blocks) so blocks loop over rows, and an empty sequence."""
 
 from __future__ import annotations
 
@@ -12,9 +12,10 @@ import gpuplan as gp
 from gpuplan.ops.rope.reference import rope_reference
 from gpuplan.testing import DTYPES, Case, check, dtype_id, emu, random, run_emulated
 
-#: (batch, seq, heads, head_dim, theta, offset)
+#: (batch, seq, heads, head_dim, theta, offset); one (t, i) pair per row of the 4100-row case:
+#: a grid of 1 x 4096 blocks (plans._TARGET_BLOCKS), so the row loop runs twice in some.
 SHAPES = [(3, 5, 1, 8, 10000.0, 0), (2, 7, 3, 6, 500000.0, 11), (1, 3, 2, 2, 10.0, 4093),
-          (70, 1, 1, 4, 10000.0, 0), (2, 0, 3, 8, 10000.0, 0)]
+          (4100, 1, 1, 4, 10000.0, 3), (2, 0, 3, 8, 10000.0, 0)]
 
 
 def rotate(dtype, shape, backward: bool) -> None:
