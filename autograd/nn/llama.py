@@ -10,6 +10,7 @@ import numpy as np
 
 import gpuplan as gp
 from autograd.functions.attention import split_heads
+from autograd.functions.rope import rope_split_heads
 from autograd.nn import functional as F
 from autograd.nn.layers import Embedding, Linear, RMSNorm
 from autograd.nn.llama_config import LlamaConfig
@@ -33,7 +34,8 @@ class LlamaAttention(Module):
     weights are ``[C, H Dh]``, ``[C, Hkv Dh]``, ``[C, Hkv Dh]`` and ``[H Dh, C]``; the
     number of heads is read from their widths, so a shard holding whole heads runs as is.
 
-    RoPE runs on ``[B, H, T, Dh]`` (the layout the fused attention takes, no copy between);
+    RoPE runs while the heads are split out of the projections' ``[B, T, H Dh]`` into
+    ``[B, H, T, Dh]`` (one pass, `rope_split_heads`: the layout the fused attention takes);
     positions start at ``offset``. K/V heads are repeated to the query heads before the
     fused attention, which takes as many K/V heads as query heads."""
 
@@ -51,9 +53,9 @@ class LlamaAttention(Module):
         B, T, _ = x.shape
         q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
         H, Hkv = q.shape[-1] // self.head_dim, k.shape[-1] // self.head_dim
-        (q,), (k,), (v,) = split_heads(q, 1, H), split_heads(k, 1, Hkv), split_heads(v, 1, Hkv)
-        q = F.rope(q, theta=self.rope_theta, offset=offset)
-        k = F.rope(k, theta=self.rope_theta, offset=offset)
+        q = rope_split_heads(q, H, theta=self.rope_theta, offset=offset)  # [B, H, T, Dh]
+        k = rope_split_heads(k, Hkv, theta=self.rope_theta, offset=offset)
+        (v,) = split_heads(v, 1, Hkv)
         k, v = repeat_kv(k, H // Hkv), repeat_kv(v, H // Hkv)
         p = self.attn_dropout if self.training else 0.0
         y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)

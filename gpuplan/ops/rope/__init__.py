@@ -10,6 +10,8 @@ from gpuplan.ops.rope.plans import (
     RopePlan,
     rope,
     rope_backward,
+    rope_split_heads,
+    rope_split_heads_backward,
 )
 
 __all__ = [
@@ -24,4 +26,6 @@ __all__ = [
 __functional__ = [
     "rope",
     "rope_backward",
+    "rope_split_heads",
+    "rope_split_heads_backward",
 ]

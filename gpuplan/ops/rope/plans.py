@@ -11,7 +11,10 @@ is the rotation by -angle: dx = dy * cos - rotate_half(dy) * sin.
 
 `heads` lets one plan serve both layouts attention code meets: [B, H, T, D] (what the fused
 attention plans take: batch = B * H, heads = 1, no copy before attention) and [B, T, H, D]
-(a projection's output viewed per head: batch = B, heads = H). `theta` is fixed per model (a
+(a projection's output viewed per head: batch = B, heads = H). With `split_heads` the
+forward also moves the heads out: x [batch, seq, heads, D] (a projection's output) gives
+y [batch, heads, seq, D] (attention's layout) in the same pass, and the backward reads dy
+[batch, heads, seq, D] and writes dx [batch, seq, heads, D]. `theta` is fixed per model (a
 descriptor field); `offset` changes per call (a KV cache's length: a run scalar).
 
 cos and sin are evaluated in float64 for every dtype (the angle reaches thousands of radians,
@@ -33,14 +36,14 @@ from gpuplan.execute import call
 from gpuplan.host_pool import for_blocks
 from gpuplan.nvrtc import CudaModule, cdiv, launch
 from gpuplan.plan import BackendKind, Candidate, Plan, host_candidate
-from gpuplan.spec import DType, Extent, In, OpSpec, Out, Real, Scalar
+from gpuplan.spec import DType, Extent, Flag, In, OpSpec, Out, Real, Scalar
 from gpuplan.stream import Stream, Workspace
 
 __all__ = [
     "RopeDescriptor", "RopeArgs", "RopePlan",
     "RopeBackwardDescriptor", "RopeBackwardArgs", "RopeBackwardPlan",
 ]
-__functional__ = ["rope", "rope_backward"]
+__functional__ = ["rope", "rope_backward", "rope_split_heads", "rope_split_heads_backward"]
 
 _BOOL = ("false", "true")
 _MODULE = CudaModule(__file__, "rope.cu", [f"rope_rotate<{cuda_name(t)}, {inv}>"
@@ -54,22 +57,35 @@ _MAX_GRID_Y = 65535
 MAX_OFFSET = 2**31 - 1
 
 _FIELDS = (Extent("batch"), Extent("seq"), Extent("heads"), Extent("head_dim"),
-           Real("theta", default=10000.0), DType("dtype", FLOAT_DTYPES, default=np.float32))
+           Real("theta", default=10000.0), DType("dtype", FLOAT_DTYPES, default=np.float32),
+           Flag("split_heads", default=False))
 _X = ("batch", "seq", "heads", "head_dim")
+
+
+def _split(desc: Any) -> tuple[int, int, int, int]:
+    """The rotated side's shape: [batch, heads, seq, head_dim] with split_heads, else x's."""
+    if desc.split_heads:
+        return desc.batch, desc.heads, desc.seq, desc.head_dim
+    return desc.batch, desc.seq, desc.heads, desc.head_dim
+
+
 _OFFSET = (Scalar("offset", 0, "int", lo=0, hi=MAX_OFFSET),)
-FORWARD = OpSpec("rope", fields=_FIELDS, operands=(In("x", _X), Out("y", _X)), scalars=_OFFSET)
-BACKWARD = OpSpec("rope_backward", fields=_FIELDS, operands=(In("dy", _X), Out("dx", _X)),
+FORWARD = OpSpec("rope", fields=_FIELDS, operands=(In("x", _X), Out("y", _split)),
+                 scalars=_OFFSET)
+BACKWARD = OpSpec("rope_backward", fields=_FIELDS, operands=(In("dy", _split), Out("dx", _X)),
                   scalars=_OFFSET)
 
 RopeDescriptor = FORWARD.descriptor(
     "RopeDescriptor", "Rotary embedding of x [batch, seq, heads, head_dim] (head_dim even) with "
-                      "base theta; forward and backward share it.")
+                      "base theta, written [batch, heads, seq, head_dim] with split_heads; "
+                      "forward and backward share it.")
 #: forward and backward share the descriptor (same fields).
 RopeBackwardDescriptor = RopeDescriptor
 BACKWARD.descriptor_cls = RopeDescriptor
-RopeArgs = FORWARD.args("RopeArgs", "x, y [batch, seq, heads, head_dim]; offset: the "
-                                    "position of sequence index 0 (an int >= 0).")
-RopeBackwardArgs = BACKWARD.args("RopeBackwardArgs", "dy, dx [batch, seq, heads, head_dim]; "
+RopeArgs = FORWARD.args("RopeArgs", "x [batch, seq, heads, head_dim], y like x ([batch, heads, "
+                                    "seq, head_dim] with split_heads); offset: the position "
+                                    "of sequence index 0 (an int >= 0).")
+RopeBackwardArgs = BACKWARD.args("RopeBackwardArgs", "dy like the forward's y, dx like its x; "
                                                      "offset as in the forward.")
 
 
@@ -102,6 +118,13 @@ class _RopePlan(Plan):
         self._grid = (gx, gy)
         self._extents = (np.int64(rows), np.int64(d.seq), np.int64(d.heads),
                          np.int64(d.head_dim))
+        # element strides of (b, t, h): [batch, seq, heads, D], and the split side's
+        # [batch, heads, seq, D]; the forward reads the first, the backward writes it.
+        dim, h, t = d.head_dim, d.heads, d.seq
+        plain = (t * h * dim, h * dim, dim)
+        split = (h * t * dim, dim, t * dim) if d.split_heads else plain
+        src, dst = (split, plain) if self._inverse else (plain, split)
+        self._strides = tuple(np.int64(v) for v in (*src, *dst))
 
     def _rotate_host(self, src: np.ndarray, dst: np.ndarray, offset: int) -> None:
         d = self.desc
@@ -113,8 +136,15 @@ class _RopePlan(Plan):
         sin = np.sin(angle).astype(acc)[:, None, :]
         if self._inverse:
             sin = -sin
-        x = src.reshape(d.batch, d.seq, d.heads, d.head_dim)
-        y = dst.reshape(d.batch, d.seq, d.heads, d.head_dim)
+
+        def view(a: np.ndarray, split: bool) -> np.ndarray:
+            """a as [batch, seq, heads, D] (a [batch, heads, seq, D] one swapped)."""
+            if split:
+                return a.reshape(_split(d)).swapaxes(1, 2)
+            return a.reshape(d.batch, d.seq, d.heads, d.head_dim)
+
+        x = view(src, d.split_heads and self._inverse)
+        y = view(dst, d.split_heads and not self._inverse)
 
         def block(lo: int, hi: int) -> None:
             x1 = x[lo:hi, ..., :half].astype(acc)
@@ -127,7 +157,8 @@ class _RopePlan(Plan):
     def _rotate_device(self, stream: Stream, src: Any, dst: Any, offset: int) -> None:
         fn = _MODULE.function(self._kernel, stream.device_id)
         launch(stream, fn, self._grid, _THREADS,
-               (src, dst, *self._extents, np.int64(offset), np.float64(self.desc.theta)))
+               (src, dst, *self._extents, np.int64(offset), np.float64(self.desc.theta),
+                *self._strides))
 
 
 class RopePlan(_RopePlan):
@@ -199,3 +230,34 @@ def rope_backward(dy: Any, theta: float = 10000.0, offset: int = 0, seq_dim: int
     dx = call(RopeBackwardPlan, RopeDescriptor(batch, seq, heads, dim, theta, dy.dtype),
               like=dy, dy=flat, offset=offset)
     return dx.reshape(dy.shape)
+
+
+def rope_split_heads(x: Any, heads: int, theta: float = 10000.0, offset: int = 0) -> Any:
+    """x [..., T, heads * D] (a q or k projection's output) -> its heads rotated and laid out
+    [..., heads, T, D] (attention's layout) in one pass: equal to splitting the heads out
+    (reshape, transpose, copy) and then `rope` of that."""
+    if x.ndim < 2 or isinstance(heads, bool) or not isinstance(heads, (int, np.integer)) or \
+            heads < 1 or x.shape[-1] % heads or (x.shape[-1] // heads) % 2:
+        raise InvalidProblem(describe("rope_split_heads", "x", f"[..., T, heads * D] with "
+                                                               f"heads={heads!r} and D even",
+                                      f"shape {tuple(x.shape)}"))
+    *lead, seq, width = x.shape
+    batch, dim = int(np.prod(lead, dtype=np.int64)), width // int(heads)
+    flat = backend.ascontiguous(x).reshape(batch, seq, int(heads), dim)
+    y = call(RopePlan, RopeDescriptor(batch, seq, int(heads), dim, theta, x.dtype, True),
+             like=x, x=flat, offset=offset)
+    return y.reshape(*lead, int(heads), seq, dim)
+
+
+def rope_split_heads_backward(dy: Any, theta: float = 10000.0, offset: int = 0) -> Any:
+    """The gradient of `rope_split_heads`: dy [..., heads, T, D] -> dx [..., T, heads * D]."""
+    if dy.ndim < 3 or dy.shape[-1] % 2:
+        raise InvalidProblem(describe("rope_split_heads_backward", "dy", "[..., heads, T, D] "
+                                                                         "with D even",
+                                      f"shape {tuple(dy.shape)}"))
+    *lead, heads, seq, dim = dy.shape
+    batch = int(np.prod(lead, dtype=np.int64))
+    flat = backend.ascontiguous(dy).reshape(batch, heads, seq, dim)
+    dx = call(RopeBackwardPlan, RopeDescriptor(batch, seq, heads, dim, theta, dy.dtype, True),
+              like=dy, dy=flat, offset=offset)
+    return dx.reshape(*lead, seq, heads * dim)

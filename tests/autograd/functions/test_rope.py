@@ -7,6 +7,8 @@ import numpy as np
 import pytest
 
 import autograd as ag
+from autograd.functions.attention import split_heads
+from autograd.functions.rope import rope_split_heads
 from autograd.nn import functional as F
 from gpuplan.ops.rope.reference import rope_reference
 from tests.helpers import DTYPES, check_dtypes, gradcheck_on
@@ -61,3 +63,27 @@ def test_errors(kw, error, words):
     assert words in str(err.value), str(err.value)
     with pytest.raises(ValueError, match="rope: argument 'x': expected .* head_dim even"):
         F.rope(ag.tensor(_x(2, 3, 5)))
+
+
+def test_rope_split_heads_gradcheck_and_equality(device):
+    """One pass equal to split_heads then rope, values and gradients."""
+    gradcheck_on(device, lambda x: rope_split_heads(x, 3, theta=50.0, offset=4), _x(2, 5, 12))
+    x = _x(2, 5, 12, seed=7)
+    cot = _x(2, 3, 5, 4, seed=8)
+    outs = []
+    for fn in (lambda t: rope_split_heads(t, 3, offset=4),
+               lambda t: F.rope(split_heads(t, 1, 3)[0], offset=4)):
+        t = ag.tensor(x, requires_grad=True, device=device)
+        y = fn(t)
+        y.backward(cot)
+        outs.append((y.numpy(), t.grad.numpy()))
+    np.testing.assert_array_equal(outs[0][0], outs[1][0])
+    np.testing.assert_allclose(outs[0][1], outs[1][1], rtol=1e-15, atol=1e-15)
+    with pytest.raises(ValueError, match="rope_split_heads: offset must be an int >= 0"):
+        rope_split_heads(ag.tensor(x), 3, offset=-2)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rope_split_heads_dtypes(device, dtype):
+    check_dtypes(lambda x: rope_split_heads(x, 2, offset=9), [_x(2, 7, 16, seed=2)], device,
+                 [dtype], scale=2)

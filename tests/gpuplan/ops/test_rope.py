@@ -135,3 +135,50 @@ def test_bad_functional_input(shape, seq_dim, words):
     with pytest.raises(gp.InvalidProblem) as err:
         F.rope(np.ones(shape, np.float32), 10000.0, 0, seq_dim=seq_dim)
     assert words in str(err.value) and str(err.value).startswith("rope"), str(err.value)
+
+
+# -- split_heads: [B, T, H, D] in, [B, H, T, D] out (and back for the gradient) -------------
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", SHAPES[1:3] + [(2, 0, 3, 4, 10.0, 0)], ids=str)
+@pytest.mark.parametrize("backward", [False, True], ids=["forward", "backward"])
+def test_split_heads_plan(device, dtype, shape, backward):
+    """Results and every malformed operand (the split side's shape is [B, H, T, D])."""
+    b, t, h, d, theta, offset = shape
+    x = random((b, t, h, d), dtype, seed=d, low=-3.0, high=3.0)
+    desc = gp.RopeDescriptor(b, t, h, d, theta, dtype, True)
+    if backward:
+        check_plan(gp.RopeBackwardPlan, desc,
+                   {"dy": np.ascontiguousarray(x.swapaxes(1, 2)), "offset": offset},
+                   lambda dy, offset, **_: rope_reference(dy.swapaxes(1, 2), theta, offset,
+                                                          inverse=True),
+                   device=device, scale=2)
+    else:
+        check_plan(gp.RopePlan, desc, {"x": x, "offset": offset},
+                   lambda x, offset, **_: rope_reference(x, theta, offset).swapaxes(1, 2),
+                   device=device, scale=2)
+
+
+def test_rope_split_heads_equals_split_then_rope(device):
+    x = random((2, 7, 3 * 8), np.float32, seed=9)
+    fused = F.rope_split_heads(on(device, x), 3, 500.0, 5)
+    split = np.ascontiguousarray(x.reshape(2, 7, 3, 8).transpose(0, 2, 1, 3))
+    np.testing.assert_array_equal(f64(fused), f64(F.rope(on(device, split), 500.0, 5)))
+    back = F.rope_split_heads_backward(fused, 500.0, 5)
+    assert back.shape == x.shape
+    np.testing.assert_allclose(f64(back), x, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("call,words", [
+    (lambda: F.rope_split_heads(np.ones((2, 3, 12), np.float32), 5),
+     "rope_split_heads: argument 'x': expected [..., T, heads * D] with heads=5 and D even"),
+    (lambda: F.rope_split_heads(np.ones((2, 3, 12), np.float32), 4),
+     "rope_split_heads: argument 'x': expected [..., T, heads * D] with heads=4 and D even"),
+    (lambda: F.rope_split_heads_backward(np.ones((3, 4), np.float32)),
+     "rope_split_heads_backward: argument 'dy': expected [..., heads, T, D] with D even"),
+])
+def test_split_heads_bad_functional_input(call, words):
+    with pytest.raises(gp.InvalidProblem) as err:
+        call()
+    assert words in str(err.value), str(err.value)
