@@ -1,14 +1,17 @@
 // Fused attention forward: o = softmax(scale * q k^T [causal]) v and lse per query row, with
 // an online softmax over K/V tiles streamed through shared memory (no [Lq, Lk] buffer).
-// q, o: [B, Lq, D]; k, v: [B, Lk, D]; lse: [B, Lq] in A (f32; f64 for f64). Key j is masked
-// for query i when causal and j > i + (Lk - Lq); a row with every key masked gets o = 0 and
-// lse = -inf. Grid: one CTA per (query tile, batch entry), blockIdx.x = tile + q_tiles * b.
-// Every output is written by one thread, sums run in a fixed order: deterministic.
+// q, o: [B, Lq, D]; k, v: [B / kv_group, Lk, D]; lse: [B, Lq] in A (f32; f64 for f64). Key
+// j is masked for query i when causal and j > i + (Lk - Lq); a row with every key masked gets
+// o = 0 and lse = -inf. Grid: one CTA per (query tile, batch entry), blockIdx.x = tile +
+// q_tiles * b. Every output is written by one thread, sums run in a fixed order:
+// deterministic.
 // Dropout (p_drop > 0) drops probability (i, j) of batch entry b with the Philox keep bit of
 // flat element (e * Lq + i) * Lk + j under (seed, rng_offset) (gpuplan_philox.cuh), the mask
 // the dropout plan draws over [B, Lq, Lk] probabilities: O = (P * keep * drop_scale) V,
 // while lse is the undropped softmax's. e = drop_entry(b, drop_group, drop_stride,
 // drop_shift): b itself, or for a tensor-parallel shard the entry of one process's batch.
+// Grouped-query attention: k, v hold B / kv_group entries and query entry b reads entry
+// b / kv_group (kv_group = 1: one K/V entry per query entry); K/V are never copied per head.
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
 #include "gpuplan_rows.cuh"
@@ -51,8 +54,9 @@ __global__ void __launch_bounds__(THREADS, 4)  // 128-register cap: ptxas spills
 attention_forward_simt(const T* __restrict__ q, const T* __restrict__ k,
                        const T* __restrict__ v, T* __restrict__ o,
                        typename gp::acc_type<T>::type* __restrict__ lse, long long lq,
-                       long long lk, long long dim, long long q_tiles, double scale,
-                       int causal, unsigned long long seed, unsigned long long rng_offset,
+                       long long lk, long long dim, long long q_tiles, long long kv_group,
+                       double scale, int causal, unsigned long long seed,
+                       unsigned long long rng_offset,
                        float p_drop, typename gp::acc_type<T>::type drop_scale,
                        long long drop_group, long long drop_stride, long long drop_shift) {
     using A = typename gp::acc_type<T>::type;
@@ -67,6 +71,9 @@ attention_forward_simt(const T* __restrict__ q, const T* __restrict__ k,
     const long long q0 = static_cast<long long>(static_cast<int>(blockIdx.x) % tiles) * BQ;
     const long long offset = lk - lq;
     const A sc = static_cast<A>(scale);
+    const long long bkv = b / kv_group;  // this query entry's K/V entry
+    const T* kb = k + bkv * lk * d;
+    const T* vb = v + bkv * lk * d;
     load_rows<T, A>(sq, d, q + b * lq * d, q0, BQ, lq, d);
     const long long q1 = q0 + BQ < lq ? q0 + BQ : lq;
     const long long kend = key_end(q1, lk, offset, causal);
@@ -83,8 +90,8 @@ attention_forward_simt(const T* __restrict__ q, const T* __restrict__ k,
     A* pw = sp + warp * ROWS * BK;
     for (long long k0 = 0; k0 < kend; k0 += BK) {
         __syncthreads();  // the previous tile is consumed (and Q is loaded)
-        load_rows<T, A>(sk, d + 1, k + b * lk * d, k0, BK, lk, d);
-        load_rows<T, A>(sv, static_cast<int>(d), v + b * lk * d, k0, BK, lk, d);
+        load_rows<T, A>(sk, d + 1, kb, k0, BK, lk, d);
+        load_rows<T, A>(sv, static_cast<int>(d), vb, k0, BK, lk, d);
         __syncthreads();
         A s[ROWS];
 #pragma unroll
@@ -187,10 +194,10 @@ template <typename T, int D, bool VEC>
 __global__ void __launch_bounds__(TC_THREADS)
 attention_forward_tc(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
                      T* __restrict__ o, float* __restrict__ lse, long long lq, long long lk,
-                     long long d, long long q_tiles, double scale, int causal,
-                     unsigned long long seed, unsigned long long rng_offset, float p_drop,
-                     float drop_scale, long long drop_group, long long drop_stride,
-                     long long drop_shift) {
+                     long long d, long long q_tiles, long long kv_group, double scale,
+                     int causal, unsigned long long seed, unsigned long long rng_offset,
+                     float p_drop, float drop_scale, long long drop_group,
+                     long long drop_stride, long long drop_shift) {
     constexpr int R = tc_row_blocks(D), BQ = 16 * R * TC_WARPS;
     constexpr int LD = D + 8, KTILE = TC_BK * LD, NT = TC_BK / 8, DT = D / 8;
     extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -205,8 +212,9 @@ attention_forward_tc(const T* __restrict__ q, const T* __restrict__ k, const T* 
     const float sc2 = static_cast<float>(scale * 1.4426950408889634);  // scale * log2(e)
     const long long eb = p_drop > 0.0f ? gp::drop_entry(b, drop_group, drop_stride, drop_shift)
                                        : 0;  // the dropout stream's batch entry
-    const T* kb = k + b * lk * D;
-    const T* vb = v + b * lk * D;
+    const long long bkv = b / kv_group;  // this query entry's K/V entry
+    const T* kb = k + bkv * lk * D;
+    const T* vb = v + bkv * lk * D;
     const long long q1 = q0 + BQ < lq ? q0 + BQ : lq;
     const long long kend = key_end(q1, lk, offset, causal);
     const int n_tiles = static_cast<int>((kend + TC_BK - 1) / TC_BK);

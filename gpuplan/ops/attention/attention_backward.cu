@@ -11,6 +11,10 @@
 // Dropout (p_drop > 0, the forward's keep bits, attention.cu): with m_ij = keep_ij * drop_scale,
 // dv_j = sum_i m_ij P_ij dout_i and dS_ij = P_ij (m_ij dP_ij - delta_i); delta is unchanged
 // (the forward's o already holds the dropped probabilities).
+// Grouped-query attention: k, v, dk, dv hold B / kv_group entries; query entry b reads K/V
+// entry b / kv_group, and dk/dv of K/V entry c sum over query entries c * kv_group ..
+// (c + 1) * kv_group - 1: the dk/dv CTA of a key tile loops over them in order (registers,
+// no atomics), so the reduction over a group is deterministic too.
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
 #include "gpuplan_rows.cuh"
@@ -101,10 +105,10 @@ __device__ __forceinline__ void store_rows(T* __restrict__ g, const A (&acc)[ROW
     }
 }
 
-// One CTA per (16-key tile, batch entry): blockIdx.x = tile + k_tiles * b. Warp w owns keys
-// k0 + 4w .. k0 + 4w + 3; for each 32-query tile a lane owns query i0 + lane for P and dS,
-// then head-dim columns for dv and dk. Shared (A): K, V [16][D]; Q, dO [32][D + 1];
-// lse, delta [32]; P, dS [4 warps][4 keys][32].
+// One CTA per (16-key tile, K/V entry bkv): blockIdx.x = tile + k_tiles * bkv. Warp w owns
+// keys k0 + 4w .. k0 + 4w + 3; for each query entry b of bkv's group in turn and each 32-query
+// tile of it, a lane owns query i0 + lane for P and dS, then head-dim columns for dv and dk.
+// Shared (A): K, V [16][D]; Q, dO [32][D + 1]; lse, delta [32]; P, dS [4 warps][4 keys][32].
 template <typename T, int C>
 __global__ void __launch_bounds__(THREADS, MIN_BLOCKS<T>)
 attention_backward_dkdv_simt(const T* __restrict__ q, const T* __restrict__ k,
@@ -112,7 +116,8 @@ attention_backward_dkdv_simt(const T* __restrict__ q, const T* __restrict__ k,
                              const typename gp::acc_type<T>::type* __restrict__ lse,
                              const typename gp::acc_type<T>::type* __restrict__ delta,
                              T* __restrict__ dk, T* __restrict__ dv, long long lq, long long lk,
-                             long long dim, long long k_tiles, double scale, int causal,
+                             long long dim, long long k_tiles, long long kv_group,
+                             double scale, int causal,
                              unsigned long long seed, unsigned long long rng_offset,
                              float p_drop, typename gp::acc_type<T>::type drop_scale,
                              long long drop_group, long long drop_stride, long long drop_shift) {
@@ -128,12 +133,12 @@ attention_backward_dkdv_simt(const T* __restrict__ q, const T* __restrict__ k,
     A* sp = sdelta + BS;
     A* sds = sp + BO * BS;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const long long b = static_cast<int>(blockIdx.x) / tiles;
+    const long long bkv = static_cast<int>(blockIdx.x) / tiles;  // the K/V entry
     const long long k0 = static_cast<long long>(static_cast<int>(blockIdx.x) % tiles) * BO;
     const long long offset = lk - lq;
     const A sc = static_cast<A>(scale);
-    load_rows<T, A>(sk, d, k + b * lk * d, k0, BO, lk, d);
-    load_rows<T, A>(sv, d, v + b * lk * d, k0, BO, lk, d);
+    load_rows<T, A>(sk, d, k + bkv * lk * d, k0, BO, lk, d);
+    load_rows<T, A>(sv, d, v + bkv * lk * d, k0, BO, lk, d);
     // Causal: query i sees key j iff j <= i + offset, so queries below k0 - offset see none.
     long long i_start = causal ? k0 - offset : 0;
     i_start = i_start < 0 ? 0 : i_start;
@@ -147,42 +152,45 @@ attention_backward_dkdv_simt(const T* __restrict__ q, const T* __restrict__ k,
     const A* vw = sv + warp * ROWS * d;
     A* pw = sp + warp * ROWS * BS;
     A* dsw = sds + warp * ROWS * BS;
-    for (long long i0 = i_start; i0 < lq; i0 += BS) {
-        __syncthreads();  // the previous query tile is consumed (and K, V are loaded)
-        load_rows<T, A>(sq, d + 1, q + b * lq * d, i0, BS, lq, d);
-        load_rows<T, A>(sdo, d + 1, dout + b * lq * d, i0, BS, lq, d);
-        if (threadIdx.x < BS) {
-            const long long i = i0 + threadIdx.x;
-            slse[threadIdx.x] = i < lq ? lse[b * lq + i] : A(0);
-            sdelta[threadIdx.x] = i < lq ? delta[b * lq + i] : A(0);
-        }
-        __syncthreads();
-        A s[ROWS], dp[ROWS];
-        dots(s, kw, sq + lane * (d + 1), d);
-        dots(dp, vw, sdo + lane * (d + 1), d);
-        const long long i = i0 + lane;
-#pragma unroll
-        for (int r = 0; r < ROWS; ++r) {
-            const long long j = k0 + warp * ROWS + r;
-            const bool valid = i < lq && j < lk && (!causal || j <= i + offset);
-            const A p = valid ? exp_(s[r] * sc - slse[lane]) : A(0);
-            A mul = A(1);
-            if (p_drop > 0.0f && p != A(0)) {
-                const long long eb = gp::drop_entry(b, drop_group, drop_stride, drop_shift);
-                const auto e = static_cast<unsigned long long>((eb * lq + i) * lk + j);
-                mul = gp::keep_one(e, seed, rng_offset, p_drop) ? drop_scale : A(0);
+    // The query entries of this K/V entry's group, in order.
+    for (long long b = bkv * kv_group; b < (bkv + 1) * kv_group; ++b) {
+        for (long long i0 = i_start; i0 < lq; i0 += BS) {
+            __syncthreads();  // the previous query tile is consumed (and K, V are loaded)
+            load_rows<T, A>(sq, d + 1, q + b * lq * d, i0, BS, lq, d);
+            load_rows<T, A>(sdo, d + 1, dout + b * lq * d, i0, BS, lq, d);
+            if (threadIdx.x < BS) {
+                const long long i = i0 + threadIdx.x;
+                slse[threadIdx.x] = i < lq ? lse[b * lq + i] : A(0);
+                sdelta[threadIdx.x] = i < lq ? delta[b * lq + i] : A(0);
             }
-            pw[r * BS + lane] = p * mul;
-            dsw[r * BS + lane] = p * (dp[r] * mul - sdelta[lane]);
+            __syncthreads();
+            A s[ROWS], dp[ROWS];
+            dots(s, kw, sq + lane * (d + 1), d);
+            dots(dp, vw, sdo + lane * (d + 1), d);
+            const long long i = i0 + lane;
+#pragma unroll
+            for (int r = 0; r < ROWS; ++r) {
+                const long long j = k0 + warp * ROWS + r;
+                const bool valid = i < lq && j < lk && (!causal || j <= i + offset);
+                const A p = valid ? exp_(s[r] * sc - slse[lane]) : A(0);
+                A mul = A(1);
+                if (p_drop > 0.0f && p != A(0)) {
+                    const long long eb = gp::drop_entry(b, drop_group, drop_stride, drop_shift);
+                    const auto e = static_cast<unsigned long long>((eb * lq + i) * lk + j);
+                    mul = gp::keep_one(e, seed, rng_offset, p_drop) ? drop_scale : A(0);
+                }
+                pw[r * BS + lane] = p * mul;
+                dsw[r * BS + lane] = p * (dp[r] * mul - sdelta[lane]);
+            }
+            __syncwarp();
+            accumulate<A, C>(gv, pw, sdo, d + 1, d, lane);
+            accumulate<A, C>(gk, dsw, sq, d + 1, d, lane);
+            __syncwarp();
         }
-        __syncwarp();
-        accumulate<A, C>(gv, pw, sdo, d + 1, d, lane);
-        accumulate<A, C>(gk, dsw, sq, d + 1, d, lane);
-        __syncwarp();
     }
     const long long j0 = k0 + warp * ROWS;
-    store_rows<T, A, C>(dk + b * lk * d, gk, j0, lk, d, sc, lane);
-    store_rows<T, A, C>(dv + b * lk * d, gv, j0, lk, d, A(1), lane);
+    store_rows<T, A, C>(dk + bkv * lk * d, gk, j0, lk, d, sc, lane);
+    store_rows<T, A, C>(dv + bkv * lk * d, gv, j0, lk, d, A(1), lane);
 }
 
 // One CTA per (16-query tile, batch entry): blockIdx.x = tile + q_tiles * b. Warp w owns
@@ -195,7 +203,7 @@ attention_backward_dq_simt(const T* __restrict__ q, const T* __restrict__ k,
                            const typename gp::acc_type<T>::type* __restrict__ lse,
                            const typename gp::acc_type<T>::type* __restrict__ delta,
                            T* __restrict__ dq, long long lq, long long lk, long long dim,
-                           long long q_tiles, double scale, int causal,
+                           long long q_tiles, long long kv_group, double scale, int causal,
                            unsigned long long seed, unsigned long long rng_offset, float p_drop,
                            typename gp::acc_type<T>::type drop_scale,
                            long long drop_group, long long drop_stride, long long drop_shift) {
@@ -214,6 +222,9 @@ attention_backward_dq_simt(const T* __restrict__ q, const T* __restrict__ k,
     const A sc = static_cast<A>(scale);
     load_rows<T, A>(sq, d, q + b * lq * d, q0, BO, lq, d);
     load_rows<T, A>(sdo, d, dout + b * lq * d, q0, BO, lq, d);
+    const long long bkv = b / kv_group;  // this query entry's K/V entry
+    const T* kb = k + bkv * lk * d;
+    const T* vb = v + bkv * lk * d;
     const long long iw = q0 + warp * ROWS;  // this warp's first query
     A lse_r[ROWS], delta_r[ROWS];
 #pragma unroll
@@ -237,8 +248,8 @@ attention_backward_dq_simt(const T* __restrict__ q, const T* __restrict__ k,
     A* dsw = sds + warp * ROWS * BS;
     for (long long k0 = 0; k0 < kend; k0 += BS) {
         __syncthreads();
-        load_rows<T, A>(sk, d + 1, k + b * lk * d, k0, BS, lk, d);
-        load_rows<T, A>(sv, d + 1, v + b * lk * d, k0, BS, lk, d);
+        load_rows<T, A>(sk, d + 1, kb, k0, BS, lk, d);
+        load_rows<T, A>(sv, d + 1, vb, k0, BS, lk, d);
         __syncthreads();
         A s[ROWS], dp[ROWS];
         dots(s, qw, sk + lane * (d + 1), d);

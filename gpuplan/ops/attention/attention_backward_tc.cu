@@ -2,7 +2,9 @@
 // attention_backward.cu (which also computes delta = rowsum(dout * o) first), with every
 // product on mma.sync m16n8k16 and f32 accumulators. P and dS are rounded to T to feed the
 // second mma of each pair from registers (C fragments repacked as A fragments).
-//   dkdv: one CTA per (64-key tile, batch entry), 16 keys per warp, over BS-query tiles:
+//   dkdv: one CTA per (64-key tile, K/V entry), 16 keys per warp, over the BS-query tiles of
+//         each query entry of the K/V entry's group in turn (grouped-query attention: query
+//         entry b reads K/V entry b / kv_group; kv_group = 1: just entry b):
 //         S^T = K Q^T, dP^T = V dO^T, P^T, dS^T elementwise, dV += P^T dO, dK += dS^T Q.
 //   dq:   one CTA per (64-query tile, batch entry), 16 queries per warp, over 64-key tiles:
 //         S = Q K^T, dP = dO V^T, dS elementwise, dQ += dS K.
@@ -120,7 +122,8 @@ attention_backward_dkdv_tc(const T* __restrict__ q, const T* __restrict__ k,
                            const T* __restrict__ v, const T* __restrict__ dout,
                            const float* __restrict__ lse, const float* __restrict__ delta,
                            T* __restrict__ dk, T* __restrict__ dv, long long lq, long long lk,
-                           long long d, long long k_tiles, double scale, int causal,
+                           long long d, long long k_tiles, long long kv_group, double scale,
+                           int causal,
                            unsigned long long seed, unsigned long long rng_offset, float p_drop,
                            float drop_scale, long long drop_group, long long drop_stride,
                            long long drop_shift) {
@@ -135,32 +138,34 @@ attention_backward_dkdv_tc(const T* __restrict__ q, const T* __restrict__ k,
     float* sdelta = slse + 2 * BS;                               // [2][BS]
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     const int tiles = static_cast<int>(k_tiles);
-    const long long b = static_cast<int>(blockIdx.x) / tiles;
+    const int bkv = static_cast<int>(blockIdx.x) / tiles;  // the K/V entry
     const long long k0 = static_cast<long long>(static_cast<int>(blockIdx.x) % tiles) * BO;
     const long long offset = lk - lq;
     const float sc = static_cast<float>(scale);
     const float sc2 = static_cast<float>(scale * 1.4426950408889634);  // scale * log2(e)
-    const long long eb = p_drop > 0.0f ? gp::drop_entry(b, drop_group, drop_stride, drop_shift)
-                                       : 0;  // the dropout stream's batch entry
-    const T* qb = q + b * lq * D;
-    const T* dob = dout + b * lq * D;
+    const int group = static_cast<int>(kv_group);
     long long i_start = causal ? k0 - offset : 0;  // earlier queries see none of these keys
     i_start = i_start < 0 ? 0 : i_start;
+    // Query tiles per query entry; iteration it takes tile it % n_tiles of the group's query
+    // entry it / n_tiles (entries in order: a fixed summation order).
     const int n_tiles = i_start < lq ? static_cast<int>((lq - i_start + BS - 1) / BS) : 0;
+    const int n_iters = n_tiles * group;
 
     auto load_stream = [&](int it, int buf) {
-        const long long i0 = i_start + static_cast<long long>(it) * BS;
-        tile_load<T, D, BS, VEC>(sq + buf * STREAMED, qb, i0, lq);
-        tile_load<T, D, BS, VEC>(sdo + buf * STREAMED, dob, i0, lq);
+        const int e = it / n_tiles;
+        const long long b = static_cast<long long>(bkv) * group + e;  // the query entry
+        const long long i0 = i_start + static_cast<long long>(it - e * n_tiles) * BS;
+        tile_load<T, D, BS, VEC>(sq + buf * STREAMED, q + b * lq * D, i0, lq);
+        tile_load<T, D, BS, VEC>(sdo + buf * STREAMED, dout + b * lq * D, i0, lq);
         if (threadIdx.x < BS) {
             const long long i = i0 + threadIdx.x;
             slse[buf * BS + threadIdx.x] = i < lq ? lse[b * lq + i] * kLog2e : 0.0f;
             sdelta[buf * BS + threadIdx.x] = i < lq ? delta[b * lq + i] : 0.0f;
         }
     };
-    tile_load<T, D, BO, VEC>(sk, k + b * lk * D, k0, lk);
-    tile_load<T, D, BO, VEC>(sv, v + b * lk * D, k0, lk);
-    if (n_tiles > 0) load_stream(0, 0);
+    tile_load<T, D, BO, VEC>(sk, k + bkv * lk * D, k0, lk);
+    tile_load<T, D, BO, VEC>(sv, v + bkv * lk * D, k0, lk);
+    if (n_iters > 0) load_stream(0, 0);
     gp::cp_async_commit();
 
     float gk[DT][4], gv[DT][4];
@@ -169,9 +174,9 @@ attention_backward_dkdv_tc(const T* __restrict__ q, const T* __restrict__ k,
     const unsigned k_addr = gp::smem_addr(sk) + 2u * gp::a_lane(lane, LD, warp * 16, 0);
     const unsigned v_addr = gp::smem_addr(sv) + 2u * gp::a_lane(lane, LD, warp * 16, 0);
     const long long j_g = k0 + warp * 16 + g;  // keys j_g and j_g + 8
-    for (int it = 0; it < n_tiles; ++it) {
+    for (int it = 0; it < n_iters; ++it) {
         const int buf = it & 1;
-        if (it + 1 < n_tiles) {
+        if (it + 1 < n_iters) {
             load_stream(it + 1, buf ^ 1);
             gp::cp_async_commit();
             gp::cp_async_wait<1>();
@@ -185,7 +190,8 @@ attention_backward_dkdv_tc(const T* __restrict__ q, const T* __restrict__ k,
         zero(s);
         zero(dp);
         mma_pair_nt<T, D, NT>(s, dp, k_addr, v_addr, q_base, do_base, lane);
-        const long long i0 = i_start + static_cast<long long>(it) * BS;
+        const int e_it = it / n_tiles;  // this tile's query entry of the group
+        const long long i0 = i_start + static_cast<long long>(it - e_it * n_tiles) * BS;
         // P^T = 2^(S^T scale log2(e) - lse log2(e)) (slse holds lse log2(e)). Masks cost
         // only on tiles that need them (warp-uniform test): there, key row j sees the query
         // columns [lo, hi) of the tile.
@@ -211,6 +217,8 @@ attention_backward_dkdv_tc(const T* __restrict__ q, const T* __restrict__ k,
                 s[n][e] = unmasked || (col >= lo[e >> 1] && col < hi[e >> 1]) ? p : 0.0f;
             }
         if (p_drop > 0.0f) {
+            const long long eb = gp::drop_entry(static_cast<long long>(bkv) * group + e_it,
+                                                drop_group, drop_stride, drop_shift);
 #pragma unroll
             for (int n = 0; n < NT; ++n)
 #pragma unroll
@@ -238,8 +246,8 @@ attention_backward_dkdv_tc(const T* __restrict__ q, const T* __restrict__ k,
         __syncthreads();  // the next prefetch overwrites this buffer
     }
     gp::cp_async_wait<0>();
-    store_frag<T, D>(dk + b * lk * D, gk, k0 + warp * 16, lk, sc, lane);
-    store_frag<T, D>(dv + b * lk * D, gv, k0 + warp * 16, lk, 1.0f, lane);
+    store_frag<T, D>(dk + bkv * lk * D, gk, k0 + warp * 16, lk, sc, lane);
+    store_frag<T, D>(dv + bkv * lk * D, gv, k0 + warp * 16, lk, 1.0f, lane);
 }
 
 template <typename T, int D, bool VEC>
@@ -248,7 +256,8 @@ attention_backward_dq_tc(const T* __restrict__ q, const T* __restrict__ k,
                          const T* __restrict__ v, const T* __restrict__ dout,
                          const float* __restrict__ lse, const float* __restrict__ delta,
                          T* __restrict__ dq, long long lq, long long lk, long long d,
-                         long long q_tiles, double scale, int causal, unsigned long long seed,
+                         long long q_tiles, long long kv_group, double scale, int causal,
+                         unsigned long long seed,
                          unsigned long long rng_offset, float p_drop, float drop_scale,
                          long long drop_group, long long drop_stride, long long drop_shift) {
     constexpr int LD = D + 8, BS = 64, NT = BS / 8, DT = D / 8;
@@ -267,8 +276,9 @@ attention_backward_dq_tc(const T* __restrict__ q, const T* __restrict__ k,
     const float sc2 = static_cast<float>(scale * 1.4426950408889634);  // scale * log2(e)
     const long long eb = p_drop > 0.0f ? gp::drop_entry(b, drop_group, drop_stride, drop_shift)
                                        : 0;  // the dropout stream's batch entry
-    const T* kb = k + b * lk * D;
-    const T* vb = v + b * lk * D;
+    const long long bkv = b / kv_group;  // this query entry's K/V entry
+    const T* kb = k + bkv * lk * D;
+    const T* vb = v + bkv * lk * D;
     const long long i_g = q0 + warp * 16 + g;  // queries i_g and i_g + 8
     float lse_h[2], delta_h[2];
 #pragma unroll

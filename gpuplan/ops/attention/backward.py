@@ -15,6 +15,13 @@ result is deterministic (`PlanPreference(deterministic=True)` selects them).
 With dropout (the forward's keep bits regenerated from seed and offset, m_ij = keep_ij /
 (1 - p)): dv_j = sum_i m_ij P_ij dout_i and dS_ij = P_ij (m_ij dout_i . v_j - delta_i); delta
 is unchanged, since o already holds the dropped probabilities.
+
+Grouped-query attention (kv_group = G > 1: query entry b reads K/V entry b // G, plans.py):
+dk_j and dv_j of K/V entry c also sum the terms above over the group's query entries
+cG, ..., cG + G - 1. The device dk/dv kernels give each CTA one key tile of one K/V entry and
+loop over the group's query entries in order, accumulating in registers: still one writer
+per element and a fixed summation order, no atomics, no per-query-head copy of K, V, dK or
+dV.
 """
 
 from __future__ import annotations
@@ -94,17 +101,18 @@ AttentionBackwardDescriptor = AttentionDescriptor
 BACKWARD.descriptor_cls = AttentionDescriptor
 AttentionBackwardArgs = BACKWARD.args(
     "AttentionBackwardArgs", "q, k, v, o (the forward output), lse (the forward's), dout "
-    "[B, Lq, D] in; dq [B, Lq, D], dk, dv [B, Lk, D] written; seed, offset and the head "
-    "layout: the forward's.")
+    "[B, Lq, D] in (k, v [B // kv_group, Lk, D]); dq [B, Lq, D], dk, dv "
+    "[B // kv_group, Lk, D] written; seed, offset and the head layout: the forward's.")
 
 
 class AttentionBackwardPlan(_AttentionBase):
     """(dq, dk, dv) of attention as in the module docstring.
 
     SKUs on a GPU: ``tensor_core`` (f16/bf16, head_dim 64 or 128, sm_80+): dk/dv with 64 keys
-    per CTA (16 per warp) over query tiles, dq with 64 queries per CTA over key tiles; S, dP
-    and the three gradient products by mma.sync m16n8k16 with f32 accumulators (P and dS are
-    rounded to the input dtype to feed the mma). ``simt`` (every dtype, head_dim <= 128):
+    per CTA (16 per warp) over the query tiles of each query entry of its K/V entry's group,
+    dq with 64 queries per CTA over key tiles; S, dP and the three gradient products by
+    mma.sync m16n8k16 with f32 accumulators (P and dS are rounded to the input dtype to feed
+    the mma). ``simt`` (every dtype, head_dim <= 128):
     16 owned rows per CTA, 32-row streamed tiles, accumulating in f32 for half types.
     Workspace: the [B, Lq] delta in the accumulator dtype. Host: ``numpy``
     (gpuplan.ops.attention.host).
@@ -125,9 +133,12 @@ class AttentionBackwardPlan(_AttentionBase):
                        np.int64(d.head_dim))
         owned = TC_BO if self._tc else SIMT_BO
         k_tiles, q_tiles = cdiv(d.lk, owned), cdiv(d.lq, owned)
-        self._grids = (k_tiles * d.batch, q_tiles * d.batch)
+        # dk/dv: one CTA per key tile of each K/V entry (it loops over the entry's group).
+        self._grids = (k_tiles * (d.batch // d.kv_group), q_tiles * d.batch)
         extents = (np.int64(d.lq), np.int64(d.lk), np.int64(d.head_dim))
-        self._consts = (extents + (np.int64(k_tiles),), extents + (np.int64(q_tiles),))
+        group = np.int64(d.kv_group)
+        self._consts = (extents + (np.int64(k_tiles), group),
+                        extents + (np.int64(q_tiles), group))
         dim = d.head_dim
         if self._tc:
             rows_kv = TC_DKDV_ROWS[dim]
@@ -181,13 +192,14 @@ class AttentionBackwardPlan(_AttentionBase):
 
 def attention_backward(q: Any, k: Any, v: Any, o: Any, lse: Any, dout: Any, *, scale: float,
                        causal: bool = False, dropout: float = 0.0, seed: int = 0,
-                       offset: int = 0, heads: tuple[int, int, int] | None = None
-                       ) -> tuple[Any, Any, Any]:
+                       offset: int = 0, heads: tuple[int, int, int] | None = None,
+                       kv_group: int = 1) -> tuple[Any, Any, Any]:
     """(dq, dk, dv) of `attention(q, k, v, scale=scale, causal=causal, dropout=dropout,
-    seed=seed, offset=offset, heads=heads)` = (o, lse) for the output gradient dout
-    [B, Lq, D] (strided inputs are copied; checked by the plan)."""
+    seed=seed, offset=offset, heads=heads, kv_group=kv_group)` = (o, lse) for the output
+    gradient dout [B, Lq, D]; dk, dv [B // kv_group, Lk, D] sum over each K/V entry's group
+    (strided inputs are copied; checked by the plan)."""
     q, k, v, o, lse, dout = contiguous(q, k, v, o, lse, dout)
     desc = AttentionDescriptor(q.shape[0], q.shape[1], k.shape[1], q.shape[-1], scale, causal,
-                               q.dtype, dropout)
+                               q.dtype, dropout, kv_group)
     return call(AttentionBackwardPlan, desc, like=q, q=q, k=k, v=v, o=o, lse=lse, dout=dout,
                 seed=seed, offset=offset, **drop_layout(heads))

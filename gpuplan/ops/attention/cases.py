@@ -3,7 +3,8 @@ chunk count, tensor-core kernels for f16/bf16 head_dim 64/128 with cp.async and 
 loads), with and without dropout, against the float64 definition
 (gpuplan.ops.attention.reference, dropout multipliers from the dropout plan's
 host bits) on the same rounded inputs; then the backward (SIMT and tensor-core kernels)
-against the float64 chain rule."""
+against the float64 chain rule; then grouped-query attention (K/V heads shared by groups of
+1, 2 and every query head) through both."""
 
 from __future__ import annotations
 
@@ -53,10 +54,12 @@ def place(a: np.ndarray, aligned: bool = True):
     return view
 
 
-def operands(b: int, lq: int, lk: int, dim: int, dtype, seed: int = 0) -> list[np.ndarray]:
-    """q [b, lq, dim], k, v [b, lk, dim] and dout [b, lq, dim], drawn in `dtype`."""
-    return [random((b, n, dim), dtype, seed=seed + i, low=-1.5, high=1.5)
-            for i, n in enumerate((lq, lk, lk, lq))]
+def operands(b: int, lq: int, lk: int, dim: int, dtype, seed: int = 0,
+             group: int = 1) -> list[np.ndarray]:
+    """q [b, lq, dim], k, v [b // group, lk, dim] and dout [b, lq, dim], drawn in `dtype`."""
+    return [random((rows, n, dim), dtype, seed=seed + i, low=-1.5, high=1.5)
+            for i, (rows, n) in enumerate(((b, lq), (b // group, lk), (b // group, lk),
+                                           (b, lq)))]
 
 
 def variant_of(dim: int, dtype) -> str:
@@ -69,9 +72,9 @@ def drop_of(b: int, lq: int, lk: int, p: float):
 
 
 def forward(dtype, b: int, lq: int, lk: int, dim: int, causal: bool,
-            aligned: bool = True, p: float = 0.0) -> None:
-    q, k, v, _ = operands(b, lq, lk, dim, dtype, seed=1)
-    desc = gp.AttentionDescriptor(b, lq, lk, dim, SCALE, causal, dtype, p)
+            aligned: bool = True, p: float = 0.0, group: int = 1) -> None:
+    q, k, v, _ = operands(b, lq, lk, dim, dtype, seed=1, group=group)
+    desc = gp.AttentionDescriptor(b, lq, lk, dim, SCALE, causal, dtype, p, group)
     lse_t = np.float64 if dtype == np.float64 else np.float32
     o, lse = emu(np.full((b, lq, dim), 7, dtype)), emu(np.full((b, lq), 7, lse_t))
     plan = run_emulated(gp.AttentionPlan, desc,
@@ -82,7 +85,7 @@ def forward(dtype, b: int, lq: int, lk: int, dim: int, causal: bool,
     masked = np.isneginf(ref_lse)  # queries that see no key: lse -inf, o = 0 exactly
     np.testing.assert_array_equal(np.isneginf(f64(lse)), masked, err_msg="attention lse -inf")
     np.testing.assert_array_equal(f64(o)[masked], 0.0, err_msg="attention masked rows")
-    what = f"attention {b}x{lq}x{lk}x{dim}{' causal' if causal else ''} p={p}"
+    what = f"attention {b}x{lq}x{lk}x{dim}{' causal' if causal else ''} p={p} group={group}"
     check(o, ref_o, dtype, what + " o", scale=4.0)
     check(f64(lse)[~masked], ref_lse[~masked], lse_t, what + " lse", scale=4.0)
 
@@ -127,13 +130,13 @@ def check_grad(got, ref: np.ndarray, dtype, what: str) -> None:
 
 
 def backward(dtype, b: int, lq: int, lk: int, dim: int, causal: bool,
-             aligned: bool = True, p: float = 0.0) -> None:
-    q, k, v, dout = operands(b, lq, lk, dim, dtype, seed=5)
+             aligned: bool = True, p: float = 0.0, group: int = 1) -> None:
+    q, k, v, dout = operands(b, lq, lk, dim, dtype, seed=5, group=group)
     drop = drop_of(b, lq, lk, p)
     ref_o, ref_lse = attention_reference(q, k, v, SCALE, causal, drop)
     o = ref_o.astype(dtype)
     lse = ref_lse.astype(np.float64 if dtype == np.float64 else np.float32)
-    desc = gp.AttentionDescriptor(b, lq, lk, dim, SCALE, causal, dtype, p)
+    desc = gp.AttentionDescriptor(b, lq, lk, dim, SCALE, causal, dtype, p, group)
     grads = [emu(np.full(a.shape, 7, dtype)) for a in (q, k, v)]
     inputs = [place(a, aligned) for a in (q, k, v, o)] + [emu(lse), place(dout, aligned)]
     plan = run_emulated(gp.AttentionBackwardPlan, desc,
@@ -141,7 +144,8 @@ def backward(dtype, b: int, lq: int, lk: int, dim: int, causal: bool,
                         gp.PlanPreference(deterministic=True, backend=gp.BackendKind.NVRTC))
     assert plan.sku().variant == variant_of(dim, dtype), plan.sku()
     refs = attention_backward_reference(q, k, v, dout, SCALE, causal, drop)
-    what = f"attention_backward {b}x{lq}x{lk}x{dim}{' causal' if causal else ''} p={p}"
+    what = (f"attention_backward {b}x{lq}x{lk}x{dim}{' causal' if causal else ''} p={p} "
+            f"group={group}")
     for name, got, ref in zip(("dq", "dk", "dv"), grads, refs, strict=True):
         check_grad(got, ref, dtype, f"{what} {name}")
 
@@ -167,4 +171,31 @@ BACKWARD_TC_CASES = (
             lambda t=t, s=shape: drop_backward_case(t, *s))
        for t in HALF_DTYPES for shape in TC_DROP])
 
-CASES = FORWARD_CASES + BACKWARD_CASES + BACKWARD_TC_CASES
+# Grouped-query attention: (outer, n_head, n_kv_head, lq, lk, head_dim, causal, aligned, p):
+# the batch is outer x n_head query heads, K/V hold outer x n_kv_head entries, so the group
+# size n_head // n_kv_head is 1 (multi-head), 2 and n_head (multi-query). The backward's dk/dv
+# CTAs loop over a group's query heads (several query tiles each: causal starts, partial
+# tiles), accumulating dk, dv for every query head of the group. SIMT shapes (every dtype;
+# head_dim 20 / 48 / 100: 1, 2, 4 column chunks), then tensor-core ones (f16/bf16).
+GQA_SIMT = [(2, 2, 2, 9, 13, 20, True, True, 0.0), (1, 4, 2, 35, 40, 48, True, True, 0.0),
+            (2, 3, 1, 5, 7, 100, False, True, 0.0), (1, 4, 2, 9, 13, 20, True, True, DROP_P)]
+GQA_TC = [(1, 2, 2, 33, 70, 64, True, True, 0.0), (1, 4, 2, 70, 67, 64, True, True, 0.0),
+          (1, 3, 1, 40, 33, 128, False, False, 0.0), (1, 2, 1, 65, 97, 128, True, True, 0.0),
+          (1, 4, 2, 33, 40, 64, True, True, DROP_P)]
+
+
+def gqa_name(kind: str, dtype, outer, heads, kv_heads, lq, lk, dim, causal, aligned, p) -> str:
+    return (_name(kind, dtype, outer * heads, lq, lk, dim, causal, aligned)
+            + f" heads {heads}/{kv_heads}" + (f" dropout {p}" if p else ""))
+
+
+def gqa_case(fn, dtype, outer, heads, kv_heads, lq, lk, dim, causal, aligned, p) -> None:
+    fn(dtype, outer * heads, lq, lk, dim, causal, aligned, p, heads // kv_heads)
+
+
+GQA_CASES = [Case(gqa_name(kind, t, *shape), lambda f=f, t=t, s=shape: gqa_case(f, t, *s))
+             for kind, f in (("attention", forward), ("attention_backward", backward))
+             for types, shapes in ((DTYPES, GQA_SIMT), (HALF_DTYPES, GQA_TC))
+             for t in types for shape in shapes]
+
+CASES = FORWARD_CASES + BACKWARD_CASES + BACKWARD_TC_CASES + GQA_CASES

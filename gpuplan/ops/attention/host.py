@@ -12,15 +12,19 @@ blocks' diagonal tiles (at Lq = Lk = 128, 3/4 of the full products). Per block:
               dS = (dP [* m] - delta) P scale; dq = dS k, dv += (P [* m])^T dout,
               dk += dS^T q (BLAS; the first block visited, the one seeing every key, assigns)
 
-with delta = rowsum(dout o). The softmax steps run as the compiled float32 kernels of
-gpuplan.host_kernels_attention where they load (gpuplan.host_jit) and take the operands,
-else as NumPy passes. Entries and rows are independent, so the bits depend on neither the
-chunking nor the threads. A masked key is left out of a row's products only when its
-row block does not reach it: an inf or NaN in v or k at a masked key can still reach rows of
-the block holding the diagonal (0 * inf), as on the device, whose tiles past the diagonal
-are skipped and whose diagonal tiles are not; the float64 reference poisons every row.
-Dropout multipliers come from the plan's Philox stream per chunk
-(gpuplan.ops.dropout.plans.keep_mask_host) under the call's head layout.
+with delta = rowsum(dout o). Grouped-query attention (kv_group = G > 1): a chunk holds whole
+groups, K/V entry c with its query entries cG .. cG + G - 1; the products broadcast the
+entry's K/V over the group ([n, G, rows, D] times [n, 1, D, keys]: no per-head copy of K or
+V), and dk, dv of entry c contract over the group's query heads and rows at once ([keys, G
+rows] times [G rows, D]: one fixed-order GEMM per block). The softmax steps run as the
+compiled float32 kernels of gpuplan.host_kernels_attention where they load
+(gpuplan.host_jit) and take the operands, else as NumPy passes. Entries and rows are
+independent, so the bits depend on neither the chunking nor the threads. A masked key is
+left out of a row's products only when its row block does not reach it: an inf or NaN in v
+or k at a masked key can still reach rows of the block holding the diagonal (0 * inf), as on
+the device, whose tiles past the diagonal are skipped and whose diagonal tiles are not; the
+float64 reference poisons every row. Dropout multipliers come from the plan's Philox stream
+per chunk (gpuplan.ops.dropout.plans.keep_mask_host) under the call's head layout.
 """
 
 from __future__ import annotations
@@ -45,18 +49,24 @@ _EMPTY = np.zeros((0, 0, 0), np.float32)
 
 
 def host_chunks(desc: Any, fn: Callable[[int, int], None]) -> None:
-    """fn(b0, b1) over chunks [b0, b1) of the batch entries (HOST_CHUNK_SCORES scores at
-    most, one entry at least), spread over the host threads (gpuplan.host_pool) when each
-    gets HOST_GRAIN_SCORES. Entries are independent, so the bits do not depend on the split."""
-    per_entry = max(1, desc.lq * desc.lk)
+    """fn(c0, c1) over chunks [c0, c1) of the K/V entries (each with its kv_group query
+    entries; HOST_CHUNK_SCORES scores at most, one entry at least), spread over the host
+    threads (gpuplan.host_pool) when each gets HOST_GRAIN_SCORES. Entries are independent,
+    so the bits do not depend on the split."""
+    per_entry = max(1, desc.kv_group * desc.lq * desc.lk)
     step = max(1, HOST_CHUNK_SCORES // per_entry)
     grain = max(step, -(-HOST_GRAIN_SCORES // per_entry))
 
     def part(start: int, stop: int) -> None:
-        for b0 in range(start, stop, step):
-            fn(b0, min(b0 + step, stop))
+        for c0 in range(start, stop, step):
+            fn(c0, min(c0 + step, stop))
 
-    parallel_for(desc.batch, part, grain, align=step)
+    parallel_for(desc.batch // desc.kv_group, part, grain, align=step)
+
+
+def grouped(desc: Any, a: np.ndarray) -> np.ndarray:
+    """A query-side [batch, L, X] array as [batch // kv_group, kv_group, L, X] (a view)."""
+    return a.reshape(desc.batch // desc.kv_group, desc.kv_group, *a.shape[1:])
 
 
 def row_blocks(desc: Any) -> list[tuple[int, int, int]]:
@@ -147,24 +157,28 @@ def forward(desc: Any, args: Any, acc: np.dtype) -> None:
         return
     q, k, v = (a.astype(acc, copy=False) for a in (args.q, args.k, args.v))
     blocks = row_blocks(desc)
+    g = desc.kv_group
+    q4, o4 = grouped(desc, q), grouped(desc, args.o)
 
-    def chunk(b0: int, b1: int) -> None:
-        qc, kt, vc = q[b0:b1], np.swapaxes(k[b0:b1], -1, -2), v[b0:b1]
+    def chunk(c0: int, c1: int) -> None:
+        b0, b1 = c0 * g, c1 * g  # the chunk's query entries
+        qc, kt, vc = q4[c0:c1], np.swapaxes(k[c0:c1], -1, -2)[:, None], v[c0:c1, None]
         mul = host_drop(desc, args, b0, b1, acc) if desc.dropout > 0 else None
         for r0, r1, keys in blocks:
-            o, lse = args.o[b0:b1, r0:r1], args.lse[b0:b1, r0:r1]
+            o, lse = o4[c0:c1, :, r0:r1], args.lse[b0:b1, r0:r1]
             if keys == 0:
                 o[...] = 0
                 lse[...] = -np.inf
                 continue
-            s = np.matmul(qc[:, r0:r1], kt[..., :keys])
+            s4 = np.matmul(qc[:, :, r0:r1], kt[..., :keys])  # [n, G, rows, keys]
+            s = s4.reshape(b1 - b0, r1 - r0, keys)  # a view: one entry per query entry
             _softmax(desc, s, lse, r0, r1)
             if mul is not None:
                 s *= mul[:, r0:r1, :keys]
             if o.dtype == acc:
-                np.matmul(s, vc[:, :keys], out=o)
+                np.matmul(s4, vc[:, :, :keys], out=o)
             else:
-                o[...] = np.matmul(s, vc[:, :keys])
+                o[...] = np.matmul(s4, vc[:, :, :keys])
 
     with np.errstate(invalid="ignore", divide="ignore"):
         host_chunks(desc, chunk)
@@ -206,36 +220,46 @@ def backward(desc: Any, args: Any, acc: np.dtype) -> None:
     q, k, v, o, lse, dout = (a.astype(acc, copy=False)
                              for a in (args.q, args.k, args.v, args.o, args.lse, args.dout))
     blocks = row_blocks(desc)[::-1]  # the last block sees every key: it assigns dk and dv
+    g = desc.kv_group
+    q4, do4, dq4 = grouped(desc, q), grouped(desc, dout), grouped(desc, args.dq)
 
-    def chunk(b0: int, b1: int) -> None:
-        qc, kc, kt, doc = q[b0:b1], k[b0:b1], np.swapaxes(k[b0:b1], -1, -2), dout[b0:b1]
-        vt = np.swapaxes(v[b0:b1], -1, -2)
-        delta = np.einsum("bid,bid->bi", doc, o[b0:b1])
+    def chunk(c0: int, c1: int) -> None:
+        n, b0, b1 = c1 - c0, c0 * g, c1 * g  # K/V entries; the chunk's query entries
+        qc, doc, kc = q4[c0:c1], do4[c0:c1], k[c0:c1]
+        kt, vt = np.swapaxes(kc, -1, -2)[:, None], np.swapaxes(v[c0:c1], -1, -2)[:, None]
+        delta = np.einsum("bid,bid->bi", dout[b0:b1], o[b0:b1])
         mul = host_drop(desc, args, b0, b1, acc) if desc.dropout > 0 else None
-        dk = np.empty_like(kc) if args.dk.dtype != acc else args.dk[b0:b1]
-        dv = np.empty_like(kc) if args.dv.dtype != acc else args.dv[b0:b1]
+        dk = np.empty_like(kc) if args.dk.dtype != acc else args.dk[c0:c1]
+        dv = np.empty_like(kc) if args.dv.dtype != acc else args.dv[c0:c1]
         first = True
         for r0, r1, keys in blocks:
             if keys == 0:
                 args.dq[b0:b1, r0:r1] = 0
                 continue
-            qb, dob = qc[:, r0:r1], doc[:, r0:r1]
-            s = np.matmul(qb, kt[..., :keys])
-            dp = np.matmul(dob, vt[..., :keys])
+            rows = r1 - r0
+            qb, dob = qc[:, :, r0:r1], doc[:, :, r0:r1]  # [n, G, rows, D]
+            s4 = np.matmul(qb, kt[..., :keys])  # [n, G, rows, keys]
+            dp4 = np.matmul(dob, vt[..., :keys])
             mb = None if mul is None else np.ascontiguousarray(mul[:, r0:r1, :keys])
-            _grad_scores(desc, s, dp, lse[b0:b1, r0:r1], delta[:, r0:r1], mb, r0, r1)
-            args.dq[b0:b1, r0:r1] = np.matmul(dp, kc[:, :keys])
-            st, dpt = np.swapaxes(s, -1, -2), np.swapaxes(dp, -1, -2)
+            _grad_scores(desc, s4.reshape(b1 - b0, rows, keys),
+                         dp4.reshape(b1 - b0, rows, keys), lse[b0:b1, r0:r1],
+                         delta[:, r0:r1], mb, r0, r1)
+            dq4[c0:c1, :, r0:r1] = np.matmul(dp4, kc[:, None, :keys])
+            # dk, dv of a K/V entry: one product over its group's query rows (g * rows; a
+            # view for g = 1, else a copy of the query-side rows, never of K or V).
+            st = np.swapaxes(s4.reshape(n, g * rows, keys), -1, -2)
+            dpt = np.swapaxes(dp4.reshape(n, g * rows, keys), -1, -2)
+            qr, dor = qb.reshape(n, g * rows, -1), dob.reshape(n, g * rows, -1)
             if first:  # the last row block: keys == lk (row_blocks), so every key row
-                np.matmul(st, dob, out=dv)
-                np.matmul(dpt, qb, out=dk)
+                np.matmul(st, dor, out=dv)
+                np.matmul(dpt, qr, out=dk)
                 first = False
             else:
-                dv[:, :keys] += np.matmul(st, dob)
-                dk[:, :keys] += np.matmul(dpt, qb)
+                dv[:, :keys] += np.matmul(st, dor)
+                dk[:, :keys] += np.matmul(dpt, qr)
         if args.dk.dtype != acc:
-            args.dk[b0:b1] = dk
-            args.dv[b0:b1] = dv
+            args.dk[c0:c1] = dk
+            args.dv[c0:c1] = dv
 
     with np.errstate(invalid="ignore", divide="ignore"):
         host_chunks(desc, chunk)

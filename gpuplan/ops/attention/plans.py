@@ -24,6 +24,12 @@ A tensor-parallel shard whose batch holds `drop_heads` of every `drop_total_head
 one process's [outer, total_heads] batch, from head `drop_first_head` on, draws that
 process's bits for them: entry b reads as entry (b // heads) * total_heads + first_head +
 b % heads (the defaults 1, 1, 0 give b).
+
+Grouped-query attention (field `kv_group` = G = n_head // n_kv_head, default 1): k and v hold
+batch // G entries and query entry b reads K/V entry b // G. With batch = outer x n_head
+(query head h of outer entry o at b = o n_head + h) and K/V laid out outer x n_kv_head, that
+is K/V head h // G of the same outer entry, as Llama's repeat_kv, without K/V ever being
+copied per query head. G = 1 is multi-head attention, G = n_head multi-query attention.
 """
 
 from __future__ import annotations
@@ -98,7 +104,7 @@ def lse_dtype(desc: Any) -> np.dtype:
 
 FIELDS = (Extent("batch"), Extent("lq"), Extent("lk"), Extent("head_dim"), Real("scale"),
           Flag("causal", default=False), DType("dtype", FLOAT_DTYPES, default=np.float32),
-          Real("dropout", lo=0.0, hi=1.0, default=0.0))
+          Real("dropout", lo=0.0, hi=1.0, default=0.0), Extent("kv_group", min=1, default=1))
 #: the dropout stream of a call (as the dropout plan's) and the head layout of its entries:
 #: used only when dropout > 0.
 RNG = (Scalar("seed", 0, "int", lo=0, hi=2**64, hi_open=True),
@@ -106,8 +112,8 @@ RNG = (Scalar("seed", 0, "int", lo=0, hi=2**64, hi_open=True),
        Scalar("drop_heads", 1, "int", lo=1, hi=2**31 - 1),
        Scalar("drop_total_heads", 1, "int", lo=1, hi=2**31 - 1),
        Scalar("drop_first_head", 0, "int", lo=0, hi=2**31 - 1))
-Q_SHAPE, KV_SHAPE, LSE_SHAPE = ("batch", "lq", "head_dim"), ("batch", "lk", "head_dim"), (
-    "batch", "lq")
+Q_SHAPE, KV_SHAPE, LSE_SHAPE = ("batch", "lq", "head_dim"), (
+    "batch // kv_group", "lk", "head_dim"), ("batch", "lq")
 FORWARD = OpSpec(
     "attention", fields=FIELDS,
     operands=(In("q", Q_SHAPE), In("k", KV_SHAPE), In("v", KV_SHAPE), Out("o", Q_SHAPE),
@@ -115,12 +121,13 @@ FORWARD = OpSpec(
 AttentionDescriptor = FORWARD.descriptor(
     "AttentionDescriptor", "softmax(scale * Q K^T [causal mask]) V over `batch` entries of "
     "q [lq, head_dim], k, v [lk, head_dim]; causal masks key j for query i when "
-    "j > i + (lk - lq); dropout drops probabilities with that probability. Forward and "
-    "backward share it.")
+    "j > i + (lk - lq); dropout drops probabilities with that probability; k and v hold "
+    "batch // kv_group entries, query entry b reading entry b // kv_group (grouped-query "
+    "attention). Forward and backward share it.")
 AttentionArgs = FORWARD.args(
-    "AttentionArgs", "q [B, Lq, D], k, v [B, Lk, D] in; o [B, Lq, D] and lse [B, Lq] (f32; "
-    "f64 for f64) written; seed, offset: the dropout stream, drop_heads, drop_total_heads, "
-    "drop_first_head: the batch's head layout in it (dropout > 0 only).")
+    "AttentionArgs", "q [B, Lq, D], k, v [B // kv_group, Lk, D] in; o [B, Lq, D] and lse "
+    "[B, Lq] (f32; f64 for f64) written; seed, offset: the dropout stream, drop_heads, "
+    "drop_total_heads, drop_first_head: the batch's head layout in it (dropout > 0 only).")
 
 
 class _AttentionBase(Plan):
@@ -129,6 +136,14 @@ class _AttentionBase(Plan):
     category = "attention"
     #: accumulators per query row in the device SKUs' workspace (the backward's delta).
     _ws_per_row = 0
+
+    @classmethod
+    def _check_descriptor(cls, desc: Any) -> None:
+        super()._check_descriptor(desc)
+        if desc.batch % desc.kv_group:
+            raise InvalidProblem(describe(cls.op, "kv_group", f"a divisor of batch "
+                                          f"({desc.batch}): query heads per K/V head",
+                                          desc.kv_group))
 
     @classmethod
     def _candidates(cls, desc: Any, stream: Stream) -> list[Candidate]:
@@ -217,7 +232,7 @@ class AttentionPlan(_AttentionBase):
             raise Unsupported(describe(self.op, "desc", "at most 2**31 - 1 query tiles",
                                        self._grid))
         self._consts = (np.int64(d.lq), np.int64(d.lk), np.int64(d.head_dim),
-                        np.int64(q_tiles))
+                        np.int64(q_tiles), np.int64(d.kv_group))
         if self._tc:
             self._kernels = (_fwd_tc(self._t, d.head_dim, False),
                              _fwd_tc(self._t, d.head_dim, True))
@@ -263,13 +278,15 @@ def drop_layout(heads: tuple[int, int, int] | None) -> dict[str, int]:
 
 def attention(q: Any, k: Any, v: Any, *, scale: float, causal: bool = False,
               dropout: float = 0.0, seed: int = 0, offset: int = 0,
-              heads: tuple[int, int, int] | None = None) -> tuple[Any, Any]:
-    """(o [B, Lq, D], lse [B, Lq]) of q [B, Lq, D], k, v [B, Lk, D] (strided inputs are
+              heads: tuple[int, int, int] | None = None, kv_group: int = 1
+              ) -> tuple[Any, Any]:
+    """(o [B, Lq, D], lse [B, Lq]) of q [B, Lq, D], k, v [B // kv_group, Lk, D] (query entry
+    b attends with K/V entry b // kv_group: grouped-query attention; strided inputs are
     copied; shapes and dtypes are checked by the plan); dropout > 0 drops probabilities with
     the Philox stream (seed, offset) as `dropout` over [B, Lq, Lk] would (`heads`: the
     batch's head layout, module docstring)."""
     q, k, v = contiguous(q, k, v)
     desc = AttentionDescriptor(q.shape[0], q.shape[1], k.shape[1], q.shape[-1], scale, causal,
-                               q.dtype, dropout)
+                               q.dtype, dropout, kv_group)
     return call(AttentionPlan, desc, like=q, q=q, k=k, v=v, seed=seed, offset=offset,
                 **drop_layout(heads))

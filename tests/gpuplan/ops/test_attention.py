@@ -306,3 +306,110 @@ def test_dropout_head_layout_errors():
                          ((0, 4, 0), "argument 'drop_heads'")):
         with pytest.raises(gp.InvalidProblem, match=match):
             gp.functional.attention(q, q, q, scale=1.0, dropout=0.5, heads=heads)
+
+
+# Grouped-query attention: (outer, n_head, n_kv_head, lq, lk, head_dim, causal). The batch is
+# outer x n_head query heads and K/V hold outer x n_kv_head entries: groups of 1, 2 and n_head
+# (multi-query) query heads per K/V head; head_dim 64 takes the tensor cores for f16/bf16 on
+# a device; lq > lk causal leaves queries that see no key.
+GQA_SHAPES = [(2, 2, 2, 5, 7, 20, True), (1, 4, 2, 9, 6, 64, True), (2, 3, 1, 6, 11, 16, False),
+              (1, 4, 1, 17, 17, 64, True)]
+_GQA_IDS = [f"{o}x{h}/{kv}-{lq}x{lk}x{d}{'c' if c else ''}" for o, h, kv, lq, lk, d, c in
+            GQA_SHAPES]
+
+
+def _gqa_operands(dtype, outer, heads, kv_heads, lq, lk, dim, seed=60):
+    """q, dout [outer * heads, lq, dim] and k, v [outer * kv_heads, lk, dim]."""
+    rows = (outer * heads, outer * kv_heads, outer * kv_heads, outer * heads)
+    return [random((r, n, dim), dtype, seed=seed + i, low=-2, high=2)
+            for i, (r, n) in enumerate(zip(rows, (lq, lk, lk, lq), strict=True))]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("outer,heads,kv_heads,lq,lk,dim,causal", GQA_SHAPES, ids=_GQA_IDS)
+def test_gqa_forward_and_backward(device, dtype, outer, heads, kv_heads, lq, lk, dim, causal):
+    """Query entry b attends with K/V entry b // group: o, lse and the gradients equal the
+    float64 definition (dk, dv summed over each K/V entry's group of query heads), and the
+    operand checks take k, v with outer * n_kv_head entries."""
+    group = heads // kv_heads
+    q, k, v, dout = _gqa_operands(dtype, outer, heads, kv_heads, lq, lk, dim)
+    desc = gp.AttentionDescriptor(outer * heads, lq, lk, dim, SCALE, causal, dtype,
+                                  kv_group=group)
+    o, lse = attention_reference(q, k, v, SCALE, causal)
+    check_plan(gp.AttentionPlan, desc, {"q": q, "k": k, "v": v},
+               lambda **_: {"o": o, "lse": lse}, device=device, scale=4)
+    o, lse = o.astype(dtype), lse.astype(_lse_dtype(dtype))
+    check_plan(gp.AttentionBackwardPlan, desc,
+               {"q": q, "k": k, "v": v, "o": o, "lse": lse, "dout": dout}, None,
+               device=device, pref=gp.PlanPreference(deterministic=True))
+    grads = gp.functional.attention_backward(*(on(device, a) for a in (q, k, v, o, lse, dout)),
+                                             scale=SCALE, causal=causal, kv_group=group)
+    refs = attention_backward_reference(q, k, v, dout, SCALE, causal)
+    assert [g.shape for g in grads] == [q.shape, k.shape, v.shape]
+    for name, got, ref in zip(("dq", "dk", "dv"), grads, refs, strict=True):
+        # dk, dv sum `group` query heads' contributions: tolerance relative to that sum.
+        _grad_close(got, ref, dtype, name, scale=8.0 * (group if name != "dq" else 1))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+@pytest.mark.parametrize("heads,kv_heads", [(4, 2), (4, 1)])
+def test_gqa_equals_repeated_kv(device, dtype, heads, kv_heads):
+    """GQA is attention with each K/V head repeated for the query heads of its group: o, lse
+    and dq bit for bit (each query head reads the same K/V rows in the same order), dk and
+    dv the group sums of the repeated run's per-head gradients (f16, head_dim 64: the
+    tensor-core kernels on a device)."""
+    outer, lq, lk, dim, group = 2, 19, 23, 64, heads // kv_heads
+    q, k, v, dout = _gqa_operands(dtype, outer, heads, kv_heads, lq, lk, dim, seed=70)
+    kw = dict(scale=SCALE, causal=True)
+
+    def run(k_, v_, g):
+        arrays = [on(device, a) for a in (q, k_, v_)]
+        o, lse = gp.functional.attention(*arrays, kv_group=g, **kw)
+        grads = gp.functional.attention_backward(*arrays, o, lse, on(device, dout),
+                                                 kv_group=g, **kw)
+        return [gp.to_host(x) for x in (o, lse, *grads)]
+
+    o, lse, dq, dk, dv = run(k, v, group)
+    o_r, lse_r, dq_r, dk_r, dv_r = run(np.repeat(k, group, 0), np.repeat(v, group, 0), 1)
+    for got, want in ((o, o_r), (lse, lse_r), (dq, dq_r)):
+        np.testing.assert_array_equal(got, want)
+    for got, per_head in ((dk, dk_r), (dv, dv_r)):
+        summed = f64(per_head).reshape(-1, group, lk, dim).sum(axis=1)
+        _grad_close(got, summed, dtype, scale=4.0 * group)
+
+
+def test_gqa_backward_is_deterministic(device):
+    """The same GQA inputs give the same dk, dv bits: one CTA sums a K/V tile's group of query
+    heads in a fixed order (f16, head_dim 64: the tensor-core kernels on a device)."""
+    q, k, v, dout = _gqa_operands(np.float16, 1, 4, 1, 40, 70, 64, seed=80)
+    kw = dict(scale=SCALE, causal=True, kv_group=4)
+    arrays = [on(device, a) for a in (q, k, v)]
+    o, lse = gp.functional.attention(*arrays, **kw)
+    runs = [[gp.to_host(g) for g in gp.functional.attention_backward(
+        *arrays, o, lse, on(device, dout), **kw)] for _ in range(2)]
+    for first, second in zip(*runs, strict=True):
+        np.testing.assert_array_equal(first.view(np.uint16), second.view(np.uint16))
+
+
+def test_gqa_errors():
+    """kv_group must divide the batch (and be >= 1); k and v must hold batch // kv_group
+    entries. The messages name the op, the argument, what was expected and what was given;
+    nothing is written."""
+    s = gp.Stream.host()
+    with pytest.raises(gp.InvalidProblem,
+                       match=r"attention: argument 'kv_group': expected a divisor of batch "
+                             r"\(6\).*given 4"):
+        gp.AttentionPlan.select(s, gp.AttentionDescriptor(6, 2, 2, 4, 1.0, kv_group=4))
+    with pytest.raises(gp.InvalidProblem, match="attention_backward: argument 'kv_group'"):
+        gp.AttentionBackwardPlan.select(s, gp.AttentionDescriptor(6, 2, 2, 4, 1.0, kv_group=0))
+    q = np.ones((4, 3, 8), np.float32)
+    with pytest.raises(gp.InvalidProblem, match=r"attention: argument 'k': expected shape "
+                                                r"\(2, 3, 8\), given shape \(4, 3, 8\)"):
+        gp.functional.attention(q, q, q, scale=1.0, kv_group=2)
+    plan = gp.AttentionPlan.select(s, gp.AttentionDescriptor(4, 3, 3, 8, 1.0, kv_group=2))
+    o, lse = np.full((4, 3, 8), 7, np.float32), np.full((4, 3), 7, np.float32)
+    kv = np.ones((2, 3, 8), np.float32)
+    with pytest.raises(gp.InvalidProblem, match="argument 'v'"):
+        plan.run(s, None, gp.AttentionArgs(q, kv, q, o, lse))
+    np.testing.assert_array_equal(o, 7.0)
+    np.testing.assert_array_equal(lse, 7.0)
