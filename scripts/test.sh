@@ -24,7 +24,7 @@ echo "== lint: lint-imports (layers dist > autograd > gpuplan, no import cycles;
 lint-imports
 
 echo "== unit tests =="
-python -m pytest -q -m "not mpi" "${xdist[@]}" "$@"
+python -m pytest -q -m "not mpi and not rehearsal" "${xdist[@]}" "$@"
 
 echo "== gpu tests on the emulated device (GPUPLAN_DEVICE=emulated) =="
 GPUPLAN_DEVICE=emulated python -m pytest -q -m "gpu and not mpi" "${xdist[@]}" "$@"
@@ -40,3 +40,6 @@ python scripts/check_kernels.py --quiet --jobs "$jobs"
 
 echo "== every kernel instance on the emulated device =="
 python scripts/check_kernels.py --execute --quiet
+
+echo "== the GPU check, rehearsed on the emulated device (scripts/gpu_check.py --device emulated) =="
+python -m pytest -q -m rehearsal -p no:xdist tests/benchsuite/test_gpu_check.py "$@"

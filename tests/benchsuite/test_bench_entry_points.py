@@ -1,7 +1,7 @@
 """scripts/check_graphs.py, bench_comm.py, bench_pipeline.py and bench_autograd.py at tiny
 sizes on what a machine without a GPU has (the host, the emulated device, mpiexec -n 2): each
 exits 0 and prints what its docstring promises, every number finite and consistent with the
-others it is derived from, in the lines gpu_check.py's `graphs` and `bench-comm` steps read.
+others it is derived from, in the lines the GPU check's `graphs` phase reads.
 A lent GPU's first run of these scripts should not be the first run of their code paths."""
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ import numpy as np
 import pytest
 
 import gpuplan as gp
-from benchsuite import gpu_check
 from benchsuite import graph_check as check_graphs
 from benchsuite import op_overhead as bench_autograd
+from benchsuite.gpu_check import phases as gpu_check_phases
 from tests.scripts.test_train import _mpiexec
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -67,21 +67,23 @@ def _shows(text: str, fn, *inputs: str) -> bool:
     return min(values) <= hi + 1e-9 and max(values) >= lo - 1e-9
 
 
-def _through_gpu_check(monkeypatch, step_fn, lines: list[str]):
-    """What gpu_check's step makes of `lines` as its command's output: the parsing that fills
-    the report, without running its full-size command."""
+def _through_gpu_check(monkeypatch, tmp_path, phase_fn, lines: list[str]):
+    """What the GPU check's phase makes of `lines` as its command's output: the parsing that
+    fills the summary, without running its full-size command."""
+    from benchsuite.gpu_check import orchestrator, procs
+
     commands = []
 
-    def run_step(step, cmd, ctx, append=False):
+    def command(self, result, cmd, cap=None, env=None, name=None):
         commands.append(cmd)
-        step.lines, step.status = lines, "passed"
-        return 0
+        return procs.Finished(0, lines, 0.1, False)
 
-    monkeypatch.setattr(gpu_check, "run_step", run_step)
-    monkeypatch.setattr(gpu_check, "mpi_launcher", lambda env, n: ["mpiexec", "-n", str(n)])
-    step = gpu_check.Step(step_fn.__name__)
-    step_fn(gpu_check.Context(env={}, timeout=60.0), step)
-    return step, commands
+    monkeypatch.setattr(orchestrator.Check, "command", command)
+    check = orchestrator.Check("cuda", 60.0, tmp_path / "out", tmp_path / "work", {},
+                               sys.executable, "abc", 1)
+    result = orchestrator.Result(phase_fn.__name__)
+    phase_fn(check, result)
+    return result, commands
 
 
 # -- check_graphs.py -------------------------------------------------------------------------
@@ -91,7 +93,7 @@ GRAPHS = re.compile(r"graphs: mlp captured vs eager over 5 steps: bitwise equal;
                     r"max relative loss difference (\S+)$")
 
 
-def test_check_graphs_as_gpu_check_runs_it_on_the_emulated_device(monkeypatch):
+def test_check_graphs_as_gpu_check_runs_it_on_the_emulated_device(monkeypatch, tmp_path):
     res = _run(["scripts/check_graphs.py", "--device", "cuda", "--steps", "3"], EMULATED)
     assert res.returncode == 0, res.stdout + res.stderr
     lines = res.stdout.splitlines()
@@ -103,9 +105,10 @@ def test_check_graphs_as_gpu_check_runs_it_on_the_emulated_device(monkeypatch):
     _positive(eager), _positive(replayed), _positive(ratio)
     assert _shows(ratio, lambda e, r: e / r, eager, replayed)
     assert float(rel) < 1e-4
-    step, commands = _through_gpu_check(monkeypatch, gpu_check.step_graphs, lines)
-    assert commands[0][1:] == ["scripts/check_graphs.py", "--device", "cuda"]
-    assert step.detail == summaries[0]
+    result, commands = _through_gpu_check(monkeypatch, tmp_path, gpu_check_phases.graphs_phase,
+                                          lines)
+    assert commands[0][1:4] == ["scripts/check_graphs.py", "--device", "cuda"]
+    assert result.detail == summaries[0].removeprefix("graphs: ")
 
 
 def test_check_graphs_exits_2_without_a_device_and_refuses_too_few_steps(monkeypatch, capsys):
@@ -148,7 +151,7 @@ def test_check_graphs_exits_1_on_a_mismatch(monkeypatch, capsys, diff, rel, show
 
 # -- bench_comm.py ---------------------------------------------------------------------------
 
-def test_bench_comm_host_and_device_rows_as_gpu_check_reads_them(monkeypatch):
+def test_bench_comm_host_and_device_rows(monkeypatch):
     res = _run(["scripts/bench_comm.py", "--iters", "3", "--max-mib", "1", "--device", "auto"],
                EMULATED, ranks=2)
     assert res.returncode == 0, res.stdout + res.stderr
@@ -165,10 +168,6 @@ def test_bench_comm_host_and_device_rows_as_gpu_check_reads_them(monkeypatch):
             _positive(raw)  # raw mpi4py on host buffers, for comparison
         else:
             assert raw == "-"
-    step, commands = _through_gpu_check(monkeypatch, gpu_check.step_bench_comm, lines)
-    assert commands[0][-9:-6] == ["-m", "mpi4py", "scripts/bench_comm.py"]
-    assert step.detail == lines[0].lstrip("# ")
-    assert step.extra == "\n".join(["```", *lines, "```"])
 
 
 def test_bench_comm_wants_two_ranks():
