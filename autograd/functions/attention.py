@@ -3,7 +3,13 @@
 the dropout stream), or, where they do not apply (a value width unlike the query width, or a
 head_dim over the device kernels' limit), the composed matmul -> softmax -> matmul; with an
 attention mask, or dropout where the fused plans do not apply, the same composed from
-autograd Functions (mask add and dropout between softmax and the second matmul)."""
+autograd Functions (mask add and dropout between softmax and the second matmul).
+
+Grouped-query attention (k, v [..., n_kv_head, Lk, D] with n_kv_head dividing the query's
+n_head; torch's ``enable_gqa=True``): query head h uses K/V head h // (n_head // n_kv_head).
+The fused plans take K/V as they are (never repeated per query head; their backward sums
+dK, dV over each group in a fixed order); the composed paths, which need one K/V head per
+query head, repeat them with autograd's broadcast (whose backward sums the group)."""
 
 from __future__ import annotations
 
@@ -18,7 +24,7 @@ from autograd import random
 from autograd.function import Function
 from autograd.functions.dropout import dropout
 from autograd.functions.matmul import matmul
-from autograd.functions.shape import transpose
+from autograd.functions.shape import expand, reshape, transpose, unsqueeze
 from autograd.functions.softmax import softmax
 from autograd.tensor_base import TensorBase, new_tensor
 from gpuplan import backend, host_pool
@@ -97,19 +103,58 @@ def _fold(a: Any) -> Any:
     return a.reshape((-1,) + a.shape[-2:])
 
 
+def kv_group(q: Any, k: Any, v: Any, op: str, enable_gqa: bool = True) -> int:
+    """Query heads per K/V head of q [..., H, Lq, Dh], k [..., Hkv, Lk, Dh], v [..., Hkv,
+    Lk, Dv]: 1 when k and v share q's leading dims, H // Hkv when only the head dim (-3)
+    differs, Hkv divides H and `enable_gqa`; a ValueError naming `op` otherwise."""
+    if q.ndim < 3 or k.ndim != q.ndim or v.ndim != q.ndim:
+        raise ValueError(f"{op}: q, k, v must share a rank >= 3, given {q.shape}, {k.shape}, "
+                         f"{v.shape}")
+    if (k.shape[:-2] != v.shape[:-2] or q.shape[-1] != k.shape[-1]
+            or k.shape[-2] != v.shape[-2] or q.shape[:-3] != k.shape[:-3]):
+        raise ValueError(f"{op}: incompatible shapes q {q.shape}, k {k.shape}, v {v.shape} "
+                         f"(expected [..., H, Lq, Dh], [..., Hkv, Lk, Dh], [..., Hkv, Lk, Dv])")
+    heads, kv_heads = q.shape[-3], k.shape[-3]
+    if heads == kv_heads:
+        return 1
+    if not enable_gqa:
+        raise ValueError(f"{op}: argument 'k': expected as many heads (dim -3) as q ({heads}; "
+                         f"fewer with enable_gqa=True: grouped-query attention), given "
+                         f"{kv_heads} (q {q.shape}, k {k.shape}, v {v.shape})")
+    if kv_heads == 0 or heads % kv_heads:
+        raise ValueError(f"{op}: argument 'k': expected n_kv_head (k, v dim -3) dividing "
+                         f"n_head (q dim -3) = {heads}, given n_kv_head {kv_heads} "
+                         f"(q {q.shape}, k {k.shape}, v {v.shape})")
+    return heads // kv_heads
+
+
+def repeat_kv(x: Tensor, group: int) -> Tensor:
+    """x [..., Hkv, L, D] -> [..., Hkv * group, L, D], K/V head c repeated for query heads
+    c * group .. (c + 1) * group - 1 (Llama's repeat_kv); its gradient sums each group. A
+    copy: only the composed paths use it, the fused plans read K/V heads in place."""
+    if group == 1:
+        return x
+    *lead, kv_heads, length, dim = x.shape
+    wide = expand(unsqueeze(x, -3), *lead, kv_heads, group, length, dim)
+    return reshape(wide, *lead, kv_heads * group, length, dim)
+
+
 class ScaledDotProductAttention(Function):
     """O = softmax(scale * Q K^T [causal mask]) V over [..., L, D] (batch dims folded), by
     the fused plans: forward saves Q, K, V, O and the per-row log-sum-exp; backward gets
     dQ, dK, dV from them (gpuplan.ops.attention.backward: dS = P (dO V^T - rowsum(dO O)),
     dQ = scale dS K, dK = scale dS^T Q, dV = P^T dO, P recomputed tile by tile). With
     dropout > 0 the probabilities are dropped inside the plans by the keep bits of (seed,
-    offset) over the [B, Lq, Lk] probabilities, which backward regenerates."""
+    offset) over the [B, Lq, Lk] probabilities, which backward regenerates. K, V may hold
+    fewer heads than Q (grouped-query attention: callers check the shapes with `kv_group`):
+    folded, query entry b then reads K/V entry b // group, and dK, dV sum over each group."""
 
     @staticmethod
     def forward(ctx, q, k, v, scale, causal, dropout=0.0, seed=0, offset=0, heads=None):
         q3, k3, v3 = _fold(q), _fold(k), _fold(v)
+        group = q3.shape[0] // k3.shape[0] if k3.shape[0] else 1
         ctx.kw = dict(scale=scale, causal=causal, dropout=dropout, seed=seed, offset=offset,
-                      heads=heads)
+                      heads=heads, kv_group=group)
         o, lse = F.attention(q3, k3, v3, **ctx.kw)
         ctx.save_for_backward(q3, k3, v3, o, lse)
         ctx.shapes = (q.shape, k.shape, v.shape)
@@ -215,9 +260,12 @@ def attention_weights(q: Tensor, k: Tensor, attn_mask: Any = None, dropout_p: fl
 
 def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, attn_mask: Any = None,
                                  dropout_p: float = 0.0, is_causal: bool = False,
-                                 scale: Any = None) -> Tensor:
+                                 scale: Any = None, enable_gqa: bool = False) -> Tensor:
     """q [..., Lq, Dh], k [..., Lk, Dh], v [..., Lk, Dv] -> [..., Lq, Dv]; scale defaults
-    to 1/sqrt(Dh). Causal masks (i, j) when j > i + (Lk - Lq) (equals PyTorch's for Lq == Lk).
+    to 1/sqrt(Dh). ``enable_gqa`` (torch's): k, v [..., Hkv, Lk, D] may hold fewer heads
+    than q [..., H, Lq, Dh] (Hkv dividing H; query head h uses K/V head h // (H // Hkv)):
+    the fused plans read the K/V heads as they are, the composed paths repeat them.
+    Causal masks (i, j) when j > i + (Lk - Lq) (equals PyTorch's for Lq == Lk).
     ``attn_mask`` broadcasts to [..., Lq, Lk]: bool (True = take part in attention) or
     float (added to the scaled scores); a query row whose every key is masked (-inf) gets
     zero probabilities, hence a zero output, as torch's sdpa (NaN if the float mask
@@ -228,14 +276,7 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, attn_mask: Any
     Without a mask: fused plans when Dv == Dh <= 128 (every device, so results agree across
     devices), dropout included; the composed ops otherwise and with a mask.
     """
-    if q.ndim < 3 or k.ndim != q.ndim or v.ndim != q.ndim:
-        raise ValueError(f"scaled_dot_product_attention: q, k, v must share a rank >= 3, "
-                         f"given {q.shape}, {k.shape}, {v.shape}")
-    if (q.shape[:-2] != k.shape[:-2] or k.shape[:-2] != v.shape[:-2]
-            or q.shape[-1] != k.shape[-1] or k.shape[-2] != v.shape[-2]):
-        raise ValueError(f"scaled_dot_product_attention: incompatible shapes q {q.shape}, "
-                         f"k {k.shape}, v {v.shape} (expected [..., Lq, Dh], [..., Lk, Dh], "
-                         f"[..., Lk, Dv])")
+    group = kv_group(q, k, v, "scaled_dot_product_attention", enable_gqa)
     if not 0.0 <= dropout_p <= 1.0:
         raise ValueError(f"scaled_dot_product_attention: dropout_p must lie in [0, 1], "
                          f"given {dropout_p}")
@@ -245,6 +286,7 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, attn_mask: Any
     s = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     fused = v.shape[-1] == q.shape[-1] <= MAX_HEAD_DIM
     if attn_mask is not None or (dropout_p > 0.0 and not fused):
+        k, v = repeat_kv(k, group), repeat_kv(v, group)
         return matmul(attention_weights(q, k, attn_mask, float(dropout_p), s, bool(is_causal)),
                       v)
     if dropout_p > 0.0:
@@ -253,23 +295,27 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, attn_mask: Any
         return ScaledDotProductAttention.apply(q, k, v, scale=s, causal=bool(is_causal),
                                                dropout=float(dropout_p), seed=seed,
                                                offset=offset)
-    fn = ScaledDotProductAttention if fused else ComposedAttention
-    return fn.apply(q, k, v, scale=s, causal=bool(is_causal))
+    if fused:
+        return ScaledDotProductAttention.apply(q, k, v, scale=s, causal=bool(is_causal))
+    return ComposedAttention.apply(q, repeat_kv(k, group), repeat_kv(v, group), scale=s,
+                                   causal=bool(is_causal))
 
 
 def head_sharded_attention(q: Tensor, k: Tensor, v: Tensor, *, dropout_p: float,
                            is_causal: bool, total_heads: int, first_head: int) -> Tensor:
     """scaled_dot_product_attention of q, k, v [..., H, L, Dh] (default scale) holding heads
     [first_head, first_head + H) of a tensor of `total_heads` heads (a tensor-parallel
-    shard), whose attention dropout drops exactly the entries one process holding every head
-    drops there, and advances the default generator as far (by the full tensor's
-    probabilities): layouts then agree bit for bit. Runs the fused plans (a device needs
+    shard; k, v may hold H / group K/V heads: grouped-query attention), whose attention
+    dropout drops exactly the entries one process holding every head drops there, and
+    advances the default generator as far (by the full tensor's probabilities): layouts
+    then agree bit for bit. Runs the fused plans (a device needs
     Dv == Dh <= 128 for them; the host takes any Dh == Dv)."""
     heads = q.shape[-3] if q.ndim >= 4 else 0
     if not (q.ndim >= 4 and 0 <= first_head and first_head + heads <= total_heads):
         raise ValueError(f"head_sharded_attention: q must be [..., H, L, Dh] with "
                          f"first_head + H <= total_heads, given shape {q.shape}, first_head "
                          f"{first_head}, total_heads {total_heads}")
+    kv_group(q, k, v, "head_sharded_attention")
     if v.shape[-1] != q.shape[-1] or (q.device != "cpu" and q.shape[-1] > MAX_HEAD_DIM):
         raise ValueError(f"head_sharded_attention: needs the fused plans: Dv == Dh (<= "
                          f"{MAX_HEAD_DIM} on a device), given q {q.shape}, v {v.shape} on "

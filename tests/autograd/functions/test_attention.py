@@ -182,3 +182,122 @@ def test_split_heads_errors():
         split_heads(ag.tensor(_x(2, 10)), 3, 2)
     with pytest.raises(ValueError, match="parts \\* heads \\* D"):
         split_heads(ag.tensor(_x(6)), 3, 2)
+
+
+# Grouped-query attention: (n_head, n_kv_head): groups of 2 (GQA) and of every query head
+# (MQA).
+GQA_HEADS = [(4, 2), (3, 1)]
+
+
+@pytest.mark.parametrize("heads,kv_heads", GQA_HEADS, ids=["gqa", "mqa"])
+@pytest.mark.parametrize("causal,lq,lk", [(True, 4, 4), (True, 5, 3), (False, 3, 5)])
+def test_gqa_gradcheck(device, heads, kv_heads, causal, lq, lk):
+    """float64 gradcheck of the fused plans with k, v of n_kv_head heads (dk, dv summed over
+    each group of query heads); lq > lk causal: queries that see no key."""
+    q = _x(2, heads, lq, 3, seed=40)
+    k, v = _x(2, kv_heads, lk, 3, seed=41), _x(2, kv_heads, lk, 3, seed=42)
+    gradcheck_on(device, lambda a, b, c: F.scaled_dot_product_attention(
+        a, b, c, is_causal=causal, enable_gqa=True), q, k, v)
+
+
+def _run_with_grads(fn, arrays, device, cot=None):
+    """[output, grads of `arrays`] of fn for the cotangent `cot` (a fixed random one when
+    None)."""
+    ts = [ag.tensor(a, requires_grad=True, device=device) for a in arrays]
+    out = fn(*ts)
+    cot = _x(*out.shape, seed=99) if cot is None else cot
+    out.backward(ag.tensor(cot.astype(out.dtype), device=device))
+    return [out.numpy()] + [t.grad.numpy() for t in ts]
+
+
+@pytest.mark.parametrize("heads,kv_heads", GQA_HEADS, ids=["gqa", "mqa"])
+@pytest.mark.parametrize("path", ["fused", "composed", "mask", "dropout"])
+def test_gqa_equals_repeated_kv(device, heads, kv_heads, path):
+    """GQA equals attention with each K/V head repeated for its group's query heads
+    (np.repeat): the output and dQ, and dK, dV as the group sums of the repeated run's
+    gradients. Paths: the fused plans (bit for bit for the output and dQ: each query head
+    reads its K/V head's rows in the same order), the composed ops (Dv != Dh), a mask, and
+    dropout (the fused plans, the same generator state)."""
+    group, lq, lk, dh = heads // kv_heads, 5, 7, 4
+    dv = dh + 2 if path == "composed" else dh
+    q = _x(2, heads, lq, dh, seed=50)
+    k, v = _x(2, kv_heads, lk, dh, seed=51), _x(2, kv_heads, lk, dv, seed=52)
+    kw = dict(is_causal=path != "mask", dropout_p=0.3 if path == "dropout" else 0.0)
+    if path == "mask":
+        kw["attn_mask"] = _x(lq, lk, seed=53) > -0.5
+
+    def sdpa(a, b, c, **extra):
+        ag.manual_seed(8)
+        return F.scaled_dot_product_attention(a, b, c, **kw, **extra)
+
+    out, dq, dk, dvv = _run_with_grads(lambda a, b, c: sdpa(a, b, c, enable_gqa=True),
+                                       [q, k, v], device)
+    rep = [np.repeat(a, group, axis=1) for a in (k, v)]
+    out_r, dq_r, dk_r, dv_r = _run_with_grads(sdpa, [q, *rep], device)
+    assert out.shape == (2, heads, lq, dv) and dk.shape == k.shape and dvv.shape == v.shape
+    if path in ("fused", "dropout"):
+        np.testing.assert_array_equal(out, out_r)
+        np.testing.assert_array_equal(dq, dq_r)
+    else:
+        np.testing.assert_allclose(out, out_r, rtol=1e-13, atol=1e-14)
+        np.testing.assert_allclose(dq, dq_r, rtol=1e-13, atol=1e-14)
+    for got, per_head in ((dk, dk_r), (dvv, dv_r)):
+        summed = per_head.reshape(2, kv_heads, group, lk, -1).sum(axis=2)
+        np.testing.assert_allclose(got, summed, rtol=1e-12, atol=1e-13)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gqa_dtypes(device, dtype):
+    """GQA in every dtype against the float64 run (head_dim 64: the tensor-core kernels for
+    f16/bf16 on a device)."""
+    q, k, v = _x(1, 4, 9, 64, seed=60), _x(1, 2, 11, 64, seed=61), _x(1, 2, 11, 64, seed=62)
+    check_dtypes(lambda a, b, c: F.scaled_dot_product_attention(a, b, c, is_causal=True,
+                                                                enable_gqa=True),
+                 [q, k, v], device, [dtype], scale=16)
+
+
+def test_gqa_shape_errors():
+    q, k3 = ag.tensor(_x(1, 4, 3, 8)), ag.tensor(_x(1, 3, 3, 8))
+    k2 = ag.tensor(_x(1, 2, 3, 8))
+    with pytest.raises(ValueError, match=r"scaled_dot_product_attention: argument 'k': "
+                                         r"expected as many heads .* given 2"):
+        F.scaled_dot_product_attention(q, k2, k2)
+    with pytest.raises(ValueError, match=r"scaled_dot_product_attention: argument 'k': "
+                                         r"expected n_kv_head .* dividing n_head .* = 4, "
+                                         r"given n_kv_head 3"):
+        F.scaled_dot_product_attention(q, k3, k3, enable_gqa=True)
+    with pytest.raises(ValueError, match="incompatible"):  # leading dims must agree
+        F.scaled_dot_product_attention(q, ag.tensor(_x(2, 2, 3, 8)), ag.tensor(_x(2, 2, 3, 8)),
+                                       enable_gqa=True)
+    with pytest.raises(ValueError, match="incompatible"):  # k and v with unlike heads
+        F.scaled_dot_product_attention(q, k2, ag.tensor(_x(1, 1, 3, 8)), enable_gqa=True)
+    from autograd.functions.attention import head_sharded_attention
+
+    with pytest.raises(ValueError, match="head_sharded_attention: argument 'k': expected "
+                                         "n_kv_head"):
+        head_sharded_attention(q, k3, k3, dropout_p=0.0, is_causal=True, total_heads=4,
+                               first_head=0)
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_gqa_head_sharded_attention_equals_full(device, rank):
+    """A tensor-parallel shard with GQA (query heads [2 rank, 2 rank + 2) of 4, their K/V head
+    rank of 2) gives exactly the full tensor's output and gradient slices, dropout included
+    (the shard draws the full batch's bits for its query heads)."""
+    from autograd.functions.attention import head_sharded_attention
+
+    q, k, v = _x(2, 4, 6, 8, seed=70), _x(2, 2, 7, 8, seed=71), _x(2, 2, 7, 8, seed=72)
+
+    def attend(a, b, c, first):
+        ag.manual_seed(9)
+        return head_sharded_attention(a, b, c, dropout_p=0.3, is_causal=True, total_heads=4,
+                                      first_head=first)
+
+    cot = _x(*q.shape, seed=73)
+    full = _run_with_grads(lambda a, b, c: attend(a, b, c, 0), [q, k, v], device, cot)
+    shard = _run_with_grads(lambda a, b, c: attend(a, b, c, 2 * rank),
+                            [q[:, 2 * rank:2 * rank + 2], k[:, rank:rank + 1],
+                             v[:, rank:rank + 1]], device, cot[:, 2 * rank:2 * rank + 2])
+    slices = (slice(2 * rank, 2 * rank + 2),) * 2 + (slice(rank, rank + 1),) * 2
+    for got, want, heads in zip(shard, full, slices, strict=True):
+        np.testing.assert_array_equal(got, want[:, heads])
