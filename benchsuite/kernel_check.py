@@ -171,6 +171,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="compute capabilities: 80 90 (or sm_80 sm_90)")
     ap.add_argument("--module", action="append", default=None,
                     help="only modules whose file stem contains this")
+    ap.add_argument("--family", action="append", default=None,
+                    help="only the modules of this op family (gpuplan/ops/FAMILY/)")
     ap.add_argument("--quiet", action="store_true", help="print only the summary and failures")
     ap.add_argument("--jobs", type=int, default=len(os.sched_getaffinity(0)),
                     help="compile in this many processes (default: the usable CPUs)")
@@ -192,6 +194,13 @@ def main(argv: list[str] | None = None) -> int:
     mods = registry()
     if ns.module:
         mods = [m for m in mods if any(s in m.path.stem for s in ns.module)]
+    if ns.family:
+        from gpuplan.ops import FAMILIES
+
+        unknown = sorted(set(ns.family) - set(FAMILIES))
+        if unknown:
+            ap.error(f"--family: one of {', '.join(FAMILIES)}, given {', '.join(unknown)}")
+        mods = [m for m in mods if m.path.parent.name in ns.family]
     if ns.execute:
         # The families whose folders hold the selected modules (a family may have several
         # .cu files, and a file may back several modules: gemm.cu's plain and fused ones).
