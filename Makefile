@@ -4,7 +4,7 @@
 PYTHON ?= $(shell if [ -x .venv/bin/python ]; then echo .venv/bin/python; else command -v python3 || command -v python; fi)
 GPU_PYTHON ?= $(shell command -v python3 || command -v python)
 
-.PHONY: test check-kernels bench bench-train lint gpu-check
+.PHONY: test check-kernels bench bench-train lint gpu-check gpu-check-rehearsal
 
 test:
 	bash scripts/test.sh
@@ -24,9 +24,12 @@ bench-train:
 lint:
 	$(PYTHON) -m ruff check .
 
-# All steps, or some: `make gpu-check STEP=compile`, `make gpu-check STEP="install compile"`
-# (`python3 scripts/gpu_check.py --list` names them); GPU_CHECK_ARGS e.g. "--out $$OUT".
-STEP ?=
+# The one-command GPU check (docs/gpu_check.md): `make gpu-check GPU_CHECK_ARGS="--out $$OUT"`;
+# `make gpu-check-rehearsal` runs it on the emulated device. PHASE="execute train" for some.
+PHASE ?=
 GPU_CHECK_ARGS ?=
 gpu-check:
-	$(GPU_PYTHON) scripts/gpu_check.py $(foreach s,$(STEP),--step $(s)) $(GPU_CHECK_ARGS)
+	$(GPU_PYTHON) scripts/gpu_check.py --budget 480 $(foreach p,$(PHASE),--phase $(p)) $(GPU_CHECK_ARGS)
+
+gpu-check-rehearsal:
+	$(PYTHON) scripts/gpu_check.py --device emulated $(foreach p,$(PHASE),--phase $(p)) $(GPU_CHECK_ARGS)
