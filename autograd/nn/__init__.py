@@ -18,7 +18,7 @@ from autograd.nn.layers import (
     Tanh,
     host_parameter,
 )
-from autograd.nn.llama import Llama, LlamaAttention, LlamaBlock, LlamaMLP
+from autograd.nn.llama import Llama, LlamaAttention, LlamaBlock, LlamaLayers, LlamaMLP
 from autograd.nn.llama_config import LlamaConfig
 from autograd.nn.loss import CrossEntropyLoss, MSELoss, NLLLoss
 from autograd.nn.module import IncompatibleKeys, Module, ModuleList, Parameter, Sequential
@@ -29,5 +29,5 @@ __all__ = [
     "ReLU", "RMSNorm", "Sequential", "functional", "host_parameter",
     "CrossEntropyLoss", "MSELoss", "ModuleDict", "MultiheadAttention", "NLLLoss", "ParameterList",
     "SiLU", "Sigmoid", "Tanh", "init", "Llama", "LlamaAttention", "LlamaBlock", "LlamaConfig",
-    "LlamaMLP",
+    "LlamaLayers", "LlamaMLP",
 ]

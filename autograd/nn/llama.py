@@ -91,7 +91,43 @@ class LlamaBlock(Module):
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
-class Llama(Module):
+class LlamaLayers:
+    """The forward pass over a Llama's parts, for every model built of them: `nn.Llama`, and
+    `dist.ParallelLlama` (the same parts with parallel layers substituted, a pipeline stage's
+    share of them). It reads ``config``, ``embed_tokens``, ``layers``, ``norm`` and
+    ``lm_head``; a stage without the first (last) layers never runs `embed` (`logits`)."""
+
+    config: LlamaConfig
+
+    def embed(self, idx: Any) -> Tensor:
+        """``embed_tokens[idx]`` ``[B, T, C]`` for token ids ``idx [B, T]`` (int32 or int64,
+        array or Tensor)."""
+        idx = idx.data if isinstance(idx, Tensor) else idx
+        if idx.ndim != 2:
+            raise ValueError(f"Llama: idx must be [B, T] token ids, given shape "
+                             f"{tuple(idx.shape)}")
+        if idx.shape[1] > self.config.block_size:
+            raise ValueError(f"Llama: sequence length {idx.shape[1]} exceeds block_size "
+                             f"{self.config.block_size}")
+        return self.embed_tokens(idx)
+
+    def logits(self, x: Tensor) -> Tensor:
+        """``norm(x)`` projected on the vocabulary: ``[B, T, C]`` -> ``[B, T, V]``."""
+        x = self.norm(x)
+        return x @ self.embed_tokens.weight.T if self.lm_head is None else self.lm_head(x)
+
+    def forward_stage(self, x: Any, first: bool = True, last: bool = True) -> Tensor:
+        """A contiguous part of the forward pass: `embed` first when ``first`` (``x`` is then
+        the token ids), every block of ``layers`` in order, `logits` last when ``last``.
+        ``forward_stage(idx)`` is the logits of ``forward(idx)``."""
+        if first:
+            x = self.embed(x)
+        for block in self.layers:
+            x = block(x)
+        return self.logits(x) if last else x
+
+
+class Llama(LlamaLayers, Module):
     """``logits[B, T, V] = lm_head(norm(layers(embed_tokens[idx])))``.
 
     Parameters (transformers' LlamaForCausalLM names without its ``model.`` prefix, Linear
@@ -127,30 +163,10 @@ class Llama(Module):
                 values = rng.normal(0.0, 0.02, p.shape)
             p.data[...] = gp.to_device(values.astype(p.dtype), p.device)
 
-    def embed(self, idx: Any) -> Tensor:
-        """``embed_tokens[idx]`` ``[B, T, C]`` for token ids ``idx [B, T]`` (int32 or int64,
-        array or Tensor)."""
-        idx = idx.data if isinstance(idx, Tensor) else idx
-        if idx.ndim != 2:
-            raise ValueError(f"Llama: idx must be [B, T] token ids, given shape "
-                             f"{tuple(idx.shape)}")
-        if idx.shape[1] > self.config.block_size:
-            raise ValueError(f"Llama: sequence length {idx.shape[1]} exceeds block_size "
-                             f"{self.config.block_size}")
-        return self.embed_tokens(idx)
-
-    def logits(self, x: Tensor) -> Tensor:
-        """``norm(x)`` projected on the vocabulary: ``[B, T, C]`` -> ``[B, T, V]``."""
-        x = self.norm(x)
-        return x @ self.embed_tokens.weight.T if self.lm_head is None else self.lm_head(x)
-
     def forward(self, idx: Any, targets: Any = None) -> Tensor | tuple[Tensor, Tensor]:
         """``idx [B, T]`` -> logits ``[B, T, V]``; with ``targets [B, T]``, returns
         ``(logits, mean cross-entropy over B*T)`` (targets of -100 ignored)."""
-        x = self.embed(idx)
-        for block in self.layers:
-            x = block(x)
-        logits = self.logits(x)
+        logits = self.forward_stage(idx)
         if targets is None:
             return logits
         B, T, V = logits.shape
