@@ -4,6 +4,8 @@ MLP, no biases."""
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -12,6 +14,7 @@ import gpuplan as gp
 from autograd.functions.attention import split_heads
 from autograd.functions.rope import rope_split_heads
 from autograd.nn import functional as F
+from autograd.nn import llama_io
 from autograd.nn.layers import Embedding, Linear, RMSNorm
 from autograd.nn.llama_config import LlamaConfig
 from autograd.nn.module import Module, ModuleList
@@ -153,6 +156,27 @@ class Llama(LlamaLayers, Module):
         self.lm_head = (None if cfg.tie_weights else
                         Linear(cfg.n_embd, cfg.vocab_size, bias=False, dtype=cfg.dtype, seed=0))
         self._init_weights()
+
+    @classmethod
+    def from_pretrained(cls, path: str | os.PathLike, dtype: Any = np.float32,
+                        **overrides: Any) -> Llama:
+        """The model of a Hugging Face LlamaForCausalLM folder (``config.json`` and
+        ``model.safetensors`` or the shards of ``model.safetensors.index.json``; float32,
+        float16 or bfloat16 tensors, cast to `dtype`). ``overrides`` (``block_size``,
+        ``dropout``, ``seed``) replace config fields. Options nn.Llama does not implement
+        (rope_scaling, biases, sliding windows, ...) and tensors that do not match the config
+        raise ``llama_io.LlamaFormatError`` naming them. Returned in eval mode (as
+        transformers' from_pretrained): call ``train()`` to train."""
+        config, state = llama_io.load_llama(path, dtype=dtype, **overrides)
+        model = cls(config)
+        model.load_state_dict(state)
+        return model.eval()
+
+    def save_pretrained(self, path: str | os.PathLike) -> Path:
+        """Write this model as a Hugging Face folder (``config.json`` with model_type llama
+        + ``model.safetensors`` in the model's dtype, no ``lm_head.weight`` when tied) that
+        ``transformers.LlamaForCausalLM.from_pretrained`` loads; returns the folder."""
+        return llama_io.save_llama(self, path)
 
     def _init_weights(self) -> None:
         rng = np.random.default_rng(self.config.seed)
