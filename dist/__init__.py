@@ -37,6 +37,7 @@ _LAZY = {
     "verify_checkpoint": "dist.checkpoint",
     "CheckpointError": "dist.checkpoint",
     "ParallelGPT": "dist.models",
+    "ParallelLlama": "dist.models",
     "clip_grad_norm_": "dist.training",
     "grad_norm": "dist.training",
     "evaluate": "dist.training",

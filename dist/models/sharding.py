@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from autograd.nn import GPT, GPTConfig
+from autograd.nn import GPT, GPTConfig, Llama, LlamaConfig, Module
 
 
 @dataclass(frozen=True)
@@ -41,10 +41,22 @@ class ShardSpec:
                    bool(d.get("tensor_parallel")), bool(d.get("duplicate")))
 
 
-def consolidate(config: GPTConfig,
+def dense_model_class(config: Any) -> type[Module]:
+    """The single-process model of a config: nn.GPT for a GPTConfig, nn.Llama for a
+    LlamaConfig; TypeError naming the type otherwise."""
+    if isinstance(config, GPTConfig):
+        return GPT
+    if isinstance(config, LlamaConfig):
+        return Llama
+    raise TypeError(f"dense_model_class: config must be a GPTConfig or a LlamaConfig, given "
+                    f"{type(config).__name__}")
+
+
+def consolidate(config: GPTConfig | LlamaConfig,
                 shards: Iterable[tuple[np.ndarray, dict[str, Any]]]) -> dict[str, np.ndarray]:
-    """Assemble the dense `nn.GPT` state dict from (array, ShardSpec JSON) pairs covering
-    every parameter; raises ValueError naming what is missing."""
+    """Assemble the dense model's state dict (`nn.GPT`'s or `nn.Llama`'s) from (array,
+    ShardSpec JSON) pairs covering every parameter; raises ValueError naming what is
+    missing."""
     shapes = dense_shapes(config)
     out: dict[str, np.ndarray] = {}
     filled: dict[str, np.ndarray] = {}
@@ -67,16 +79,25 @@ def consolidate(config: GPTConfig,
     return {n: out[n] for n in shapes}
 
 
-def dense_shapes(config: GPTConfig) -> dict[str, tuple[int, ...]]:
-    """Parameter shapes of nn.GPT(config), without drawing its weights."""
-    tiny = GPT(dataclasses.replace(config, n_layer=1))
+def dense_shapes(config: GPTConfig | LlamaConfig) -> dict[str, tuple[int, ...]]:
+    """Parameter shapes of the dense model of `config` (`dense_model_class`), in its
+    ``named_parameters`` order, without drawing every block's weights: a one-block model's,
+    its block (``blocks.0.*``, ``layers.0.*``) repeated for each block."""
+    tiny = dense_model_class(config)(dataclasses.replace(config, n_layer=1))
+    named = [(n, tuple(p.shape)) for n, p in tiny.named_parameters()]
+    block = [(n.split(".", 2)[2], shape) for n, shape in named if _of_block_0(n)]
     shapes: dict[str, tuple[int, ...]] = {}
-    block = [(n[len("blocks.0."):], tuple(p.shape)) for n, p in tiny.named_parameters()
-             if n.startswith("blocks.0.")]
-    for name, p in tiny.named_parameters():
-        if name == "blocks.0." + block[0][0]:
+    for name, shape in named:
+        if not _of_block_0(name):
+            shapes[name] = shape
+        elif name.split(".", 2)[2] == block[0][0]:
+            blocks = name.split(".", 1)[0]
             for i in range(config.n_layer):
-                shapes.update((f"blocks.{i}.{leaf}", shape) for leaf, shape in block)
-        elif not name.startswith("blocks.0."):
-            shapes[name] = tuple(p.shape)
+                shapes.update((f"{blocks}.{i}.{leaf}", s) for leaf, s in block)
     return shapes
+
+
+def _of_block_0(name: str) -> bool:
+    """Whether `name` is a parameter of block 0 of the model's block list (``x.0.y``)."""
+    parts = name.split(".")
+    return len(parts) > 2 and parts[1] == "0"

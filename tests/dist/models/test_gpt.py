@@ -10,18 +10,11 @@ import dist
 import gpuplan as gp
 from autograd import nn, optim
 from dist.models import ParallelGPT, ShardSpec, consolidate
+from tests.dist.models.helpers import ATOL, LAYOUTS, RTOL, check_against_dense, rows_of
 
 F64 = np.float64
 CFG = dict(vocab_size=37, block_size=8, n_layer=4, n_head=4, n_embd=16, dtype=F64, seed=5)
 BATCH = 8
-RTOL, ATOL = 1e-10, 1e-13
-
-# (dp, pp, tp) as factors of the world size N; mixed layouts need N = 4.
-LAYOUTS = {
-    "tp": lambda n: (1, 1, n), "pp": lambda n: (1, n, 1), "dp": lambda n: (n, 1, 1),
-    "pp2xtp2": lambda n: (1, 2, 2), "dp2xtp2": lambda n: (2, 1, 2),
-    "dp2xpp2": lambda n: (2, 2, 1),
-}
 
 
 def batch(seed: int = 0):
@@ -36,23 +29,6 @@ def dense_reference(cfg: nn.GPTConfig, x, y, clip: float | None = None):
     loss.backward()
     norm = optim.clip_grad_norm_(model.parameters(), clip) if clip else None
     return model, float(loss.item()), norm
-
-
-def check_against_dense(pg: ParallelGPT, dense: nn.Module, what: str = "grad") -> int:
-    ref = dict(dense.named_parameters())
-    checked = 0
-    for name, p in pg.named_parameters():
-        spec = p.shard_spec
-        want = spec.take((ref[spec.name].grad if what == "grad" else ref[spec.name]).numpy())
-        got = (p.grad if what == "grad" else p).numpy()
-        np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL, err_msg=f"{name} {what}")
-        checked += 1
-    return checked
-
-
-def rows_of(a, mesh_dp_rank: int, dp: int):
-    n = a.shape[0] // dp
-    return a[mesh_dp_rank * n:(mesh_dp_rank + 1) * n]
 
 
 @pytest.mark.parametrize("micro", [1, 2, 4])

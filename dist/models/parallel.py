@@ -1,0 +1,324 @@
+"""What every model-parallel decoder shares (`dist.ParallelGPT`, `dist.ParallelLlama`): the
+dense model's parts held for this rank's pipeline stage with tensor-parallel layers
+substituted, the vocabulary-parallel head, the pipeline and micro-batch loop, the gradient
+sums over replicated copies and over data parallel, and each parameter's `ShardSpec`.
+
+A subclass names its dense model (`dense_model`), its embedding and head attributes, and
+substitutes the parallel layers of its blocks (`_shard_block`); its forward over the parts is
+the dense model's own (``GPTLayers``, ``LlamaLayers``: ``forward_stage``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import partial
+from typing import Any
+
+import numpy as np
+
+import gpuplan as gp
+from autograd.nn import Linear, Module, ModuleList, Parameter
+from autograd.nn import functional as F
+from autograd.tape import Tape
+from autograd.tensor import Tensor
+from dist.communicator import Communicator
+from dist.data_parallel import allreduce_gradients, average_over
+from dist.models.sharding import ShardSpec
+from dist.pipeline.runner import PipelineParallel, split_rows
+from dist.tensor_parallel.layers import (
+    ColumnParallelLinear,
+    RowParallelLinear,
+    TensorParallelConfig,
+)
+from dist.tensor_parallel.mappings import copy_to_tensor_parallel_region
+from dist.tensor_parallel.vocab import (
+    VocabParallelEmbedding,
+    vocab_parallel_cross_entropy,
+    vocab_range,
+)
+from gpuplan.errors import InvalidProblem, describe
+
+
+def divisible(model: str, arg: str, value: int, size: int, what: str) -> int:
+    """``value // size``; InvalidProblem naming `model` and `arg` unless `size` divides it."""
+    if value % size:
+        raise InvalidProblem(describe(model, arg, f"divisible by the {what} {size}", value))
+    return value // size
+
+
+class VocabParallelHead(Module):
+    """``logits_t = X W_t``: the output projection onto this rank's vocabulary block.
+
+    ``W [C, V]`` is split by columns into `vocab_range` blocks (those of
+    VocabParallelEmbedding and vocab_parallel_cross_entropy); ``X`` enters through
+    copy_to_tensor_parallel_region (identity forward, all-reduce of dX backward). Untied
+    (`from_dense`): ``weight = W_t [C, V_t]``, ``Y_t = linear(X, W_t)``. Tied (`tied_to`):
+    ``weight = E_t [V_t, C]``, this rank's rows of the token embedding, ``Y_t = X @ E_t^T``.
+    """
+
+    def __init__(self, weight: Parameter, vocab_start: int, vocab_end: int, tied: bool,
+                 config: TensorParallelConfig) -> None:
+        super().__init__()
+        self.vocab_start, self.vocab_end, self.tied, self.config = (vocab_start, vocab_end,
+                                                                   tied, config)
+        self.weight = weight
+
+    @classmethod
+    def from_dense(cls, layer: Linear, config: TensorParallelConfig) -> VocabParallelHead:
+        """This rank's columns of a bias-free dense ``nn.Linear(C, V)``."""
+        if layer.bias is not None:
+            raise InvalidProblem(describe("VocabParallelHead.from_dense", "layer",
+                                          "a Linear without bias", "a bias"))
+        start, stop = vocab_range(layer.out_features, config.rank, config.size)
+        cols = gp.backend.ascontiguous(layer.weight.data[:, start:stop]).copy()
+        return cls(Parameter(cols), start, stop, tied=False, config=config)
+
+    @classmethod
+    def tied_to(cls, embedding: VocabParallelEmbedding, share: bool = True) -> VocabParallelHead:
+        """The head tied to `embedding`: its own Parameter (``share``), or a copy for a head
+        in another process (whose gradient the caller then keeps summed with the original's)."""
+        weight = embedding.weight if share else \
+            Parameter(gp.backend.ascontiguous(embedding.weight.data).copy())
+        return cls(weight, embedding.vocab_start, embedding.vocab_end, tied=True,
+                   config=embedding.config)
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = copy_to_tensor_parallel_region(x, self.config.comm)
+        return h @ self.weight.T if self.tied else F.linear(h, self.weight)
+
+    def extra_repr(self) -> str:
+        return (f"vocab=[{self.vocab_start}, {self.vocab_end}), tied={self.tied}, "
+                f"rank={self.config.rank}/{self.config.size}")
+
+
+class ModelStage(Module):
+    """A pipeline stage that runs `run` (a part of a model's forward, e.g.
+    `nn.GPT.forward_stage`); it owns no parameters: the model does."""
+
+    def __init__(self, run: Callable[[Any], Tensor]) -> None:
+        super().__init__()
+        self.run = run
+
+    def forward(self, x: Any) -> Tensor:
+        return self.run(x)
+
+
+class ParallelModel(Module):
+    """A dense decoder's parts for this rank: tensor-parallel layers substituted, its blocks
+    split into pipeline stages, data-parallel on top; run by the dense model's own
+    ``forward_stage`` (the subclass's other base).
+
+    ``Model(config, mesh)`` (or ``tp=``/``pp=``/``dp=`` communicators; None = size 1)
+    builds the dense model from ``config.seed`` on the host and holds this rank's stage of
+    its parts, with this rank's parallel layers (exact shards) substituted, so any layout
+    holds exactly the single-process model's weights. Parameter names are the dense ones
+    (the last stage's copy of a tied embedding is the head's); each parameter's
+    ``shard_spec`` says where it sits in the dense model.
+
+    * ``forward(idx)``: logits ``[B, T, V_r]`` (this TP rank's vocabulary block) on the last
+      stage's ranks, None on the others.
+    * ``train_step(idx, targets) -> float``: forward and backward of the mean next-token
+      loss over ``idx [B, T]`` (this data-parallel rank's batch) in ``num_micro_batches``
+      micro-batches with the pipeline ``schedule``; leaves in ``.grad`` the gradient of
+      the global-batch mean loss (replicated copies summed, averaged over ``dp``) and
+      returns the global-batch loss on every rank.
+    * ``shard_specs()``: local parameter name -> `ShardSpec`.
+
+    Clipping, evaluation and consolidation are `dist.clip_grad_norm_`, `dist.evaluate` and
+    `dist.gather_dense_state_dict` (dist/training.py).
+    """
+
+    #: attribute names of the dense model's token embedding, its list of blocks and its head
+    embedding_name = "wte"
+    blocks_name = "blocks"
+    head_name = "head"
+
+    def __init__(self, config: Any, mesh: Any = None, *, tp: Communicator | None = None,
+                 pp: Communicator | None = None, dp: Communicator | None = None,
+                 num_micro_batches: int = 1, schedule: str = "1f1b",
+                 device: str = "cpu", dtype: Any = None) -> None:
+        if mesh is not None:
+            tp, pp, dp = mesh.tp, mesh.pp, mesh.dp
+        tp, pp, dp = (c if c is not None and c.size > 1 else None for c in (tp, pp, dp))
+        num_stages = 1 if pp is None else pp.size
+        self.check_layout(config, 1 if tp is None else tp.size, num_stages)
+        super().__init__()
+        self.config = config
+        self.tp_comm, self.pp_comm, self.dp_comm = tp, pp, dp
+        self.tp_config = TensorParallelConfig(comm=tp)
+        self.device = device
+        self.num_stages = num_stages
+        self.stage_index = 0 if pp is None else pp.rank
+        self._hold_stage(self.dense_model(config))  # drawn from config.seed on the host
+        self.replica_groups = self._replica_groups()
+        modules = dict(self.named_modules())
+        for name, p in self.named_parameters():
+            p.shard_spec = self._shard_spec(name, modules[name.rpartition(".")[0]])
+        stage = ModelStage(partial(self.forward_stage, first=self.is_first_stage,
+                                   last=self.is_last_stage))
+        self.pipe = PipelineParallel(
+            [stage if s == self.stage_index else _unbuilt for s in range(num_stages)],
+            num_micro_batches=num_micro_batches, schedule=schedule, comm=pp)
+        if device != "cpu" or dtype is not None:
+            self.to(device=device, dtype=dtype)  # in place: the shard specs stay
+
+    # -- what a model defines ---------------------------------------------------------------
+
+    def dense_model(self, config: Any) -> Module:
+        """The single-process model of `config` (its weights drawn from ``config.seed``)."""
+        raise NotImplementedError
+
+    def _shard_block(self, block: Module) -> None:
+        """Substitute a block's Linears (in place) by this rank's tensor-parallel shards."""
+        raise NotImplementedError
+
+    def check_layout(self, config: Any, tp: int, pp: int) -> None:
+        """InvalidProblem naming the config field a layout of `tp` x `pp` cannot split."""
+        divisible(type(self).__name__, "n_layer", config.n_layer, pp, "pipeline size")
+
+    def dense_columns(self, name: str, owner: ColumnParallelLinear) -> np.ndarray:
+        """The dense output columns that column-parallel `owner` (parameter `name`) holds:
+        this rank's contiguous block, unless the model permuted the dense columns first."""
+        w = owner.out_features_per_rank
+        return np.arange(owner.rank * w, (owner.rank + 1) * w)
+
+    # -- layout ---------------------------------------------------------------------------
+
+    def _hold_stage(self, dense: Module) -> None:
+        """Hold this rank's stage of `dense`'s parts under their dense names (in the dense
+        order), its blocks sharded for this TP rank: the first stage the vocabulary-parallel
+        embedding and the parts before the blocks (GPT's position embedding, dropout), the
+        last the parts after them (the final norm) and a vocabulary-parallel head (tied: the
+        embedding's shard, shared, or its copy on another stage)."""
+        cfg, tp = self.config, self.tp_config
+        first, last = self.is_first_stage, self.is_last_stage
+        emb = getattr(dense, self.embedding_name)
+        wte = (VocabParallelEmbedding.from_dense(emb, config=tp)
+               if first or (last and cfg.tie_weights) else None)
+        children = list(dense.named_children())
+        blocks_at = [name for name, _ in children].index(self.blocks_name)
+        for i, (name, module) in enumerate(children):
+            if name == self.blocks_name:
+                self._hold_blocks(module)
+            elif name == self.embedding_name:
+                if first:
+                    setattr(self, name, wte)
+            elif name != self.head_name and ((first and i < blocks_at)
+                                             or (last and i > blocks_at)):
+                setattr(self, name, module)
+        if last:
+            setattr(self, self.head_name, VocabParallelHead.tied_to(wte, share=first)
+                    if cfg.tie_weights else
+                    VocabParallelHead.from_dense(getattr(dense, self.head_name), tp))
+
+    def _hold_blocks(self, dense_blocks: ModuleList) -> None:
+        per = self.config.n_layer // self.num_stages
+        blocks = ModuleList()
+        for i in range(self.stage_index * per, (self.stage_index + 1) * per):
+            self._shard_block(dense_blocks[i])
+            blocks.add_module(str(i), dense_blocks[i])  # keeps the dense name blocks.{i}
+        setattr(self, self.blocks_name, blocks)
+
+    def _replica_groups(self) -> list[tuple[list[Parameter], Communicator]]:
+        """(parameters, group) pairs whose gradients are summed over the group after each
+        backward, because each of the group's ranks holds a copy of the same dense values
+        and sees part of their gradient: here the tied embedding's copies on the first and
+        last stage."""
+        if not self.config.tie_weights or self.num_stages == 1:
+            return []
+        ends = self.is_first_stage or self.is_last_stage
+        group = self.pp_comm if self.num_stages == 2 else self.pp_comm.split(0 if ends else 1)
+        if not ends:
+            return []
+        owner = getattr(self, self.embedding_name if self.is_first_stage else self.head_name)
+        return [([owner.weight], group)]
+
+    def _shard_spec(self, name: str, owner: Module) -> ShardSpec:
+        """Where parameter `name` (held by module `owner`) sits in the dense model."""
+        leaf = name.rsplit(".", 1)[-1]
+        if isinstance(owner, ColumnParallelLinear):
+            cols = self.dense_columns(name, owner)
+            return ShardSpec(name, 1 if leaf == "weight" else 0, tuple(int(c) for c in cols),
+                             True)
+        if isinstance(owner, RowParallelLinear) and leaf == "weight":
+            rows = range(owner.rank * owner.in_features_per_rank,
+                         (owner.rank + 1) * owner.in_features_per_rank)
+            return ShardSpec(name, 0, tuple(rows), True)
+        if isinstance(owner, (VocabParallelEmbedding, VocabParallelHead)):
+            tied = isinstance(owner, VocabParallelEmbedding) or owner.tied
+            vocab = tuple(range(owner.vocab_start, owner.vocab_end))
+            split = owner.config.size > 1
+            if not tied:
+                return ShardSpec(name, 1, vocab, split)
+            # A head's tied weight registered under its own name is the last stage's copy.
+            embedding = f"{self.embedding_name}.weight"
+            return ShardSpec(embedding, 0, vocab, split, duplicate=name != embedding)
+        return ShardSpec(name)
+
+    @property
+    def is_first_stage(self) -> bool:
+        return self.stage_index == 0
+
+    @property
+    def is_last_stage(self) -> bool:
+        return self.stage_index == self.num_stages - 1
+
+    def shard_specs(self) -> dict[str, ShardSpec]:
+        return {name: p.shard_spec for name, p in self.named_parameters()}
+
+    # -- training ---------------------------------------------------------------------------
+
+    def loss_fn(self, logits: Tensor, targets: Any) -> Tensor:
+        """Mean cross-entropy of this TP rank's logits block ``[B, T, V_r]`` against the
+        token ids ``targets [B, T]`` (host or device), identical on every TP rank."""
+        return vocab_parallel_cross_entropy(logits.reshape(-1, logits.shape[-1]),
+                                            self.input_array(targets).reshape(-1),
+                                            self.tp_config)
+
+    def train_step(self, idx: Any, targets: Any) -> float:
+        idx, targets = self.input_array(idx), self.input_array(targets)
+        if self.num_stages == 1:
+            loss = self._accumulate_micro_batches(idx, targets)
+        else:
+            loss = self.pipe.train_step(idx, targets, self.loss_fn)
+        self.finish_gradients()
+        return average_over(self.dp_comm, loss)
+
+    def _accumulate_micro_batches(self, idx: Any, targets: Any) -> float:
+        """One stage: forward and backward of each micro-batch in turn (what the pipeline
+        runner's schedules do with one stage, without its machinery); ``.grad`` accumulates
+        the gradient of the mean micro-batch loss, which is returned."""
+        n = self.pipe.num_micro_batches
+        losses = []
+        for x, y in zip(split_rows(idx, n, "x"), split_rows(targets, n, "target"),
+                        strict=True):
+            with Tape() as tape:
+                loss = self.loss_fn(self.forward_stage(x), y)
+                losses.append(float(loss.item()))
+                scaled = loss * (1.0 / n)
+            if scaled._node is not None:
+                tape.backward(scaled)
+        return float(np.mean(losses))
+
+    def finish_gradients(self) -> None:
+        """Sum the gradients of replicated copies over their groups (`_replica_groups`),
+        then average every gradient over data parallel."""
+        for params, group in self.replica_groups:
+            allreduce_gradients(params, group, average=False)
+        allreduce_gradients(self.parameters(), self.dp_comm, average=True)
+
+    def forward(self, idx: Any) -> Tensor | None:
+        """Logits ``[B, T, V_r]`` (this TP rank's vocabulary block) on the last stage's ranks,
+        None on the others."""
+        return self.pipe.forward(self.input_array(idx))
+
+    def input_array(self, x: Any) -> Any:
+        """Token ids (host or device array, or Tensor) as an array on the model's device."""
+        return gp.to_device(x.data if isinstance(x, Tensor) else x, self.device)
+
+
+def _unbuilt() -> Module:  # pragma: no cover - never called: other ranks' stages
+    raise AssertionError("a stage owned by another pipeline rank was built")
+
+
+__all__ = ["ModelStage", "ParallelModel", "VocabParallelHead", "divisible"]
