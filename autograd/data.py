@@ -73,13 +73,16 @@ def read_token_file(path: str | os.PathLike, dtype: Any = None) -> tuple[np.memm
 def _llmc_header(path: Path, size: int) -> tuple[int, int, int] | None:
     """(magic, version, count) when the file starts with an llm.c header whose token count
     matches the file size exactly (so headerless ids are not taken for one by chance)."""
-    if size < _LLMC_HEADER_BYTES:
-        return None
     with open(path, "rb") as f:
-        head = np.frombuffer(f.read(12), dtype="<i4")
-    magic, version, n = (int(v) for v in head)
+        start = f.read(12)
+    magic = int(np.frombuffer(start[:4], dtype="<i4")[0]) if len(start) >= 4 else None
     if magic not in LLMC_FORMATS:
         return None
+    if size < _LLMC_HEADER_BYTES:  # never read as ids: a cut header, not a token file
+        raise DataError(f"{path}: starts with llm.c's magic {magic} but is {size} bytes, cut "
+                        f"inside its {_LLMC_HEADER_BYTES}-byte header (expected the header "
+                        f"and then the tokens)")
+    version, n = (int(v) for v in np.frombuffer(start[4:12], dtype="<i4"))
     want_version, dtype, name, _ = LLMC_FORMATS[magic]
     expected = _LLMC_HEADER_BYTES + n * dtype.itemsize
     if version != want_version or n < 0 or size != expected:

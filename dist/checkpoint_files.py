@@ -197,6 +197,9 @@ def read_manifest(step_dir: Path) -> dict[str, Any]:
         manifest = json.loads(text)
     except ValueError as exc:
         raise CheckpointError(f"{path}: not valid JSON ({exc}; truncated?)") from None
+    except RecursionError:
+        raise CheckpointError(f"{path}: JSON nested too deeply (not a manifest "
+                              f"train.py writes)") from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         found = manifest.get("format") if isinstance(manifest, dict) else type(manifest).__name__
         raise CheckpointError(f"{path}: expected format {FORMAT!r}, given {found!r}")

@@ -24,7 +24,7 @@ from autograd.nn import Module
 from autograd.nn.gpt2_io import param_shapes
 from dist.checkpoint_files import CheckpointError, read_manifest, read_shard, resolve
 from dist.models.sharding import ShardSpec
-from gpuplan.dtypes import as_dtype
+from gpuplan.dtypes import FLOAT_DTYPES, as_dtype
 
 _OPT = "optimizer/"
 # GPTConfig fields that change the parameters or the function the model computes.
@@ -61,6 +61,10 @@ def _assemble(pieces: list[tuple[np.ndarray, ShardSpec]], shapes: dict[str, tupl
             filled[spec.name] = np.zeros(shape, bool)
         index = [slice(None)] * len(shape)
         if spec.index is not None:
+            if not 0 <= spec.axis < len(shape) or \
+                    not all(0 <= i < shape[spec.axis] for i in spec.index):
+                raise CheckpointError(f"{where}: a shard of {what} {spec.name} names axis "
+                                      f"{spec.axis} indices outside the dense {shape}")
             index[spec.axis] = list(spec.index)
         try:
             out[spec.name][tuple(index)] = array
@@ -74,6 +78,27 @@ def _assemble(pieces: list[tuple[np.ndarray, ShardSpec]], shapes: dict[str, tupl
     if missing:
         raise CheckpointError(f"{where}: the shards do not cover {what} {missing[:3]}")
     return {n: out[n] for n in shapes if n in out}
+
+
+def _specs_of(step_dir: Path, rank: int, specs: Any, state: dict[str, np.ndarray]
+              ) -> dict[str, ShardSpec]:
+    """The ShardSpecs a shard records for its arrays; CheckpointError naming the shard for
+    a record that is not one (a name, an int axis, int indices) or names no array of it."""
+    where = f"{step_dir}: shard {rank}'s parameter specs"
+    if not isinstance(specs, dict):
+        raise CheckpointError(f"{where}: expected an object, given {type(specs).__name__}")
+    out = {}
+    for local, spec in specs.items():
+        index = spec.get("index") if isinstance(spec, dict) else None
+        if local not in state or not isinstance(spec, dict) \
+                or not isinstance(spec.get("name"), str) \
+                or not isinstance(spec.get("axis", 0), int) \
+                or not (index is None or isinstance(index, list)
+                        and all(isinstance(i, int) and not isinstance(i, bool) for i in index)):
+            raise CheckpointError(f"{where}: {str(local)[:60]!r} is not a spec of one of its "
+                                  f"arrays (a name, an int axis, int indices)")
+        out[local] = ShardSpec.from_json(spec)
+    return out
 
 
 def _saved_config(header: dict[str, Any], meta: dict[str, Any]) -> dict[str, Any] | None:
@@ -103,7 +128,7 @@ def read_dense_checkpoint(path: str | os.PathLike, optimizer: bool = False) -> D
             raise CheckpointError(f"{step_dir}: shard {rank} records no parameter specs (a "
                                   f"checkpoint of an older format cannot be resharded)")
         config = config or _saved_config(header, header["metadata"])
-        by_local = {n: ShardSpec.from_json(s) for n, s in specs.items()}
+        by_local = _specs_of(step_dir, rank, specs, state)
         pieces += [(state[n], spec) for n, spec in by_local.items()]
         if optimizer:
             _collect_optimizer(step_dir, rank, state, header, by_local, opt_pieces, scalars,
@@ -111,7 +136,7 @@ def read_dense_checkpoint(path: str | os.PathLike, optimizer: bool = False) -> D
     if config is None:
         raise CheckpointError(f"{step_dir}: records no model config, so its dense shapes "
                               f"are unknown")
-    shapes = param_shapes(gpt_config_from_json(config))
+    shapes = param_shapes(gpt_config_from_json(config, str(step_dir)))
     params = _assemble(pieces, shapes, str(step_dir), "parameter")
     dense = DenseCheckpoint(step_dir, manifest["metadata"], config, params)
     if optimizer:
@@ -150,13 +175,28 @@ def _collect_optimizer(step_dir: Path, rank: int, state: dict[str, np.ndarray],
         scalars.setdefault(specs[names[int(index)]].name, {}).update(entry)
 
 
-def gpt_config_from_json(config: dict[str, Any]) -> Any:
-    """The GPTConfig of saved config fields (dtype by name; unknown fields dropped)."""
+def gpt_config_from_json(config: Any, where: str = "model config") -> Any:
+    """The GPTConfig of saved config fields (dtype by name); CheckpointError naming `where`
+    and the field for anything that is not a GPTConfig's fields and valid values."""
     from autograd.nn import GPTConfig
 
-    fields = {k: v for k, v in config.items() if k in GPTConfig.__dataclass_fields__}
-    fields["dtype"] = as_dtype(fields.get("dtype", "float32"))
-    return GPTConfig(**fields)
+    if not isinstance(config, dict):
+        raise CheckpointError(f"{where}: the model config must be a JSON object, given "
+                              f"{type(config).__name__}")
+    unknown = sorted(str(k) for k in config if k not in GPTConfig.__dataclass_fields__)
+    if unknown:
+        raise CheckpointError(f"{where}: the model config has fields GPTConfig does not "
+                              f"have: {unknown[:3]}")
+    fields = dict(config)
+    try:
+        fields["dtype"] = as_dtype(fields.get("dtype", "float32"))
+    except (TypeError, ValueError):
+        raise CheckpointError(f"{where}: the model config's dtype must name a float dtype, "
+                              f"given {str(fields.get('dtype'))[:40]!r}") from None
+    try:
+        return GPTConfig(**fields)
+    except (TypeError, ValueError) as exc:
+        raise CheckpointError(f"{where}: {exc}") from None
 
 
 class ConfigMismatchError(ValueError):
@@ -263,7 +303,18 @@ def read_dense_source(path: str | os.PathLike) -> tuple[dict[str, np.ndarray],
     path = Path(path)
     if path.is_file():
         params, meta = serialization.read_safetensors(path)
-        config = json.loads(meta["gpt_config"]) if "gpt_config" in meta else None
+        config = None
+        if "gpt_config" in meta:
+            try:
+                config = json.loads(meta["gpt_config"])
+            except (ValueError, RecursionError):
+                raise CheckpointError(f"{path}: its metadata gpt_config is not a JSON "
+                                      f"object of GPTConfig fields") from None
+            config = config_json(gpt_config_from_json(config, f"{path}: metadata gpt_config"))
+        for name, value in params.items():
+            if as_dtype(value.dtype) not in FLOAT_DTYPES:  # never ints or bools as weights
+                raise CheckpointError(f"{path}: {name} is stored as {value.dtype}, expected a "
+                                      f"float dtype")
         return params, config, f"{path} (safetensors)"
     if (path / gpt2_io.CONFIG_FILE).is_file():
         hf, tensors = gpt2_io.read_gpt2_folder(path)

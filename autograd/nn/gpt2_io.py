@@ -20,6 +20,7 @@ which are ignored.
 from __future__ import annotations
 
 import json
+import math
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -41,6 +42,8 @@ _LN_EPS = 1e-5  # nn.LayerNorm's default, the one nn.GPT uses
 _BLOCK = {"ln_1": "ln_1", "ln_2": "ln_2", "attn.c_attn": "attn.qkv",
           "attn.c_proj": "attn.proj", "mlp.c_fc": "mlp.fc", "mlp.c_proj": "mlp.proj"}
 _IGNORED = ("attn.bias", "attn.masked_bias")  # causal-mask buffers, not weights
+_FLOATS = (np.dtype(np.float32), np.dtype(np.float16), bfloat16, np.dtype(np.float64))
+_MAX_CONFIG_BYTES = 1 << 20  # a GPT-2 config.json is about 1 KB
 
 
 class GPT2FormatError(ValueError):
@@ -70,38 +73,82 @@ def _ours(hf: str) -> str | None:
     return hf if hf.split(".")[0] in ("wte", "wpe", "ln_f") else ""
 
 
+class _Fields:
+    """Typed reads of a config.json's fields: GPT2FormatError naming the file, the field,
+    what was expected and what was given (never a TypeError or OverflowError)."""
+
+    def __init__(self, hf: dict[str, Any], where: str) -> None:
+        self.hf, self.where = hf, where
+
+    def fail(self, field: str, expected: str) -> GPT2FormatError:
+        return GPT2FormatError(f"{self.where}: {field} must be {expected}, given "
+                               f"{_short(self.hf.get(field))}")
+
+    def int(self, field: str, default: int, fallback: str | None = None) -> int:
+        value = self.hf.get(field, self.hf.get(fallback, default) if fallback else default)
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 < value < 2**31:
+            raise self.fail(field if field in self.hf or not fallback else fallback,
+                            "an integer in [1, 2**31)")
+        return value
+
+    def real(self, field: str, default: float) -> float:
+        value = self.hf.get(field, default)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) \
+                or not math.isfinite(value):
+            raise self.fail(field, "a finite number")
+        return float(value)
+
+    def bool(self, field: str, default: bool) -> bool:
+        value = self.hf.get(field, default)
+        if not isinstance(value, bool):
+            raise self.fail(field, "true or false")
+        return value
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
 def config_from_gpt2(hf: dict[str, Any], where: str = "config.json", **overrides: Any
                      ) -> GPTConfig:
     """The GPTConfig of a GPT-2 config.json's fields; GPT2FormatError for options nn.GPT
-    does not have. `overrides` (block_size, dropout, dtype, seed) replace the derived ones."""
+    does not have or values of the wrong type. `overrides` (block_size, dropout, dtype,
+    seed) replace the derived ones."""
+    read = _Fields(hf, where)
 
     def bad(field: str, expected: str) -> GPT2FormatError:
-        return GPT2FormatError(f"{where}: {field} {hf.get(field)!r} is not supported by "
-                               f"nn.GPT (expected {expected})")
+        return GPT2FormatError(f"{where}: {field} {_short(hf.get(field))} is not supported "
+                               f"by nn.GPT (expected {expected})")
 
     if hf.get("model_type", "gpt2") != "gpt2":
         raise bad("model_type", "'gpt2'")
     act = hf.get("activation_function", "gelu_new")
     if act not in (*_TANH, "gelu"):
         raise bad("activation_function", "'gelu_new', 'gelu_pytorch_tanh' or 'gelu'")
-    n_embd = int(hf.get("n_embd", 768))
+    n_embd = read.int("n_embd", 768)
     if hf.get("n_inner") not in (None, 4 * n_embd):
         raise bad("n_inner", f"null or 4 * n_embd = {4 * n_embd}")
-    if abs(float(hf.get("layer_norm_epsilon", _LN_EPS)) - _LN_EPS) > 1e-12:
+    if abs(read.real("layer_norm_epsilon", _LN_EPS) - _LN_EPS) > 1e-12:
         raise bad("layer_norm_epsilon", f"{_LN_EPS}")
     for field, want in (("scale_attn_weights", True), ("scale_attn_by_inverse_layer_idx", False),
                         ("add_cross_attention", False)):
-        if bool(hf.get(field, want)) != want:
+        if read.bool(field, want) != want:
             raise bad(field, str(want).lower())
-    resid = float(hf.get("resid_pdrop", 0.0))
-    attn = float(hf.get("attn_pdrop", resid))
-    fields = dict(vocab_size=int(hf.get("vocab_size", 50257)),
-                  block_size=int(hf.get("n_positions", hf.get("n_ctx", 1024))),
-                  n_layer=int(hf.get("n_layer", 12)), n_head=int(hf.get("n_head", 12)),
+    resid = read.real("resid_pdrop", 0.0)
+    attn = read.real("attn_pdrop", resid)
+    for field, p in (("resid_pdrop", resid), ("attn_pdrop", attn)):
+        if not 0.0 <= p <= 1.0:
+            raise read.fail(field, "a probability in [0, 1]")
+    fields = dict(vocab_size=read.int("vocab_size", 50257),
+                  block_size=read.int("n_positions", 1024, fallback="n_ctx"),
+                  n_layer=read.int("n_layer", 12), n_head=read.int("n_head", 12),
                   n_embd=n_embd, dropout=resid,
                   attn_dropout=None if attn == resid else attn,  # None: as dropout
-                  tie_weights=bool(hf.get("tie_word_embeddings", True)),
+                  tie_weights=read.bool("tie_word_embeddings", True),
                   activation="gelu_tanh" if act in _TANH else "gelu")
+    if n_embd % fields["n_head"]:
+        raise read.fail("n_embd", f"a multiple of n_head {fields['n_head']}")
     fields.update(overrides)
     return GPTConfig(**fields)
 
@@ -140,10 +187,16 @@ def read_gpt2_folder(path: str | os.PathLike) -> tuple[dict[str, Any], dict[str,
         if not needed.is_file():
             raise GPT2FormatError(f"{path}: not a GPT-2 folder ({needed.name} is missing; "
                                   f"expected {CONFIG_FILE} and {WEIGHTS_FILE})")
+    if cfg_file.stat().st_size > _MAX_CONFIG_BYTES:
+        raise GPT2FormatError(f"{cfg_file}: {cfg_file.stat().st_size} bytes, expected a "
+                              f"config of at most {_MAX_CONFIG_BYTES} bytes")
     try:
-        hf = json.loads(cfg_file.read_text())
+        hf = json.loads(cfg_file.read_bytes())
     except ValueError as exc:
         raise GPT2FormatError(f"{cfg_file}: not valid JSON ({exc})") from None
+    except RecursionError:
+        raise GPT2FormatError(f"{cfg_file}: JSON nested too deeply (expected a flat object "
+                              f"of config fields)") from None
     if not isinstance(hf, dict):
         raise GPT2FormatError(f"{cfg_file}: expected a JSON object")
     return hf, serialization.read_safetensors(weights)[0]
@@ -180,6 +233,9 @@ def state_from_gpt2(tensors: dict[str, np.ndarray], config: GPTConfig, where: st
         raise GPT2FormatError(f"{where}: tensors do not match the config: missing "
                               f"{missing[:3]}, unexpected {extra[:3]}")
     for name, shape in expected.items():
+        if as_dtype(out[name].dtype) not in _FLOATS:  # never ints or bools read as weights
+            raise GPT2FormatError(f"{where}: {name} is stored as {out[name].dtype}, expected "
+                                  f"a float dtype (float32, float16, bfloat16 or float64)")
         if tuple(out[name].shape) != shape:
             raise GPT2FormatError(f"{where}: {name} has shape {tuple(out[name].shape)}, the "
                                   f"config implies {shape}")
@@ -237,7 +293,8 @@ def load_gpt2(path: str | os.PathLike, block_size: int | None = None, **override
     """(config, nn.GPT state dict) of the GPT-2 folder `path` (see
     `GPT.from_pretrained_gpt2`, which builds the model)."""
     hf, tensors = read_gpt2_folder(path)
-    positions = int(hf.get("n_positions", hf.get("n_ctx", 1024)))
+    positions = _Fields(hf, str(Path(path) / CONFIG_FILE)).int("n_positions", 1024,
+                                                              fallback="n_ctx")
     if block_size is not None and not 0 < int(block_size) <= positions:
         raise GPT2FormatError(f"from_pretrained_gpt2: block_size must lie in [1, {positions}] "
                               f"(the folder's n_positions), given {block_size}")

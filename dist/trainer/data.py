@@ -19,9 +19,11 @@ Batches come from autograd.data.DataLoader (keyed by (seed, step), split over dp
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import pickle
+import pickletools
 import sysconfig
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -61,7 +63,15 @@ class Codec:
 
     @classmethod
     def from_spec(cls, spec: dict | None) -> Codec:
-        return cls() if not spec else cls(spec["kind"], spec.get("path"))
+        """The codec `spec` (a checkpoint's args["codec"]) describes; ValueError if it is
+        not one."""
+        if not spec:
+            return cls()
+        if not isinstance(spec, dict) or not isinstance(spec.get("kind"), str) \
+                or not isinstance(spec.get("path"), (str, type(None))):
+            raise ValueError(f"the data's codec must be {{'kind': name, 'path': file or "
+                             f"null}}, given {str(spec)[:60]}")
+        return cls(spec["kind"], spec.get("path"))
 
     def describe(self) -> str:
         return self.kind if self.path is None else f"{self.kind} {self.path}"
@@ -209,18 +219,52 @@ def token_files(folder: Path) -> tuple[Path, Path] | None:
 
 
 def read_meta(folder: Path) -> dict:
-    """The folder's meta.json (scripts/prepare_data.py), else the vocab_size of nanoGPT's
-    meta.pkl, else {}."""
-    if (folder / "meta.json").is_file():
+    """The folder's meta.json (scripts/prepare_data.py), else what nanoGPT's meta.pkl says
+    (vocab_size; "chars" when it has stoi/itos to encode and decode with), else {}. Every
+    value is checked: DataError naming the file and field."""
+    path = folder / "meta.json"
+    if path.is_file():
+        if path.stat().st_size > _MAX_META_BYTES:
+            raise DataError(f"{path}: {path.stat().st_size} bytes, expected at most "
+                            f"{_MAX_META_BYTES}")
         try:
-            meta = json.loads((folder / "meta.json").read_text())
-        except (ValueError, OSError) as exc:
-            raise DataError(f"{folder / 'meta.json'}: not readable JSON ({exc})") from None
-        return meta if isinstance(meta, dict) else {}
+            meta = json.loads(path.read_bytes())
+        except (ValueError, OSError, RecursionError) as exc:
+            why = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
+            raise DataError(f"{path}: not readable JSON ({why})") from None
+        if not isinstance(meta, dict):
+            raise DataError(f"{path}: expected a JSON object, given {type(meta).__name__}")
+        _check_meta(path, meta)
+        return meta
     if (folder / "meta.pkl").is_file():
         meta = _read_pickle_meta(folder / "meta.pkl")
-        return {"vocab_size": meta.get("vocab_size"), "meta_pkl": True}
+        return {"vocab_size": meta.get("vocab_size"), "meta_pkl": True,
+                "chars": "stoi" in meta and "itos" in meta}
     return {}
+
+
+def _check_meta(path: Path, meta: dict) -> None:
+    """meta.json's fields (all optional) as prepare_data.py writes them, or DataError."""
+    def fail(field: str, expected: str) -> DataError:
+        text = repr(meta[field])
+        text = text if len(text) <= 60 else text[:57] + "..."
+        return DataError(f"{path}: {field} must be {expected}, given {text}")
+
+    vocab = meta.get("vocab_size")
+    if vocab is not None and (isinstance(vocab, bool) or not isinstance(vocab, int)
+                              or not 0 < vocab < 2**31):
+        raise fail("vocab_size", "an integer in [1, 2**31)")
+    if meta.get("dtype") not in (None, "uint16", "uint32"):
+        raise fail("dtype", "'uint16' or 'uint32'")
+    if meta.get("encoding") not in (None, "bytes", "tokenizer"):
+        raise fail("encoding", "'bytes' or 'tokenizer'")
+    name = meta.get("tokenizer")
+    if name is not None and (not isinstance(name, str) or Path(name).name != name
+                             or name in ("", ".", "..")):
+        raise fail("tokenizer", "the name of a file in the folder (tokenizer.json)")
+
+
+_MAX_META_BYTES = 16 << 20  # meta.json / meta.pkl: a vocabulary at most
 
 
 class _PlainUnpickler(pickle.Unpickler):
@@ -229,13 +273,37 @@ class _PlainUnpickler(pickle.Unpickler):
 
 
 def _read_pickle_meta(path: Path) -> dict:
+    """nanoGPT's meta.pkl: a dict of plain values (vocab_size, and stoi/itos when it has
+    them), its size bounded; DataError (one line) for anything else."""
     try:
-        with open(path, "rb") as f:
-            meta = _PlainUnpickler(f).load()
-    except (pickle.UnpicklingError, EOFError, OSError, ValueError) as exc:
-        raise DataError(f"{path}: not a nanoGPT meta.pkl of plain values ({exc})") from None
+        if path.stat().st_size > _MAX_META_BYTES:
+            raise DataError(f"{path}: {path.stat().st_size} bytes, expected a nanoGPT "
+                            f"meta.pkl of at most {_MAX_META_BYTES}")
+        data = path.read_bytes()
+        for _ in pickletools.genops(data):  # every length within the file: no length bomb
+            pass
+        meta = _PlainUnpickler(io.BytesIO(data)).load()
+    except DataError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - nothing runs (find_class); any failure: one line
+        text = str(exc).strip().splitlines()[0][:80] if str(exc).strip() else ""
+        if not isinstance(exc, pickle.UnpicklingError) or not text:
+            text = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+        raise DataError(f"{path}: not a nanoGPT meta.pkl of plain values ({text})") from None
     if not isinstance(meta, dict):
         raise DataError(f"{path}: not a nanoGPT meta.pkl (a {type(meta).__name__})")
+    vocab = meta.get("vocab_size")
+    if vocab is not None and (isinstance(vocab, bool) or not isinstance(vocab, int)
+                              or not 0 < vocab < 2**31):
+        raise DataError(f"{path}: vocab_size must be an integer in [1, 2**31), given "
+                        f"{str(vocab)[:40]}")
+    stoi, itos = meta.get("stoi"), meta.get("itos")
+    if (stoi is not None or itos is not None) and not (
+            isinstance(stoi, dict) and isinstance(itos, dict)
+            and all(isinstance(k, str) and isinstance(v, int) for k, v in stoi.items())
+            and all(isinstance(k, int) and isinstance(v, str) for k, v in itos.items())):
+        raise DataError(f"{path}: stoi and itos must map characters to ids and ids to "
+                        f"characters")
     return meta
 
 
@@ -279,7 +347,7 @@ def _token_corpus(folder: Path, train: Path, val: Path, block_size: int,
     codec = Codec("ids")
     if meta.get("tokenizer") and tokenizers_available():
         codec = Codec("tokenizer", str((folder / meta["tokenizer"]).resolve()))
-    elif meta.get("meta_pkl"):
+    elif meta.get("chars"):  # (a meta.pkl with only vocab_size: samples as ids)
         codec = Codec("chars", str((folder / "meta.pkl").resolve()))
     elif meta.get("encoding") == "bytes":
         codec = Codec("bytes")

@@ -43,7 +43,7 @@ def export(checkpoint: Path, out: Path | None, gpt2: Path | None) -> list[Path]:
         ag.save(dense.params, out, metadata=meta)
         written.append(out)
     if gpt2 is not None:
-        model = nn.GPT(gpt_config_from_json(dense.config))
+        model = nn.GPT(gpt_config_from_json(dense.config, str(dense.step_dir)))
         model.load_state_dict(dense.params)
         written.append(model.save_pretrained_gpt2(gpt2))
     return written

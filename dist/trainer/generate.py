@@ -28,38 +28,21 @@ def load_dense(checkpoint: Path):
     checkpoint `checkpoint` names (a step folder, or a root: its latest), every shard
     verified against the manifest first (one step, checksums, coordinates)."""
     from autograd import nn
-    from dist.checkpoint import (
-        CheckpointError,
-        find_fallback,
-        read_manifest,
-        read_shard,
-        resolve,
-    )
-    from dist.models import consolidate
+    from dist.checkpoint import CheckpointError, find_fallback, resolve
+    from dist.reshard import gpt_config_from_json, read_dense_checkpoint
 
     failed = checkpoint
     try:
-        step_dir = failed = resolve(checkpoint)
-        manifest = read_manifest(step_dir)
-        shards = [read_shard(step_dir, manifest, r) for r in range(manifest["world_size"])]
+        failed = resolve(checkpoint)
+        dense = read_dense_checkpoint(checkpoint)
     except (CheckpointError, OSError) as exc:
         fallback = find_fallback(failed)
         hint = (f"; the newest older checkpoint that verifies is {fallback}" if fallback
                 else "")
         raise ValueError(f"{exc}{hint}") from None
-    meta = manifest["metadata"]
-    pieces = []
-    for state, header in shards:
-        if "specs" not in header["metadata"] or "config" not in meta:
-            raise ValueError(f"{step_dir} was not written by scripts/train.py (no shard specs)")
-        pieces += [(state[name], spec) for name, spec in header["metadata"]["specs"].items()]
-    cfg_json = dict(meta["config"])
-    cfg_json["dtype"] = np.dtype(cfg_json["dtype"])
-    cfg = nn.GPTConfig(**cfg_json)
-    model = nn.GPT(cfg)
-    model.load_state_dict({k: v.astype(np.float32) for k, v in
-                           consolidate(cfg, pieces).items()})
-    return model, meta
+    model = nn.GPT(gpt_config_from_json(dense.config, str(dense.step_dir)))
+    model.load_state_dict({k: v.astype(np.float32) for k, v in dense.params.items()})
+    return model, dense.metadata
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -85,7 +68,8 @@ def main(argv: list[str] | None = None) -> int:
         model, meta = load_dense(Path(ns.checkpoint))
         # The training data's codec (bytes, a tokenizer.json, nanoGPT's meta.pkl, or bare
         # ids); checkpoints from before token folders have none: bytes.
-        codec = data_mod.Codec.from_spec(meta.get("args", {}).get("codec"))
+        args = meta.get("args") if isinstance(meta, dict) else None
+        codec = data_mod.Codec.from_spec(args.get("codec") if isinstance(args, dict) else None)
         prompt = codec.encode(ns.prompt)[None]
     except (ValueError, ImportError) as exc:
         print(f"generate.py: error: {exc}", file=sys.stderr)
@@ -95,7 +79,8 @@ def main(argv: list[str] | None = None) -> int:
     prompt = prompt[:, -model.config.block_size:]
     out = model.generate(gp.to_device(prompt, device), ns.tokens, temperature=ns.temperature,
                          top_k=ns.top_k or None, seed=ns.seed)
-    print(f"# checkpoint step {meta['step']}, layout dp,pp,tp={meta['layout']}, {device}",
+    print(f"# checkpoint step {meta.get('step')}, layout dp,pp,tp={meta.get('layout')}, "
+          f"{device}",
           file=sys.stderr)
     print(codec.decode(gp.to_host(out)[0]))
     return 0

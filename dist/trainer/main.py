@@ -41,6 +41,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 import time
 import warnings
@@ -90,6 +91,7 @@ def main(argv: list[str] | None = None) -> int:
         corpus = data_mod.load_corpus(ns.data, ns.block_size, vocab_size=ns.vocab_size,
                                       token_dtype=ns.token_dtype, max_bytes=ns.max_bytes)
         ns.codec = corpus.codec.spec  # kept in the checkpoint's args for scripts/generate.py
+        check_model_fits(ns, corpus.vocab_size)
     except (ValueError, OSError) as exc:
         if world.rank == 0:
             print(f"train.py: error: {exc}", file=sys.stderr, flush=True)
@@ -102,11 +104,69 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
+def model_config(ns: argparse.Namespace, vocab_size: int):
+    """The GPTConfig the options describe."""
+    from autograd import nn
+
+    return nn.GPTConfig(vocab_size=vocab_size, block_size=ns.block_size, n_layer=ns.n_layer,
+                        n_head=ns.n_head, n_embd=ns.n_embd, dropout=ns.dropout,
+                        attn_dropout=ns.attn_dropout, dtype=np.float32, seed=ns.seed,
+                        activation=ns.activation)
+
+
+#: Bytes per parameter a rank holds: f32 weight, gradient and AdamW's two moments.
+_BYTES_PER_PARAM = 16
+
+
+def check_model_fits(ns: argparse.Namespace, vocab_size: int) -> None:
+    """ValueError (one line naming the options) when the options give no valid model, or
+    when a rank's share of its parameters, gradients and AdamW moments alone exceeds the
+    memory of this rank (its GPU's, or the host's over the ranks sharing it)."""
+    try:
+        cfg = model_config(ns, vocab_size)
+    except ValueError as exc:
+        raise ValueError(f"the model options (--n-layer, --n-head, --n-embd, --block-size, "
+                         f"vocabulary {vocab_size}) give no model: {exc}") from None
+    per_rank = cfg.num_parameters() / (ns.tp * ns.pp)
+    need = per_rank * _BYTES_PER_PARAM
+    have, where = _rank_memory(ns)
+    if have and need > have:
+        raise ValueError(f"the model does not fit: {cfg.num_parameters():.3g} parameters "
+                         f"(--n-layer {ns.n_layer}, --n-embd {ns.n_embd}, vocabulary "
+                         f"{vocab_size}, --block-size {ns.block_size}) need at least "
+                         f"{need / 2**30:.3g} GiB per rank for weights, gradients and AdamW "
+                         f"moments over --tp {ns.tp} x --pp {ns.pp}, before activations; "
+                         f"{where} {have / 2**30:.3g} GiB")
+
+
+def _rank_memory(ns: argparse.Namespace) -> tuple[float | None, str]:
+    """(bytes one rank may use, what they are), or (None, "") when unknown."""
+    if ns.device == "cuda" or (ns.device == "auto" and _cuda_usable()):
+        import gpuplan as gp
+
+        total = gp.backend.cupy_module().cuda.Device().mem_info[1]
+        return float(total), "a GPU here has"
+    try:
+        total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None, ""
+    from gpuplan.launcher import local_ranks
+
+    ranks = local_ranks()
+    return total / ranks, f"this host's memory over its {ranks} rank(s) is"
+
+
+def _cuda_usable() -> bool:
+    import gpuplan as gp
+
+    return gp.backend.default_device() == "cuda"
+
+
 class Trainer:
     def __init__(self, ns: argparse.Namespace, world, corpus) -> None:
         import dist
         import gpuplan as gp
-        from autograd import nn, optim
+        from autograd import optim
         from dist.models import ParallelGPT
         from dist.models.sharding import dense_shapes
 
@@ -115,11 +175,7 @@ class Trainer:
         self.device = gp.backend.default_device() if ns.device == "auto" else \
             gp.backend.resolve_device(ns.device)
         dist.model_parallel_seed(ns.seed, tp_rank=self.mesh.tp_rank, pp_rank=self.mesh.pp_rank)
-        self.cfg = nn.GPTConfig(vocab_size=corpus.vocab_size, block_size=ns.block_size,
-                                n_layer=ns.n_layer, n_head=ns.n_head, n_embd=ns.n_embd,
-                                dropout=ns.dropout, attn_dropout=ns.attn_dropout,
-                                dtype=np.float32, seed=ns.seed,
-                                activation=ns.activation)
+        self.cfg = model_config(ns, corpus.vocab_size)
         self.model = ParallelGPT(self.cfg, self.mesh, num_micro_batches=ns.micro_batches,
                                  schedule=ns.schedule, device=self.device,
                                  dtype=gp.bfloat16 if ns.dtype == "bf16" else None)
@@ -181,6 +237,7 @@ class Trainer:
             raise ValueError("--init-from and --resume exclude each other")
         meta = dist.load_checkpoint(where, self.model, comm=self.world, optimizer=self.opt,
                                     reshard=True)
+        check_run_metadata(meta, dist.checkpoint.resolve(where) / "manifest.json")
         sched = dict(meta["scheduler"])
         if sched["total_steps"] != self.ns.steps:  # the schedule follows the new --steps
             self.schedule_note = (f"note: --steps {self.ns.steps} sets the schedule's end (the "
@@ -406,6 +463,49 @@ class Trainer:
         print(f"wrote {self.out / 'metrics.json'}, {self.out / 'metrics.jsonl'}, "
               f"{plot} and {self.ckpt}/ (scripts/generate.py --checkpoint "
               f"{self.ckpt})", flush=True)
+
+
+def check_run_metadata(meta: dict, where: Path) -> None:
+    """ValueError (one line naming the file and field) unless the run metadata a resume
+    uses (step, scheduler, history, skipped) has the types train.py writes."""
+
+    def fail(field: str, expected: str, given) -> ValueError:
+        text = repr(given)
+        text = text if len(text) <= 60 else text[:57] + "..."
+        return ValueError(f"{where}: metadata {field} must be {expected}, given {text}")
+
+    def count(value) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+    def real(value) -> bool:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+    if not isinstance(meta, dict):
+        raise fail("", "a JSON object", meta)
+    if not count(meta.get("step")):
+        raise fail("'step'", "an integer >= 0", meta.get("step"))
+    sched = meta.get("scheduler")
+    if not isinstance(sched, dict):
+        raise fail("'scheduler'", "an object", sched)
+    for key in ("last_step", "warmup_steps", "total_steps"):
+        if not count(sched.get(key)):
+            raise fail(f"'scheduler.{key}'", "an integer >= 0", sched.get(key))
+    for key in ("min_lr",):
+        if not real(sched.get(key)) or not math.isfinite(sched[key]):
+            raise fail(f"'scheduler.{key}'", "a finite number", sched.get(key))
+    lrs = sched.get("base_lrs")
+    if not isinstance(lrs, list) or not all(real(v) and math.isfinite(v) for v in lrs):
+        raise fail("'scheduler.base_lrs'", "a list of finite numbers", lrs)
+    history = meta.get("history")
+    if not isinstance(history, list) or not all(
+            isinstance(h, dict) and count(h.get("step"))
+            and all(real(h.get(k)) for k in ("train_loss", "val_loss"))
+            for h in history):
+        raise fail("'history'", "a list of records with an integer step and numeric losses",
+                   history)
+    skipped = meta.get("skipped", [])
+    if not isinstance(skipped, list) or not all(count(s) for s in skipped):
+        raise fail("'skipped'", "a list of step numbers", skipped)
 
 
 def sample_text(cfg, dense_state: dict, n_tokens: int, seed: int, device: str,

@@ -140,6 +140,9 @@ def parse_with_config(ap: argparse.ArgumentParser, argv: list[str] | None) -> ar
     return ap.parse_args(tokens + argv)
 
 
+_MAX_CONFIG_BYTES = 1 << 20  # a file of options is a few hundred bytes
+
+
 def config_tokens(ap: argparse.ArgumentParser, path: str) -> list[str]:
     """The command-line tokens that say what the TOML file `path` says."""
     try:
@@ -147,11 +150,17 @@ def config_tokens(ap: argparse.ArgumentParser, path: str) -> list[str]:
     except ModuleNotFoundError:  # Python 3.10
         import tomli as tomllib
     try:
+        if Path(path).stat().st_size > _MAX_CONFIG_BYTES:
+            raise OptionError(f"--config {path}: {Path(path).stat().st_size} bytes, expected "
+                              f"a file of options of at most {_MAX_CONFIG_BYTES} bytes")
         data = tomllib.loads(Path(path).read_text())
     except OSError as exc:
         raise OptionError(f"--config: cannot read {path} ({exc.strerror or exc})") from None
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise OptionError(f"--config {path}: not valid TOML ({exc})") from None
+    except RecursionError:
+        raise OptionError(f"--config {path}: nested too deeply (expected option = value "
+                          f"lines)") from None
     actions = {a.dest: a for a in ap._actions
                if a.option_strings and a.dest not in ("help", "config")}
     tokens: list[str] = []

@@ -62,6 +62,9 @@ def test_uint32_and_llmc_headers_are_honoured(tmp_path):
     (b"\x01\x00\x02", None, "3 bytes is not a whole number of uint16 tokens"),
     (b"\x01\x00\x02\x00\x03\x00", "uint32", "6 bytes is not a whole number of uint32"),
     (b"\x01\x00", "int8", "token dtype must be uint16 or uint32, given int8"),
+    # an llm.c file cut inside its header: was read as 258 headerless ids
+    (np.array([20240520, 1, 5000], "<i4").tobytes() + bytes(504), None,
+     "starts with llm.c's magic 20240520 but is 516 bytes, cut inside its 1024-byte header"),
 ])
 def test_bad_token_files_give_one_line(tmp_path, content, dtype, message):
     (tmp_path / "t.bin").write_bytes(content)

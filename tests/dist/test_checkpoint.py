@@ -364,3 +364,11 @@ def test_a_save_never_writes_through_a_planted_link(tmp_path):
     assert outside.read_text() == "keep" and (root / "latest").read_text() == "step_000001\n"
     assert not (root / "step_000001").is_symlink() and tmp_path.is_dir()
     assert dist.load_checkpoint(root, model(0)) == {}
+
+
+def test_a_deeply_nested_manifest_is_one_line_naming_the_file(tmp_path):
+    """Before: RecursionError, naming neither the file nor the step."""
+    shard = _two_steps(tmp_path / "run")
+    (shard.parent / "manifest.json").write_text("[" * 100000 + "]" * 100000)
+    error = _load_error(tmp_path / "run")
+    assert f"{shard.parent / 'manifest.json'}: JSON nested too deeply" in str(error), error

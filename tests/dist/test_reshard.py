@@ -102,3 +102,44 @@ def test_tp_pp_checkpoint_continues_as_dp_and_as_one_process(world, tmp_path_fac
         np.testing.assert_allclose([_step(solo, solo_opt, s) for s in (2, 3)], want,
                                    rtol=2e-6)
     world.barrier()
+
+
+_TINY = dict(vocab_size=11, block_size=4, n_layer=1, n_head=1, n_embd=4)
+
+
+@pytest.mark.parametrize("gpt_config,message", [
+    ("{not json", "its metadata gpt_config is not a JSON object"),
+    ("[" * 100000 + "]" * 100000, "its metadata gpt_config is not a JSON object"),
+    ('["a list"]', "the model config must be a JSON object, given list"),
+    ({**_TINY, "colour": 1}, r"the model config has fields GPTConfig does not have: \['colour'\]"),
+    ({**_TINY, "vocab_size": 10**13}, "GPTConfig: vocab_size must be an integer"),
+    ({**_TINY, "n_layer": "1"}, "GPTConfig: n_layer must be an integer"),
+    ({**_TINY, "dtype": "no-such"}, "the model config's dtype must name a float dtype"),
+])
+def test_a_malformed_gpt_config_metadata_is_one_line(tmp_path, gpt_config, message):
+    """--init-from a .safetensors file: before, RecursionError, JSONDecodeError and TypeError
+    tracebacks (unknown key, int() of a string)."""
+    import json
+
+    import autograd as ag
+    from dist.reshard import init_from
+
+    text = gpt_config if isinstance(gpt_config, str) else json.dumps(gpt_config)
+    model = nn.GPT(nn.GPTConfig(**_TINY))
+    ag.save(model.state_dict(), tmp_path / "m.safetensors", metadata={"gpt_config": text})
+    with pytest.raises(dist.CheckpointError, match=message) as info:
+        init_from(tmp_path / "m.safetensors", nn.GPT(nn.GPTConfig(**_TINY)))
+    assert str(info.value).startswith(str(tmp_path / "m.safetensors"))
+
+
+def test_integer_weights_in_a_safetensors_file_are_refused(tmp_path):
+    import autograd as ag
+    from dist.reshard import init_from
+
+    state = {k: v.astype(np.int64) if k == "wte.weight" else v
+             for k, v in nn.GPT(nn.GPTConfig(**_TINY)).state_dict().items()}
+    ag.save(state, tmp_path / "m.safetensors")
+    with pytest.raises(dist.CheckpointError, match="wte.weight is stored as int64, expected "
+                                                   "a float dtype"):
+        init_from(tmp_path / "m.safetensors", nn.GPT(nn.GPTConfig(**_TINY)))
+

@@ -265,6 +265,28 @@ def test_an_out_with_a_link_leading_outside_is_refused_before_anything_is_writte
     assert (outside / "file").read_text() == "keep"
 
 
+@pytest.mark.parametrize("field,value,message", [
+    ("scheduler", None, "metadata 'scheduler' must be an object, given None"),
+    ("scheduler", {"last_step": "2"}, "metadata 'scheduler.last_step' must be an integer >= 0"),
+    ("history", [{"step": 1, "train_loss": "x"}], "metadata 'history' must be a list of "
+                                                  "records with an integer step"),
+])
+def test_resume_with_malformed_run_metadata_is_one_line(tmp_path, field, value, message):
+    """Before: TypeError/KeyError tracebacks from the shard header's scheduler or history."""
+    from tests.dist.trainer.test_generate import _edit_header
+
+    out = tmp_path / "run"
+    first = run(1, *TINY, "--steps", "2", "--eval-interval", "2", "--out", str(out))
+    assert first.returncode == 0, first.stderr[-3000:]
+    _edit_header(out / "checkpoint" / "step_000002", lambda h: h["metadata"].update({field: value}))
+    res = run(1, *TINY, "--steps", "3", "--resume", "--out", str(out))
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr[-3000:]
+    manifest = out / "checkpoint" / "step_000002" / "manifest.json"
+    errors = _errors(res)
+    assert len(errors) == 1 and errors[0].startswith(
+        f"train.py: error: --resume: {manifest}: {message}"), errors
+
+
 def test_resume_with_more_steps_follows_the_new_schedule_and_a_finished_run_stops(tmp_path):
     """--resume of a finished run says there is nothing to do (exit 0, nothing written);
     --resume with a larger --steps says the schedule now ends there and runs the learning

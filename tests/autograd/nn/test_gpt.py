@@ -98,6 +98,34 @@ def test_parameter_names_and_shapes():
         nn.GPTConfig(13, 8, 0, 2, 8)
 
 
+@pytest.mark.parametrize("change,message", [
+    ({"vocab_size": 10**13}, r"vocab_size must be an integer in \[1, 2147483647\], given 10"),
+    ({"n_embd": 2**40, "n_head": 1}, r"n_embd must be an integer in \[1, 2147483647\]"),
+    ({"vocab_size": 2**31 - 1, "n_embd": 2**20, "n_head": 1},
+     r"give 2.2.e\+15 parameters, more than 1.1e\+12"),  # each extent fits, the model not
+    ({"n_head": True}, r"n_head must be an integer .* given True"),
+    ({"n_layer": 2.0}, r"n_layer must be an integer .* given 2.0"),
+    ({"dropout": "0.1"}, r"dropout must be a number in \[0, 1\], given '0.1'"),
+    ({"attn_dropout": 2}, r"attn_dropout must be a number in \[0, 1\], given 2"),
+    ({"bias": "yes"}, r"bias must be True or False, given 'yes'"),
+    ({"activation": ["gelu"]}, r"activation must be one of \['gelu', 'gelu_tanh'\]"),
+    ({"dtype": "int64"}, r"dtype must be a float dtype .* given 'int64'"),
+    ({"seed": -1}, r"seed must be an integer in \[0, 2\*\*64|seed must be an integer"),
+])
+def test_config_values_are_checked_and_the_size_bounded(change, message):
+    """Before: a 2**40-wide or 10**13-word model passed and died allocating (a NumPy
+    MemoryError traceback); a list activation raised TypeError; True was a head count."""
+    with pytest.raises(ValueError, match=message) as info:
+        nn.GPTConfig(**{**SMALL, **change})
+    assert str(info.value).startswith("GPTConfig: ")
+
+
+@pytest.mark.parametrize("options", [{}, {"bias": False}, {"tie_weights": False}])
+def test_num_parameters_counts_what_the_model_holds(options):
+    cfg = nn.GPTConfig(**SMALL, **options)
+    assert cfg.num_parameters() == sum(p.data.size for p in nn.GPT(cfg).parameters())
+
+
 def test_init_is_seeded_and_gpt2_scaled():
     cfg = nn.GPTConfig(vocab_size=64, block_size=32, n_layer=4, n_head=4, n_embd=64, seed=7)
     a, b = nn.GPT(cfg).state_dict(), nn.GPT(cfg).state_dict()

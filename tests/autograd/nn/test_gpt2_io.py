@@ -263,3 +263,41 @@ def test_save_pretrained_never_writes_through_a_link_out_of_its_folder(tmp_path)
             model.save_pretrained_gpt2(folder)
         assert outside.read_text() == "keep"
         (folder / name).unlink()
+
+
+@pytest.mark.parametrize("patch,message", [
+    ({"n_embd": [8]}, r"n_embd must be an integer in \[1, 2\*\*31\), given \[8\]"),
+    ({"vocab_size": None}, r"vocab_size must be an integer in \[1, 2\*\*31\), given None"),
+    ({"n_embd": float("inf")}, r"n_embd must be an integer .* given inf"),  # OverflowError
+    ({"n_embd": 2**40}, r"n_embd must be an integer .* given 1099511627776"),
+    ({"n_head": True}, r"n_head must be an integer .* given True"),  # was accepted as 1
+    ({"n_positions": "12"}, r"n_positions must be an integer .* given '12'"),
+    ({"layer_norm_epsilon": "a"}, r"layer_norm_epsilon must be a finite number, given 'a'"),
+    ({"resid_pdrop": 3.0}, r"resid_pdrop must be a probability in \[0, 1\], given 3.0"),
+    ({"tie_word_embeddings": "no"}, r"tie_word_embeddings must be true or false, given 'no'"),
+    ({"scale_attn_weights": 1}, r"scale_attn_weights must be true or false, given 1"),
+    ("[" * 100000 + "]" * 100000, r"JSON nested too deeply"),  # was RecursionError
+])
+def test_malformed_config_values_are_one_line_naming_file_and_field(tmp_path, patch, message):
+    """Before: TypeError, OverflowError and RecursionError tracebacks, or accepted."""
+    folder = nn.GPT(nn.GPTConfig(**SMALL)).save_pretrained_gpt2(tmp_path / "m")
+    hf = json.loads((folder / "config.json").read_text())
+    text = patch if isinstance(patch, str) else json.dumps({**hf, **patch})
+    (folder / "config.json").write_text(text)
+    with pytest.raises(GPT2FormatError, match=message) as info:
+        nn.GPT.from_pretrained_gpt2(folder)
+    assert str(info.value).startswith(str(folder / "config.json")) and "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("dtype", [np.int64, np.int32, np.bool_])
+def test_integer_or_bool_weights_are_refused(tmp_path, dtype):
+    """Before: int64 or bool tensors were cast to floats and loaded as weights."""
+    from autograd import serialization
+
+    folder = nn.GPT(nn.GPTConfig(**SMALL)).save_pretrained_gpt2(tmp_path / "m")
+    tensors = serialization.read_safetensors(folder / "model.safetensors")[0]
+    tensors["transformer.wte.weight"] = tensors["transformer.wte.weight"].astype(dtype)
+    serialization.save(tensors, folder / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(GPT2FormatError, match=f"wte.weight is stored as {np.dtype(dtype)}, "
+                                              f"expected a float dtype"):
+        nn.GPT.from_pretrained_gpt2(folder)

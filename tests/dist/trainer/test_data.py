@@ -123,6 +123,52 @@ def test_token_folder_meta_and_nanogpt_meta_pkl(tmp_path):
         data_mod.load_corpus(str(folder), 16)
 
 
+@pytest.mark.parametrize("content,message", [
+    (b"\x80\x02}]K\x01s.", r"\(TypeError: unhashable type: 'list'\)"),  # a list as a key
+    (b"\x80\x04\x8e" + (1 << 40).to_bytes(8, "little") + b"abc",  # BINBYTES8 of 1 TiB
+     r"\(ValueError: expected 1099511627776 bytes in a bytes8, but only 3 remain\)"),
+    (pickle.dumps({"vocab_size": "65"}), r"vocab_size must be an integer in \[1, 2\*\*31\)"),
+    (pickle.dumps({"vocab_size": 65, "stoi": {"a": "x"}, "itos": {}}),
+     "stoi and itos must map characters to ids"),
+])
+def test_a_malformed_meta_pkl_is_one_line(tmp_path, content, message):
+    """Before: TypeError and MemoryError tracebacks (unhashable keys, length-bomb opcodes)."""
+    folder = _token_folder(tmp_path / "f", vocab=65)
+    (folder / "meta.pkl").write_bytes(content)
+    with pytest.raises(DataError, match=message) as info:
+        data_mod.load_corpus(str(folder), 16)
+    assert "\n" not in str(info.value) and str(folder / "meta.pkl") in str(info.value)
+
+
+def test_a_meta_pkl_with_only_vocab_size_samples_as_ids(tmp_path):
+    """Valid for nanoGPT; before, the codec was "chars" and the final sample of a finished
+    run died with KeyError: 'stoi'."""
+    folder = _token_folder(tmp_path / "f", vocab=65)
+    (folder / "meta.pkl").write_bytes(pickle.dumps({"vocab_size": 65}))
+    corpus = data_mod.load_corpus(str(folder), 16)
+    assert corpus.vocab_size == 65 and corpus.codec.kind == "ids"
+    assert corpus.codec.decode([1, 2]) == "1 2"
+
+
+@pytest.mark.parametrize("meta,message", [
+    ({"vocab_size": [500]}, r"vocab_size must be an integer in \[1, 2\*\*31\), given \[500\]"),
+    ({"vocab_size": 10**13}, "vocab_size must be an integer"),
+    ({"dtype": "float64"}, "dtype must be 'uint16' or 'uint32', given 'float64'"),
+    ({"dtype": {}}, "dtype must be 'uint16' or 'uint32'"),
+    ({"tokenizer": "../../tok.json"}, "tokenizer must be the name of a file in the folder"),
+    ({"tokenizer": 5}, "tokenizer must be the name of a file in the folder"),
+    ({"encoding": ["bytes"]}, "encoding must be 'bytes' or 'tokenizer'"),
+    ("[" * 100000 + "]" * 100000, r"not readable JSON \(nested too deeply\)"),
+])
+def test_malformed_meta_json_values_are_one_line(tmp_path, meta, message):
+    """Before: TypeError tracebacks (int() of a list, a path joined with an int)."""
+    folder = _token_folder(tmp_path / "f", vocab=500)
+    (folder / "meta.json").write_text(meta if isinstance(meta, str) else json.dumps(meta))
+    with pytest.raises(DataError, match=message) as info:
+        data_mod.load_corpus(str(folder), 16)
+    assert "\n" not in str(info.value) and "meta.json" in str(info.value)
+
+
 def test_llmc_token_files_in_a_folder(tmp_path):
     ids = (np.arange(3000) % 50257).astype(np.uint16)
     for split, part in (("train", ids[:2700]), ("val", ids[2700:])):

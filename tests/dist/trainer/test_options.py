@@ -88,6 +88,7 @@ def test_file_sets_options_and_the_command_line_overrides_it(tmp_path):
     ("[model]\nn_layer = 2\n", r"unknown option 'model'"),
     ("lr = true\n", r"lr expects a value"),
     ("n_layer = \n", r"not valid TOML"),
+    ("x = " + "[" * 5000 + "]" * 5000 + "\n", r"nested too deeply"),  # was RecursionError
 ])
 def test_bad_files_are_one_line_naming_the_file_and_key(tmp_path, text, match):
     with pytest.raises(options.OptionError, match=match) as info:
