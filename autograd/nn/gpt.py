@@ -9,11 +9,10 @@ from typing import Any
 
 import numpy as np
 
-import autograd as ag
 import gpuplan as gp
 from autograd.functions.attention import head_sharded_attention, split_heads
 from autograd.nn import functional as F
-from autograd.nn import gpt2_io
+from autograd.nn import generation, gpt2_io
 from autograd.nn.gpt_config import ACTIVATION_APPROXIMATE, GPTConfig
 from autograd.nn.layers import GELU, Dropout, Embedding, LayerNorm, Linear
 from autograd.nn.module import Module, ModuleList
@@ -43,12 +42,16 @@ class CausalSelfAttention(Module):
         self.proj = Linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias, dtype=cfg.dtype, seed=0)
         self.resid_drop = Dropout(cfg.dropout)
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor, cache: generation.LayerKV | None = None) -> Tensor:
+        """``x [B, T, C]`` -> ``[B, T, C]``. With ``cache`` (generation), the keys and values
+        of the positions before these are prepended from it (and these appended to it)."""
         B, T, _ = x.shape
         qkv = self.qkv(x)
         width = qkv.shape[-1] // 3  # H * Dh for the heads this layer holds
         H = width // self.head_dim
         q, k, v = split_heads(qkv, 3, H)  # [B, H, T, Dh] each
+        if cache is not None:
+            k, v = cache.update(k, v)  # causal masks align to the last key
         p = self.attn_dropout if self.training else 0.0
         if p > 0.0 and H != self.n_head:
             y = head_sharded_attention(q, k, v, dropout_p=p, is_causal=True,
@@ -118,6 +121,11 @@ class Block(Module):
             x, h = add_norm(x, residual, self.ln_1)
         s, h = add_norm(x, self.attn(h), self.ln_2)
         return s, self.mlp(h)
+
+    def forward_cached(self, x: Tensor, cache: generation.LayerKV) -> Tensor:
+        """`forward` of the positions after those in ``cache`` (see `GPT.forward_cached`)."""
+        s, h = add_norm(x, self.attn(self.ln_1(x), cache), self.ln_2)
+        return s + self.mlp(h)
 
 
 _POSITIONS: dict[tuple[int, str], Any] = {}
@@ -266,45 +274,32 @@ class GPT(GPTLayers, Module):
         """Mean next-token cross-entropy of ``forward(idx)`` against ``targets [B, T]``."""
         return self.forward(idx, targets)[1]
 
+    def forward_cached(self, idx: Any, cache: generation.KVCache) -> Tensor:
+        """Logits ``[B, V]`` of the last of the tokens ``idx [B, T]`` placed at positions
+        ``cache.length ..`` (``wpe`` rows from there) after the tokens whose keys and values
+        ``cache`` holds; each block appends its keys and values to its layer's entry."""
+        idx = idx.data if isinstance(idx, Tensor) else idx
+        B, T = idx.shape
+        start = cache.length
+        if start + T > self.config.block_size:
+            raise ValueError(f"GPT.forward_cached: positions {start}..{start + T - 1} exceed "
+                             f"block_size {self.config.block_size}")
+        x = self.drop(self.wte(idx) +
+                      self.wpe(_positions(start + T, gp.device_of(idx))[start:]))
+        for block, kv in zip(self.blocks, cache.layers, strict=True):
+            x = block.forward_cached(x, kv)
+        return self.logits(x[:, T - 1:]).reshape(B, self.config.vocab_size)
+
     def generate(self, idx: Any, max_new_tokens: int, temperature: float = 1.0,
-                 top_k: int | None = None, seed: int | None = None) -> Any:
+                 top_k: int | None = None, top_p: float | None = None,
+                 seed: int | None = None, use_cache: bool = True) -> Any:
         """Append ``max_new_tokens`` sampled tokens to ``idx [B, T]`` (returns ``[B, T+n]``,
-        same array kind and device as ``idx``). Each step feeds the last ``block_size``
-        tokens, scales the last logits by ``1/temperature`` (0 means greedy argmax), keeps
-        the ``top_k`` largest, and samples with ``np.random.default_rng(seed)`` on the host."""
-        data = idx.data if isinstance(idx, Tensor) else idx
-        device = gp.device_of(data)
-        out = gp.to_host(data).astype(np.int64)
-        rng = np.random.default_rng(seed)
-        was_training = self.training
-        self.eval()
-        try:
-            with ag.no_grad():
-                for _ in range(int(max_new_tokens)):
-                    cond = gp.to_device(np.ascontiguousarray(out[:, -self.config.block_size:]),
-                                        device)
-                    logits = self.forward(cond)
-                    last = gp.to_host(logits.data[:, -1, :]).astype(np.float64)
-                    out = np.concatenate([out, _sample(last, temperature, top_k, rng)], axis=1)
-        finally:
-            self.train(was_training)
-        out = out.astype(gp.to_host(data).dtype)
-        result = gp.to_device(out, device)
-        return ag.tensor(result) if isinstance(idx, Tensor) else result
+        same array kind and device as ``idx``). The model sees the last ``block_size``
+        tokens (a longer prompt is cropped, a longer output slides the window); the last
+        logits are scaled by ``1/temperature`` (0 means greedy argmax), cut to the ``top_k``
+        largest and the ``top_p`` nucleus, and sampled with ``np.random.default_rng(seed)``
+        on the host. With ``use_cache`` (a KV cache, `generation`) the prompt runs once and
+        each step feeds one token; without, each step re-runs the window: the same tokens."""
+        return generation.generate(self, idx, max_new_tokens, temperature, top_k, top_p, seed,
+                                   use_cache)
 
-
-def _sample(logits: np.ndarray, temperature: float, top_k: int | None,
-            rng: np.random.Generator) -> np.ndarray:
-    """One token per row of ``logits [B, V]`` (float64, host) -> ``[B, 1]`` int64."""
-    if temperature == 0.0:
-        return logits.argmax(axis=-1)[:, None]
-    logits = logits / temperature
-    if top_k is not None and top_k < logits.shape[-1]:
-        kth = np.sort(logits, axis=-1)[:, -int(top_k)][:, None]
-        logits = np.where(logits < kth, -np.inf, logits)
-    probs = np.exp(logits - logits.max(axis=-1, keepdims=True))
-    probs /= probs.sum(axis=-1, keepdims=True)
-    cdf = np.cumsum(probs, axis=-1)
-    u = rng.random((logits.shape[0], 1))
-    choice = (cdf < u * cdf[:, -1:]).sum(axis=-1)
-    return np.minimum(choice, logits.shape[-1] - 1)[:, None].astype(np.int64)

@@ -14,7 +14,7 @@ import gpuplan as gp
 from autograd.functions.attention import split_heads
 from autograd.functions.rope import rope_split_heads
 from autograd.nn import functional as F
-from autograd.nn import llama_io
+from autograd.nn import generation, llama_io
 from autograd.nn.layers import Embedding, Linear, RMSNorm
 from autograd.nn.llama_config import LlamaConfig
 from autograd.nn.module import Module, ModuleList
@@ -52,13 +52,19 @@ class LlamaAttention(Module):
         self.v_proj = Linear(cfg.n_embd, kv, bias=False, dtype=cfg.dtype, seed=0)
         self.o_proj = Linear(cfg.n_embd, cfg.n_embd, bias=False, dtype=cfg.dtype, seed=0)
 
-    def forward(self, x: Tensor, offset: int = 0) -> Tensor:
+    def forward(self, x: Tensor, offset: int = 0,
+                cache: generation.LayerKV | None = None) -> Tensor:
+        """``x [B, T, C]`` at positions ``offset ..`` -> ``[B, T, C]``. With ``cache``
+        (generation: ``offset`` is its length), the keys and values of the earlier positions
+        come from it, these are appended to it (``Hkv`` heads, before any repeat)."""
         B, T, _ = x.shape
         q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
         H, Hkv = q.shape[-1] // self.head_dim, k.shape[-1] // self.head_dim
         q = rope_split_heads(q, H, theta=self.rope_theta, offset=offset)  # [B, H, T, Dh]
         k = rope_split_heads(k, Hkv, theta=self.rope_theta, offset=offset)
         (v,) = split_heads(v, 1, Hkv)
+        if cache is not None:
+            k, v = cache.update(k, v)  # causal masks align to the last key
         k, v = repeat_kv(k, H // Hkv), repeat_kv(v, H // Hkv)
         p = self.attn_dropout if self.training else 0.0
         y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
@@ -89,8 +95,9 @@ class LlamaBlock(Module):
         self.post_attention_layernorm = RMSNorm(cfg.n_embd, eps=cfg.norm_eps, dtype=cfg.dtype)
         self.mlp = LlamaMLP(cfg)
 
-    def forward(self, x: Tensor, offset: int = 0) -> Tensor:
-        h = x + self.self_attn(self.input_layernorm(x), offset)
+    def forward(self, x: Tensor, offset: int = 0,
+                cache: generation.LayerKV | None = None) -> Tensor:
+        h = x + self.self_attn(self.input_layernorm(x), offset, cache)
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
@@ -200,3 +207,28 @@ class Llama(LlamaLayers, Module):
     def loss(self, idx: Any, targets: Any) -> Tensor:
         """Mean next-token cross-entropy of ``forward(idx)`` against ``targets [B, T]``."""
         return self.forward(idx, targets)[1]
+
+    def forward_cached(self, idx: Any, cache: generation.KVCache) -> Tensor:
+        """Logits ``[B, V]`` of the last of the tokens ``idx [B, T]`` placed at positions
+        ``cache.length ..`` (RoPE from there) after the tokens whose keys and values ``cache``
+        holds; each layer appends its keys and values to its entry."""
+        x = self.embed(idx)
+        B, T, _ = x.shape
+        start = cache.length
+        if start + T > self.config.block_size:
+            raise ValueError(f"Llama.forward_cached: positions {start}..{start + T - 1} "
+                             f"exceed block_size {self.config.block_size}")
+        for block, kv in zip(self.layers, cache.layers, strict=True):
+            x = block(x, start, kv)
+        return self.logits(x[:, T - 1:]).reshape(B, self.config.vocab_size)
+
+    def generate(self, idx: Any, max_new_tokens: int, temperature: float = 1.0,
+                 top_k: int | None = None, top_p: float | None = None,
+                 seed: int | None = None, use_cache: bool = True) -> Any:
+        """Append ``max_new_tokens`` sampled tokens to ``idx [B, T]`` (``[B, T+n]``, same
+        array kind and device), as `nn.GPT.generate`: the last ``block_size`` tokens seen,
+        ``temperature`` 0 greedy, ``top_k``, ``top_p`` (nucleus), ``seed``; with
+        ``use_cache`` a KV cache (RoPE continuing at the cached length), else each step
+        re-runs the window."""
+        return generation.generate(self, idx, max_new_tokens, temperature, top_k, top_p, seed,
+                                   use_cache)
