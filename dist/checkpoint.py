@@ -23,7 +23,6 @@ committed checkpoint that verifies. The SHA-256 detects corruption, not tamperin
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import shutil
@@ -31,7 +30,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from autograd.nn import GPTConfig, Module
+from autograd.nn import GPTConfig, LlamaConfig, Module
 from dist.checkpoint_files import (
     FORMAT,
     LATEST,
@@ -54,7 +53,7 @@ from dist.checkpoint_files import (
     write_file,
 )
 from dist.communicator import Communicator
-from gpuplan.dtypes import as_dtype
+from dist.models.configs import config_json
 
 _OPT = "optimizer/"
 
@@ -118,15 +117,14 @@ def coordinates_of(module: Module, comm: Any, extra: dict[str, Any] | None = Non
 def layout_record(module: Module) -> dict[str, Any]:
     """What a shard records so that another layout can reshard it (dist.reshard): each
     parameter's `ShardSpec` JSON (where it sits in the dense model; whole for a dense
-    module) and, for a GPT (``config`` a GPTConfig), that config."""
+    module) and, for a GPT or a Llama (``config`` a GPTConfig or LlamaConfig), that config
+    (`dist.models.configs.config_json`)."""
     specs = {n: (p.shard_spec.to_json() if hasattr(p, "shard_spec") else {"name": n})
              for n, p in module.named_parameters()}
     out: dict[str, Any] = {"specs": specs}
     config = getattr(module, "config", None)
-    if isinstance(config, GPTConfig):
-        out["config"] = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
-        if "dtype" in out["config"]:
-            out["config"]["dtype"] = as_dtype(out["config"]["dtype"]).name
+    if isinstance(config, (GPTConfig, LlamaConfig)):
+        out["config"] = config_json(config)
     return out
 
 
@@ -303,7 +301,7 @@ def load_checkpoint(directory: str | os.PathLike, module: Module,
     if error is not None:
         raise CheckpointError(error, fallback and Path(fallback))
     step_dir = Path(step_name)
-    if isinstance(getattr(module, "config", None), GPTConfig):  # one line, not shapes
+    if isinstance(getattr(module, "config", None), (GPTConfig, LlamaConfig)):  # one line
         from dist.reshard import check_config  # same manifest and config: every rank alike
 
         check_config(manifest["shards"][0].get("config"), module.config, str(step_dir))

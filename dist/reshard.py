@@ -20,16 +20,21 @@ import numpy as np
 
 import gpuplan as gp
 from autograd.inplace import record_write
-from autograd.nn import Module
+from autograd.nn import LlamaConfig, Module
 from autograd.nn.gpt2_io import param_shapes
 from dist.checkpoint_files import CheckpointError, read_manifest, read_shard, resolve
-from dist.models.sharding import ShardSpec
+from dist.models.configs import (
+    GPT_MODEL_FIELDS,
+    config_differences,
+    llama_config_from_json,
+    saved_kind,
+)
+from dist.models.sharding import ShardSpec, dense_shapes
 from gpuplan.dtypes import FLOAT_DTYPES, as_dtype
 
 _OPT = "optimizer/"
 # GPTConfig fields that change the parameters or the function the model computes.
-MODEL_FIELDS = ("vocab_size", "block_size", "n_layer", "n_head", "n_embd", "bias",
-                "tie_weights", "activation")
+MODEL_FIELDS = GPT_MODEL_FIELDS
 
 
 @dataclass
@@ -38,7 +43,7 @@ class DenseCheckpoint:
 
     step_dir: Path
     metadata: dict[str, Any]                        # the manifest's (rank 0's) metadata
-    config: dict[str, Any] | None                   # the model's GPTConfig fields, if saved
+    config: dict[str, Any] | None                   # the model config's JSON, if saved
     params: dict[str, np.ndarray]                   # dense name -> array
     optimizer: dict[str, dict[str, Any]] | None = None  # dense name -> state (arrays, step)
     param_groups: list[dict[str, Any]] = field(default_factory=list)  # settings, no params
@@ -136,7 +141,9 @@ def read_dense_checkpoint(path: str | os.PathLike, optimizer: bool = False) -> D
     if config is None:
         raise CheckpointError(f"{step_dir}: records no model config, so its dense shapes "
                               f"are unknown")
-    shapes = param_shapes(gpt_config_from_json(config, str(step_dir)))
+    model_config = model_config_from_json(config, str(step_dir))
+    shapes = (dense_shapes(model_config) if isinstance(model_config, LlamaConfig)
+              else param_shapes(model_config))
     params = _assemble(pieces, shapes, str(step_dir), "parameter")
     dense = DenseCheckpoint(step_dir, manifest["metadata"], config, params)
     if optimizer:
@@ -199,21 +206,38 @@ def gpt_config_from_json(config: Any, where: str = "model config") -> Any:
         raise CheckpointError(f"{where}: {exc}") from None
 
 
+def model_config_from_json(config: Any, where: str = "model config") -> Any:
+    """The GPTConfig, or the LlamaConfig of a config marked ``"model": "llama"``
+    (dist.models.configs), of saved config fields; CheckpointError naming `where`."""
+    if not isinstance(config, dict) or "model" not in config:
+        return gpt_config_from_json(config, where)
+    try:
+        if saved_kind(config) == "gpt":
+            return gpt_config_from_json({k: v for k, v in config.items() if k != "model"},
+                                        where)
+        return llama_config_from_json(config)
+    except ValueError as exc:
+        raise CheckpointError(f"{where}: {exc}") from None
+
+
 class ConfigMismatchError(ValueError):
     """Saved weights of another model shape or activation: one line naming the field."""
 
 
 def check_config(saved: dict[str, Any] | None, config: Any, where: str) -> None:
     """ConfigMismatchError naming the first model field on which `saved` (a config's
-    fields) and `config` (this run's GPTConfig) differ."""
+    fields) and `config` (this run's GPTConfig or LlamaConfig) differ, the kind of model
+    first."""
     if saved is None:
         return
-    for name in MODEL_FIELDS:
-        mine = getattr(config, name)
-        theirs = saved.get(name, "gelu" if name == "activation" else None)
-        if theirs != mine:
-            raise ConfigMismatchError(f"{where}: the saved model has {name} {theirs}, "
-                                      f"this model has {name} {mine}")
+    try:  # the kind of model first, then its fields (dist.models.configs)
+        differ = config_differences(saved, config)
+    except ValueError as exc:
+        raise ConfigMismatchError(f"{where}: {exc}") from None
+    if differ:
+        name, theirs, mine = differ[0]
+        raise ConfigMismatchError(f"{where}: the saved model has {name} {theirs}, "
+                                  f"this model has {name} {mine}")
 
 
 def local_value(param: Any, name: str, dense: np.ndarray, where: str) -> np.ndarray:
@@ -347,5 +371,6 @@ def init_from(path: str | os.PathLike, module: Module) -> str:
 
 __all__ = ["MODEL_FIELDS", "ConfigMismatchError", "DenseCheckpoint", "check_config",
            "config_json", "gpt_config_from_json", "init_from", "load_dense_into",
+           "model_config_from_json",
            "load_optimizer_resharded", "load_resharded", "read_dense_checkpoint",
            "read_dense_source"]
