@@ -12,6 +12,7 @@ from typing import Any as _Any
 from autograd import random
 from autograd import tensor as _tensor_module
 from autograd.anomaly import AnomalyError, detect_anomaly, is_anomaly_enabled, set_detect_anomaly
+from autograd.checkpoint import checkpoint
 from autograd.factories import (
     arange,
     eye,
@@ -90,7 +91,7 @@ __all__ = [
     "manual_seed", "random", "nn", "optim", "detect_anomaly", "set_detect_anomaly",
     "is_anomaly_enabled", "AnomalyError", "arange", "zeros_like", "ones_like", "full_like",
     "rand", "randint", "eye", "from_dlpack", "inference_mode", "is_inference_mode_enabled",
-    "save", "load",
+    "save", "load", "checkpoint",
     "abs", "clamp", "clip", "log", "sqrt", "rsqrt", "sigmoid", "silu", "maximum", "minimum",
     "pow", "where", "masked_fill", "tril", "triu",
     "remainder", "floor_divide", "result_type", "promote_types", "any", "all", "bitwise_and",
