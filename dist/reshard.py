@@ -225,9 +225,9 @@ class ConfigMismatchError(ValueError):
 
 
 def check_config(saved: dict[str, Any] | None, config: Any, where: str) -> None:
-    """ConfigMismatchError naming the first model field on which `saved` (a config's
-    fields) and `config` (this run's GPTConfig or LlamaConfig) differ, the kind of model
-    first."""
+    """ConfigMismatchError naming every model field on which `saved` (a config's fields)
+    and `config` (this run's GPTConfig or LlamaConfig) differ, all in one line (one launch
+    shows them all)."""
     if saved is None:
         return
     try:  # the kind of model first, then its fields (dist.models.configs)
@@ -235,9 +235,10 @@ def check_config(saved: dict[str, Any] | None, config: Any, where: str) -> None:
     except ValueError as exc:
         raise ConfigMismatchError(f"{where}: {exc}") from None
     if differ:
-        name, theirs, mine = differ[0]
-        raise ConfigMismatchError(f"{where}: the saved model has {name} {theirs}, "
-                                  f"this model has {name} {mine}")
+        theirs = ", ".join(f"{name} {value}" for name, value, _ in differ)
+        mine = ", ".join(f"{name} {value}" for name, _, value in differ)
+        raise ConfigMismatchError(f"{where}: the saved model has {theirs}, this model has "
+                                  f"{mine}")
 
 
 def local_value(param: Any, name: str, dense: np.ndarray, where: str) -> np.ndarray:

@@ -148,24 +148,25 @@ class Corpus:
             return np.asarray(self.val.tokens[:1], dtype=np.int64)
 
 
-def _files_under(root: Path) -> list[Path]:
-    files = []
+def _files_under(root: Path) -> tuple[list[Path], list[Path]]:
+    """(the text files under `root` by relative path, the other files left out)."""
+    files, skipped = [], []
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames[:] = sorted(d for d in dirnames if d not in {"__pycache__", "site-packages",
                                                                "dist-packages", ".git"})
         for f in sorted(filenames):
             p = Path(dirpath) / f
-            if p.suffix in _TEXT_SUFFIXES:
-                files.append(p)
-    return sorted(files, key=lambda p: str(p.relative_to(root)))
+            (files if p.suffix in _TEXT_SUFFIXES else skipped).append(p)
+    return sorted(files, key=lambda p: str(p.relative_to(root))), skipped
 
 
 def text_files(path: str | None) -> tuple[list[Path], str]:
     """(the text files `path` stands for, in order; a description): the file itself, a
-    folder's text files, or the stdlib's .py files for None."""
+    folder's text files (the description says how many others were left out, and why), or
+    the stdlib's .py files for None."""
     if path is None:
         root = Path(sysconfig.get_paths()["stdlib"])
-        return [p for p in _files_under(root) if p.suffix == ".py"], \
+        return [p for p in _files_under(root)[0] if p.suffix == ".py"], \
             f"python stdlib sources ({root})"
     root = Path(path)
     if not root.exists():
@@ -173,14 +174,20 @@ def text_files(path: str | None) -> tuple[list[Path], str]:
     if root.is_file():
         check_text_file(root)
         return [root], str(root)
-    files = _files_under(root)
+    files, skipped = _files_under(root)
     if not files:
         bins = sorted(p.name for p in root.glob("*.bin"))
         hint = (f"; it has {', '.join(bins[:3])}: a token folder needs train.bin and val.bin"
                 if bins else "")
         raise DataError(f"{path} holds no text files ({', '.join(sorted(_TEXT_SUFFIXES))})"
                         f"{hint}")
-    return files, str(root)
+    description = f"{root}, {len(files)} text files"
+    if skipped:
+        names = ", ".join(str(p.relative_to(root)) for p in skipped[:3])
+        description += (f" ({len(skipped)} others skipped, not a text suffix "
+                        f"{' '.join(sorted(_TEXT_SUFFIXES))}: {names}"
+                        f"{', ...' if len(skipped) > 3 else ''})")
+    return files, description
 
 
 def check_text_file(path: Path) -> None:

@@ -65,6 +65,19 @@ def global_batch(dataset, ns: argparse.Namespace, key: list[int], dp_rank: int):
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the job; every return is a decision all ranks took together (usage error 2,
+    stopped run 1), so MPI is finalized here: `python -m mpi4py` would otherwise turn the
+    exit status into MPI_Abort, whose lines follow the one error line on every rank.
+    Real faults (exceptions) still abort."""
+    code = run_job(argv)
+    if code:
+        mpi = sys.modules.get("mpi4py.MPI")
+        if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
+            mpi.Finalize()
+    return code
+
+
+def run_job(argv: list[str] | None = None) -> int:
     import dist
 
     try:
@@ -382,6 +395,9 @@ class Trainer:
         stop = ns.steps if ns.stop_after is None else min(ns.steps, ns.stop_after)
         tokens = ns.batch_size * ns.block_size
         t_mark, steps_since = time.perf_counter(), 0
+        if rank == 0 and self.start < stop:  # within seconds: the first step is the slow one
+            prog.line(f"step {self.start + 1}: compiling and warming up (kernels compile on "
+                      f"first use; the ETA starts after this step)")
         for step in range(self.start, stop):
             t0 = time.perf_counter()
             x, y = global_batch(self.corpus.train, ns, [ns.seed, step], self.mesh.dp_rank)

@@ -137,7 +137,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"prepare_data.py: error: {exc}", file=sys.stderr)
         return 2
     print(f"wrote {ns.out}: {meta['train_tokens']:,} train / {meta['val_tokens']:,} val "
-          f"{meta['dtype']} ids, vocabulary {meta['vocab_size']} ({meta['encoding']})")
+          f"{meta['dtype']} ids, vocabulary {meta['vocab_size']} ({meta['encoding']}) from "
+          f"{meta['source']}")
     return 0
 
 

@@ -141,6 +141,7 @@ class Progress:
         self.total, self.start_step = total_steps, start_step
         self.file = sys.stdout if file is None else file
         self.start = time.perf_counter()
+        self.first: tuple[float, int] | None = None  # (time, step) when the first step ended
         self.bar = None
         if bar:
             from tqdm import tqdm
@@ -151,14 +152,17 @@ class Progress:
                             unit="step", dynamic_ncols=False, leave=False)
 
     def eta(self, step: int) -> float | None:
-        """Seconds left at `step`: the wall time per step so far (evaluations and checkpoints
-        included) times the steps left; None before the first step of this run."""
-        done = step - self.start_step
-        if done <= 0:
+        """Seconds left at `step`: the wall time per step since this run's first step ended
+        (evaluations and checkpoints included) times the steps left; None until a step
+        after the first (the first compiles kernels: it would inflate the ETA many times)."""
+        if self.first is None or step <= self.first[1]:
             return None
-        return (time.perf_counter() - self.start) / done * (self.total - step)
+        t_first, first_step = self.first
+        return (time.perf_counter() - t_first) / (step - first_step) * (self.total - step)
 
     def step(self, step: int, loss: float, tokens_per_s: float) -> None:
+        if self.first is None:
+            self.first = (time.perf_counter(), step)
         if self.bar is not None:
             self.bar.set_postfix_str(f"loss {loss:.4f}, {_si(tokens_per_s)} tok/s",
                                      refresh=False)

@@ -143,3 +143,16 @@ def test_integer_weights_in_a_safetensors_file_are_refused(tmp_path):
                                                    "a float dtype"):
         init_from(tmp_path / "m.safetensors", nn.GPT(nn.GPTConfig(**_TINY)))
 
+
+def test_every_model_mismatch_is_listed_at_once():
+    """Before: one field per launch (vocabulary, then layers, then width, then activation:
+    four failed launches for a Hugging Face folder)."""
+    from dist.reshard import check_config, config_json
+
+    saved = config_json(nn.GPTConfig(vocab_size=50, block_size=8, n_layer=3, n_head=2,
+                                     n_embd=8, activation="gelu_tanh"))
+    mine = nn.GPTConfig(vocab_size=11, block_size=8, n_layer=1, n_head=2, n_embd=4)
+    with pytest.raises(ConfigMismatchError, match=r"^hf: the saved model has vocab_size 50, "
+                       r"n_layer 3, n_embd 8, activation gelu_tanh, this model has "
+                       r"vocab_size 11, n_layer 1, n_embd 4, activation gelu$"):
+        check_config(saved, mine, "hf")

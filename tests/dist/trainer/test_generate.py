@@ -79,3 +79,17 @@ def test_malformed_records_are_one_line(tmp_path, capsys, edit, message):
     assert err.startswith("generate.py: error: ") and err.count("\n") == 1, err
     assert re.search(message, err), err
 
+
+def test_bad_options_are_one_line(tmp_path, capsys, monkeypatch):
+    """Before: --top-k -5 was accepted; --device cuda without a GPU raised a traceback."""
+    import gpuplan as gp
+
+    _checkpoint(tmp_path / "ck")
+    monkeypatch.setattr(gp, "device_available", lambda: False)
+    for args, message in ((["--top-k", "-5"], "--top-k must be an integer >= 0 (0: no top-k "
+                                               "cut), given -5"),
+                          (["--device", "cuda"], "--device cuda: no usable CUDA device here")):
+        assert generate.main(["--checkpoint", str(tmp_path / "ck"), *args]) == 2
+        assert capsys.readouterr().err == f"generate.py: error: {message}" + (
+            " (--device emulated runs the CUDA kernels on the CPU)\n" if "cuda" in args
+            else "\n")

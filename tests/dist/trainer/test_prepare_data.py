@@ -66,3 +66,18 @@ def test_prepare_data_never_writes_through_a_planted_link(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.startswith("prepare_data.py: error: ") and "meta.json: resolves to" in err
     assert err.count("\n") == 1 and outside.read_text() == "keep"
+
+
+def test_files_left_out_of_a_folder_are_named(tmp_path, capsys):
+    """Before: 13 text files with other suffixes were skipped without a word."""
+    src = tmp_path / "src"
+    (src / "sub").mkdir(parents=True)
+    (src / "a.txt").write_text(TEXT)
+    for name in ("notes.log", "sub/data.csv", "README", "x.yaml"):
+        (src / name).write_text(TEXT)
+    assert prepare_data.main([str(src), str(tmp_path / "out")]) == 0
+    out = capsys.readouterr().out
+    assert f"from {src}, 1 text files (4 others skipped, not a text suffix .c .cfg" in out
+    assert "README, notes.log, x.yaml, ...)" in out
+    corpus = data_mod.load_corpus(str(src), 16)
+    assert "(4 others skipped" in corpus.source

@@ -60,11 +60,13 @@ def test_tqdm_bar_and_lines(monkeypatch):
 
 
 def test_eta_and_record_line(monkeypatch):
-    clock = iter([100.0, 130.0])
+    clock = iter([100.0, 120.0, 149.0])
     monkeypatch.setattr(progress.time, "perf_counter", lambda: next(clock))
     prog = progress.Progress(100, 40, bar=False)
     assert prog.eta(40) is None
-    assert prog.eta(70) == pytest.approx(30.0)  # 30 steps in 30 s, 30 to go
+    prog.step(41, 3.0, 1e3)  # the first step: 20 s of compiling (before: in the ETA, so the
+    assert prog.eta(41) is None  # first ETA read 1:42:38 for a 71 s run)
+    assert prog.eta(70) == pytest.approx(30.0)  # 29 steps in 29 s after the first, 30 to go
     rec = {"step": 70, "train_loss": 2.0, "val_loss": 2.1, "lr": 1e-3, "tokens_per_s": 5e3,
            "step_time_s": 0.1, "memory_mib": 100.0}
     assert progress.format_record(rec, 100, 70.0).endswith("| eta 1:10")
