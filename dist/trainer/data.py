@@ -144,7 +144,7 @@ class Corpus:
         cannot encode it."""
         try:
             return self.codec.encode(text)
-        except (ValueError, ImportError):
+        except (ValueError, ImportError, KeyError, OSError):
             return np.asarray(self.val.tokens[:1], dtype=np.int64)
 
 

@@ -473,8 +473,8 @@ class Trainer:
         except ImportError as exc:  # a --no-deps install (the GPU check's) may lack matplotlib
             plot = (f"no loss.png ({exc.name} is not installed; python -m "
                     f"dist.trainer.plotting {self.out / 'metrics.jsonl'} draws it)")
-        text = sample_text(self.cfg, dense_state, self.ns.sample_tokens, self.ns.seed,
-                           self.device, self.corpus.prompt(), codec=self.corpus.codec)
+        text = final_sample(self.cfg, dense_state, self.ns.sample_tokens, self.ns.seed,
+                            self.device, self.corpus)
         print(f"sample (temperature 0.8, top-k 40):\n{text}\n", flush=True)
         print(f"wrote {self.out / 'metrics.json'}, {self.out / 'metrics.jsonl'}, "
               f"{plot} and {self.ckpt}/ (scripts/generate.py --checkpoint "
@@ -522,6 +522,23 @@ def check_run_metadata(meta: dict, where: Path) -> None:
     skipped = meta.get("skipped", [])
     if not isinstance(skipped, list) or not all(count(s) for s in skipped):
         raise fail("'skipped'", "a list of step numbers", skipped)
+
+
+def final_sample(cfg, dense_state: dict, n_tokens: int, seed: int, device: str,
+                 corpus) -> str:
+    """The end-of-run sample in the data's codec; as token ids (with a note) when that codec
+    cannot encode or decode (a tokenizer or meta.pkl gone or unusable): the end of a
+    finished run never fails it."""
+    prompt = corpus.prompt()
+    try:
+        return sample_text(cfg, dense_state, n_tokens, seed, device, prompt,
+                           codec=corpus.codec)
+    except (ValueError, KeyError, ImportError, OSError) as exc:
+        text = sample_text(cfg, dense_state, n_tokens, seed, device, prompt,
+                           codec=data_mod.Codec("ids"))
+        why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        return f"{text}\n(token ids: the data's {corpus.codec.describe()} cannot decode them: " \
+               f"{why})"
 
 
 def sample_text(cfg, dense_state: dict, n_tokens: int, seed: int, device: str,

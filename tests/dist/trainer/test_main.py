@@ -48,3 +48,35 @@ def test_run_metadata_is_checked_field_by_field():
     for change, message in bad:
         with pytest.raises(ValueError, match=f"^m.json: {message}"):
             main.check_run_metadata({**good, **change}, Path("m.json"))
+
+
+def test_the_final_sample_falls_back_to_ids_when_the_codec_fails(tmp_path):
+    """The end of a finished run never fails it: before, a meta.pkl codec that could not
+    decode (here: gone since the run started) ended a finished run with a traceback."""
+    import pickle
+
+    import numpy as np
+
+    from autograd import nn
+    from dist.trainer import data as data_mod
+
+    folder = tmp_path / "data"
+    folder.mkdir()
+    ids = (np.arange(3000) % 65).astype(np.uint16)
+    ids[:2700].tofile(folder / "train.bin")
+    ids[2700:].tofile(folder / "val.bin")
+    chars = [chr(ord("A") + i) for i in range(65)]
+    (folder / "meta.pkl").write_bytes(pickle.dumps(
+        {"vocab_size": 65, "itos": dict(enumerate(chars)),
+         "stoi": {c: i for i, c in enumerate(chars)}}))
+    corpus = data_mod.load_corpus(str(folder), 8)
+    cfg = nn.GPTConfig(vocab_size=65, block_size=8, n_layer=1, n_head=1, n_embd=4)
+    dense = nn.GPT(cfg).state_dict()
+    text = main.final_sample(cfg, dense, 3, 0, "cpu", corpus)
+    assert corpus.codec.kind == "chars" and "token ids" not in text
+    (folder / "meta.pkl").unlink()
+    corpus.codec._impl = None  # (as a new process would load it)
+    text = main.final_sample(cfg, dense, 3, 0, "cpu", corpus)
+    first, note = text.splitlines()
+    assert len(first.split()) == 4 and all(t.isdigit() for t in first.split())
+    assert note.startswith("(token ids: the data's chars ") and "is gone (moved?)" in note
