@@ -11,9 +11,9 @@ inside draws the same mask; back-propagates the incoming gradients through that 
 give them); and returns the inputs' gradients to the outer backward. With deterministic
 kernels the gradients equal the ones without checkpointing bit for bit.
 
-The node is recorded when grad mode is on and an input requires grad, or `fn` is a Module
-with a parameter that does (a plain function that only closes over parameters needs an input
-that requires grad, as with torch's reentrant checkpoint).
+The node is recorded when grad mode is on and an input requires grad, or `fn` is a Module (or
+a Module's bound method) with a parameter that does (a plain function that only closes over
+parameters needs an input that requires grad, as with torch's reentrant checkpoint).
 """
 
 from __future__ import annotations
@@ -75,7 +75,9 @@ def _as_outputs(out: Any, where: str) -> tuple:
 
 
 def _module_needs_grad(fn: Any) -> bool:
-    params = getattr(fn, "parameters", None)
+    """Whether `fn`, or the object of a bound method `fn`, has a parameter needing grad."""
+    params = getattr(fn, "parameters", None) or getattr(getattr(fn, "__self__", None),
+                                                        "parameters", None)
     if not callable(params):
         return False
     return any(getattr(p, "requires_grad", False) for p in params())

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 import gpuplan as gp
+from autograd.checkpoint import checkpoint
 from autograd.functions.attention import head_sharded_attention, split_heads
 from autograd.nn import functional as F
 from autograd.nn import generation, gpt2_io
@@ -104,6 +105,7 @@ class Block(Module):
         self.attn = CausalSelfAttention(cfg)
         self.ln_2 = LayerNorm(cfg.n_embd, bias=cfg.bias, dtype=cfg.dtype)
         self.mlp = MLP(cfg)
+        self.recompute_attention = False  # GPTLayers.set_recompute("attention")
 
     def forward(self, x: Tensor) -> Tensor:
         s, m = self.residual_branches(x)
@@ -119,7 +121,8 @@ class Block(Module):
             h = self.ln_1(x)
         else:
             x, h = add_norm(x, residual, self.ln_1)
-        s, h = add_norm(x, self.attn(h), self.ln_2)
+        a = checkpoint(self.attn, h) if self.recompute_attention else self.attn(h)
+        s, h = add_norm(x, a, self.ln_2)
         return s, self.mlp(h)
 
     def forward_cached(self, x: Tensor, cache: generation.LayerKV) -> Tensor:
@@ -127,6 +130,9 @@ class Block(Module):
         s, h = add_norm(x, self.attn(self.ln_1(x), cache), self.ln_2)
         return s + self.mlp(h)
 
+
+#: `GPTLayers.set_recompute` modes (train.py --recompute).
+RECOMPUTE_MODES = ("none", "attention", "block")
 
 _POSITIONS: dict[tuple[int, str], Any] = {}
 
@@ -148,6 +154,21 @@ class GPTLayers:
     """
 
     config: GPTConfig
+    #: Activation recomputation (`set_recompute`): "none", "attention" or "block".
+    recompute: str = "none"
+
+    def set_recompute(self, mode: str) -> None:
+        """Recompute activations in backward instead of keeping them (`ag.checkpoint`):
+        "block" keeps only each block's input (every block re-run in backward), "attention"
+        each attention sub-layer's input (qkv, attention and proj re-run), "none" keeps all.
+        Gradients are the same bits in every mode; only memory and time change."""
+        if mode not in RECOMPUTE_MODES:
+            raise ValueError(f"set_recompute: argument 'mode': expected one of "
+                             f"{', '.join(RECOMPUTE_MODES)}, given {mode!r}")
+        self.recompute = mode
+        for block in self.blocks:
+            if hasattr(block, "recompute_attention"):
+                block.recompute_attention = mode == "attention"
 
     def embed(self, idx: Any) -> Tensor:
         """``drop(wte[idx] + wpe[0:T])`` ``[B, T, C]`` for token ids ``idx [B, T]`` (int32 or
@@ -179,9 +200,13 @@ class GPTLayers:
         if first:
             x = self.embed(x)
         pending = None  # m of the last block run: its output is x + pending, not yet added
+        whole = self.recompute == "block"
         for block in self.blocks:
             if hasattr(block, "residual_branches"):
-                x, pending = block.residual_branches(x, pending)
+                if whole:
+                    x, pending = checkpoint(block.residual_branches, x, pending)
+                else:
+                    x, pending = block.residual_branches(x, pending)
                 continue
             if pending is not None:
                 x, pending = x + pending, None
