@@ -48,3 +48,15 @@ def test_every_package_is_typed_and_listed_for_the_wheel():
     setup = (ROOT / "setup.py").read_text()
     # dist.trainer and benchsuite ship
     assert 'include=["gpuplan*", "autograd*", "dist*", "benchsuite*"]' in setup
+
+
+def test_the_license_is_an_spdx_string_so_builds_print_no_deprecation_warning():
+    """Before: `license = { text = ... }` made setuptools (>= 77) print its deprecation
+    warning four times per install."""
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert config["project"]["license"] == "Apache-2.0"
+    assert "setuptools>=77" in config["build-system"]["requires"]
