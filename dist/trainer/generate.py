@@ -7,12 +7,13 @@
 --checkpoint is a checkpoint root (its `latest` committed step is used) or one step folder
 (runs/x/checkpoint/step_000200). It holds one shard per rank of whatever layout trained it
 (tensor, pipeline, data parallel); each parameter's shard records the dense parameter and
-the indices it holds, so the shards are assembled into the single-process nn.GPT and
-sampled (KV cache; temperature, top-k, top-p) on the GPU when one is present, else on the
-CPU. The prompt is encoded and the output decoded with the training data's codec, or with
-the Hugging Face tokenizer.json --tokenizer names (the optional `tokenizers` package). Every
-shard is checked against the manifest first (same step, SHA-256), so shards of different
-steps or a corrupt file give one error line naming the file, never a mixed model.
+the indices it holds, so the shards are assembled into the single-process nn.GPT (nn.Llama
+for a Llama checkpoint) and sampled (KV cache; temperature, top-k, top-p) on the GPU when
+one is present, else on the CPU. The prompt is encoded and the output decoded with the
+training data's codec, or with the Hugging Face tokenizer.json --tokenizer names (the
+optional `tokenizers` package). Every shard is checked against the manifest first (same
+step, SHA-256), so shards of different steps or a corrupt file give one error line naming
+the file, never a mixed model.
 """
 
 from __future__ import annotations
@@ -27,12 +28,13 @@ from . import data as data_mod
 
 
 def load_dense(checkpoint: Path):
-    """(nn.GPT with the consolidated weights, the manifest's metadata) of the committed
-    checkpoint `checkpoint` names (a step folder, or a root: its latest), every shard
-    verified against the manifest first (one step, checksums, coordinates)."""
+    """(nn.GPT or nn.Llama, as the model config says, with the consolidated weights; the
+    manifest's metadata) of the committed checkpoint `checkpoint` names (a step folder, or
+    a root: its latest), every shard verified against the manifest first (one step,
+    checksums, coordinates)."""
     from autograd import nn
     from dist.checkpoint import CheckpointError, find_fallback, resolve
-    from dist.reshard import gpt_config_from_json, read_dense_checkpoint
+    from dist.reshard import model_config_from_json, read_dense_checkpoint
 
     failed = checkpoint
     try:
@@ -43,7 +45,8 @@ def load_dense(checkpoint: Path):
         hint = (f"; the newest older checkpoint that verifies is {fallback}" if fallback
                 else "")
         raise ValueError(f"{exc}{hint}") from None
-    model = nn.GPT(gpt_config_from_json(dense.config, str(dense.step_dir)))
+    config = model_config_from_json(dense.config, str(dense.step_dir))
+    model = (nn.Llama if isinstance(config, nn.LlamaConfig) else nn.GPT)(config)
     model.load_state_dict({k: v.astype(np.float32) for k, v in dense.params.items()})
     return model, dense.metadata
 

@@ -1,6 +1,7 @@
 """dist.trainer.generate (scripts/generate.py) --tokenizer and --top-p: a tokenizer.json
 written here encodes the prompt and decodes the output (the same text as the model's own
-greedy generate, decoded), a tiny nucleus is greedy, and a missing file, a missing
+greedy generate, decoded; for a GPT and a Llama checkpoint), a tiny nucleus is greedy, and
+a missing file, a missing
 `tokenizers` package, an unreadable file, a vocabulary the model lacks and a bad --top-p are
 one error line each (exit 2)."""
 
@@ -22,8 +23,9 @@ _WORDS = ["[UNK]", "the", "cat", "sat", "on", "a", "mat", "dog", "ran", "to", "b
           "sun", "and", "hat", "box"]
 
 
-def _checkpoint(root):
-    model = nn.GPT(nn.GPTConfig(**_TINY))
+def _checkpoint(root, llama=False):
+    model = (nn.Llama(nn.LlamaConfig(**_TINY, n_kv_head=1, ffn_hidden=12)) if llama
+             else nn.GPT(nn.GPTConfig(**_TINY)))
     dist.save_checkpoint(root, model, step=1,
                          metadata={"step": 1, "layout": [1, 1, 1],
                                    "args": {"codec": {"kind": "bytes", "path": None}}})
@@ -45,8 +47,9 @@ def _run(capsys, *args):
     return code, out.out, out.err
 
 
-def test_tokenizer_encodes_the_prompt_and_decodes_the_output(tmp_path, capsys):
-    model = _checkpoint(tmp_path / "ck")
+@pytest.mark.parametrize("llama", [False, True], ids=["gpt", "llama"])
+def test_tokenizer_encodes_the_prompt_and_decodes_the_output(tmp_path, capsys, llama):
+    model = _checkpoint(tmp_path / "ck", llama)
     tok = _tokenizer(tmp_path / "tokenizer.json")
     code, out, err = _run(capsys, "--checkpoint", str(tmp_path / "ck"), "--tokenizer",
                           str(tmp_path / "tokenizer.json"), "--prompt", "the cat sat",
