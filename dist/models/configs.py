@@ -87,10 +87,21 @@ def config_differences(saved: dict[str, Any], config: Any) -> list[tuple[str, An
     return [(name, a, b) for name, a, b in differ if a != b]
 
 
+def num_parameters(config: Any) -> int:
+    """How many parameters the dense model of `config` has (computed, nothing allocated)."""
+    if kind_of(config) == "gpt":
+        return config.num_parameters()
+    C, V, F = config.n_embd, config.vocab_size, config.hidden
+    kv = config.kv_heads * config.head_dim
+    block = 2 * C + 2 * C * C + 2 * C * kv + 3 * C * F  # 2 norms, q/o, k/v, gate/up/down
+    return V * C + config.n_layer * block + C + (0 if config.tie_weights else C * V)
+
+
 def _llama_value(config: LlamaConfig, name: str) -> Any:
     return {"n_kv_head": config.kv_heads, "ffn_hidden": config.hidden}.get(
         name, getattr(config, name))
 
 
 __all__ = ["GPT_MODEL_FIELDS", "KINDS", "LLAMA_MODEL_FIELDS", "config_differences",
-           "config_json", "kind_of", "llama_config_from_json", "saved_kind"]
+           "config_json", "kind_of", "llama_config_from_json", "num_parameters",
+           "saved_kind"]

@@ -1,4 +1,5 @@
-"""The main job (scripts/train.py): train a GPT over MPI ranks (tensor x pipeline x data parallel).
+"""The main job (scripts/train.py): train a GPT, or a Llama (--model llama), over MPI ranks
+(tensor x pipeline x data parallel).
 
     mpiexec -n 4 python -m mpi4py scripts/train.py          # defaults: tp=2, pp=2, stdlib corpus
     mpiexec -n 8 python -m mpi4py scripts/train.py --tp 2 --pp 2 --dp 2 --steps 500
@@ -118,9 +119,17 @@ def run_job(argv: list[str] | None = None) -> int:
 
 
 def model_config(ns: argparse.Namespace, vocab_size: int):
-    """The GPTConfig the options describe."""
+    """The GPTConfig, or with --model llama the LlamaConfig, the options describe."""
     from autograd import nn
 
+    if getattr(ns, "model", "gpt") == "llama":  # its one dropout is the attention's
+        return nn.LlamaConfig(
+            vocab_size=vocab_size, block_size=ns.block_size, n_layer=ns.n_layer,
+            n_head=ns.n_head, n_embd=ns.n_embd, n_kv_head=ns.n_kv_head,
+            ffn_hidden=ns.ffn_hidden,
+            rope_theta=10000.0 if ns.rope_theta is None else ns.rope_theta,
+            dropout=ns.dropout if ns.attn_dropout is None else ns.attn_dropout,
+            dtype=np.float32, seed=ns.seed)
     return nn.GPTConfig(vocab_size=vocab_size, block_size=ns.block_size, n_layer=ns.n_layer,
                         n_head=ns.n_head, n_embd=ns.n_embd, dropout=ns.dropout,
                         attn_dropout=ns.attn_dropout, dtype=np.float32, seed=ns.seed,
@@ -140,11 +149,14 @@ def check_model_fits(ns: argparse.Namespace, vocab_size: int) -> None:
     except ValueError as exc:
         raise ValueError(f"the model options (--n-layer, --n-head, --n-embd, --block-size, "
                          f"vocabulary {vocab_size}) give no model: {exc}") from None
-    per_rank = cfg.num_parameters() / (ns.tp * ns.pp)
+    from dist.models.configs import num_parameters
+
+    n_params = num_parameters(cfg)
+    per_rank = n_params / (ns.tp * ns.pp)
     need = per_rank * _BYTES_PER_PARAM
     have, where = _rank_memory(ns)
     if have and need > have:
-        raise ValueError(f"the model does not fit: {cfg.num_parameters():.3g} parameters "
+        raise ValueError(f"the model does not fit: {n_params:.3g} parameters "
                          f"(--n-layer {ns.n_layer}, --n-embd {ns.n_embd}, vocabulary "
                          f"{vocab_size}, --block-size {ns.block_size}) need at least "
                          f"{need / 2**30:.3g} GiB per rank for weights, gradients and AdamW "
@@ -180,7 +192,7 @@ class Trainer:
         import dist
         import gpuplan as gp
         from autograd import optim
-        from dist.models import ParallelGPT
+        from dist.models import ParallelGPT, ParallelLlama
         from dist.models.sharding import dense_shapes
 
         self.ns, self.world, self.corpus = ns, world, corpus
@@ -189,7 +201,9 @@ class Trainer:
             gp.backend.resolve_device(ns.device)
         dist.model_parallel_seed(ns.seed, tp_rank=self.mesh.tp_rank, pp_rank=self.mesh.pp_rank)
         self.cfg = model_config(ns, corpus.vocab_size)
-        self.model = ParallelGPT(self.cfg, self.mesh, num_micro_batches=ns.micro_batches,
+        self.model_name = getattr(ns, "model", "gpt")
+        model_class = ParallelLlama if self.model_name == "llama" else ParallelGPT
+        self.model = model_class(self.cfg, self.mesh, num_micro_batches=ns.micro_batches,
                                  schedule=ns.schedule, device=self.device,
                                  dtype=gp.bfloat16 if ns.dtype == "bf16" else None)
         decay = [p for p in self.model.parameters() if p.ndim >= 2]
@@ -274,6 +288,7 @@ class Trainer:
         """Commit step `step`'s checkpoint, unless a parameter is not finite (False)."""
         import dist
         import gpuplan as gp
+        from dist.models.configs import config_json
 
         finite = all(bool(np.isfinite(gp.to_host(p.data)).all())
                      for p in self.model.parameters())
@@ -286,7 +301,7 @@ class Trainer:
             metadata={"step": step, "scheduler": self.sched.state_dict(),
                       "history": self.history, "skipped": self.skipped, "args": vars(self.ns),
                       "layout": [self.ns.dp, self.ns.pp, self.ns.tp],
-                      "config": _config_json(self.cfg), "specs": specs})
+                      "config": config_json(self.cfg), "specs": specs})
         return True
 
     def everywhere(self, ok: bool) -> bool:
@@ -374,8 +389,10 @@ class Trainer:
                 print(self.schedule_note, flush=True)
         if rank == 0:
             c = self.corpus
-            print(f"gpt: {self.n_params / 1e6:.2f}M params, {ns.n_layer} layers x {ns.n_embd} "
-                  f"wide, {ns.n_head} heads, context {ns.block_size} | data: {c.source} "
+            heads = f"{ns.n_head} heads" + (
+                f" ({self.cfg.kv_heads} K/V)" if self.model_name == "llama" else "")
+            print(f"{self.model_name}: {self.n_params / 1e6:.2f}M params, {ns.n_layer} layers "
+                  f"x {ns.n_embd} wide, {heads}, context {ns.block_size} | data: {c.source} "
                   f"({len(c.train.tokens):,} train / {len(c.val.tokens):,} val {c.unit}) | "
                   f"mesh: dp={ns.dp} "
                   f"pp={ns.pp} tp={ns.tp}, {ns.micro_batches} micro-batches ({ns.schedule}) | "
@@ -467,7 +484,8 @@ class Trainer:
                 self.out / "loss.png",
                 {"train": (steps, [h["train_loss"] for h in self.history]),
                  "validation": (steps, [h["val_loss"] for h in self.history])},
-                title=f"{'byte-level ' if self.corpus.unit == 'bytes' else ''}GPT, "
+                title=f"{'byte-level ' if self.corpus.unit == 'bytes' else ''}"
+                      f"{'Llama' if self.model_name == 'llama' else 'GPT'}, "
                       f"{self.n_params / 1e6:.2f}M params",
                 ylabel=f"cross-entropy (nats/{self.corpus.unit[:-1]})")
         except ImportError as exc:  # a --no-deps install (the GPU check's) may lack matplotlib
@@ -547,9 +565,9 @@ def sample_text(cfg, dense_state: dict, n_tokens: int, seed: int, device: str,
     """Text sampled from the dense model assembled from the shards (one process); `prompt`
     is text or ids, `codec` a data.Codec (default: bytes)."""
     codec = codec or data_mod.Codec()
-    from autograd import nn
+    from dist.models.sharding import dense_model_class
 
-    model = nn.GPT(cfg)
+    model = dense_model_class(cfg)(cfg)
     model.load_state_dict(dense_state)
     model.to(device=device)
     idx = (codec.encode(prompt) if isinstance(prompt, str) else prompt)[None].astype(np.int64)
@@ -558,14 +576,6 @@ def sample_text(cfg, dense_state: dict, n_tokens: int, seed: int, device: str,
     out = model.generate(gp.to_device(idx, device), n_tokens, temperature=temperature,
                          top_k=top_k, seed=seed)
     return codec.decode(gp.to_host(out)[0])
-
-
-def _config_json(cfg) -> dict:
-    import dataclasses
-
-    d = dataclasses.asdict(cfg)
-    d["dtype"] = np.dtype(d["dtype"]).name
-    return d
 
 
 if __name__ == "__main__":

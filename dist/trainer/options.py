@@ -40,7 +40,7 @@ class _Defaults(argparse.ArgumentDefaultsHelpFormatter):
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    ap = _Parser(description="Train a byte-level GPT over MPI ranks.",
+    ap = _Parser(description="Train a GPT or a Llama over MPI ranks.",
                  formatter_class=_Defaults)
     ap.add_argument("--data", default=None,
                     help="a token folder (train.bin + val.bin, nanoGPT/llm.c layout; see "
@@ -55,6 +55,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--max-bytes", type=int, default=None,
                     help="train on only the first N bytes of a text corpus (truncates; "
                          "default: all of it)")
+    ap.add_argument("--model", choices=["gpt", "llama"], default="gpt",
+                    help="gpt: GPT-2 blocks (LayerNorm, GELU MLP, learned positions); llama: "
+                         "RMSNorm, rotary positions, grouped-query attention, SwiGLU MLP, "
+                         "no biases (its only dropout is --attn-dropout's, default --dropout)")
+    ap.add_argument("--n-kv-head", type=int, default=None,
+                    help="llama: key/value heads, dividing --n-head (default: --n-head)")
+    ap.add_argument("--ffn-hidden", type=int, default=None,
+                    help="llama: SwiGLU width (default: Llama's rule, 8/3 --n-embd rounded "
+                         "up to a multiple of 256)")
+    ap.add_argument("--rope-theta", type=float, default=None,
+                    help="llama: rotary embedding base (default: 10000)")
     ap.add_argument("--tp", type=int, default=None, help="tensor-parallel size")
     ap.add_argument("--pp", type=int, default=None, help="pipeline stages")
     ap.add_argument("--dp", type=int, default=None, help="data-parallel size")
@@ -90,7 +101,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="start from these weights: a .safetensors file (scripts/export.py), "
                          "a Hugging Face GPT-2 folder, or a checkpoint of any layout")
     ap.add_argument("--activation", choices=["gelu", "gelu_tanh"], default="gelu",
-                    help="MLP activation: exact GELU, or GPT-2's tanh form")
+                    help="gpt's MLP activation: exact GELU, or GPT-2's tanh form")
     ap.add_argument("--keep", type=int, default=3,
                     help="committed checkpoints kept (the newest by step)")
     ap.add_argument("--on-nonfinite", choices=["stop", "skip"], default="stop",
@@ -238,6 +249,47 @@ def _check_out(out: str) -> None:
             return
 
 
+_LLAMA_OPTIONS = ("n_kv_head", "ffn_hidden", "rope_theta")
+
+
+def _check_model_options(ns: argparse.Namespace) -> None:
+    """--model's own options: Llama's only with --model llama, and a shape the layout can
+    split (K/V heads whole or replicated per tensor-parallel rank, the SwiGLU width, even
+    head sizes for rotary embeddings); attention dropout needs --tp 1 with llama."""
+    model = getattr(ns, "model", "gpt")
+    given = [name for name in _LLAMA_OPTIONS if getattr(ns, name, None) is not None]
+    if model != "llama":
+        if given:
+            raise OptionError(f"--{given[0].replace('_', '-')} is an option of --model llama, "
+                              f"given --model {model}")
+        return
+    for name in ("n_kv_head", "ffn_hidden"):
+        _at_least(ns, name, 1)
+    if ns.rope_theta is not None:
+        _real(ns, "rope_theta", positive=True)
+    if (ns.n_embd // ns.n_head) % 2:
+        raise OptionError(f"--model llama needs an even head size (rotary embeddings turn "
+                          f"pairs), given --n-embd {ns.n_embd} / --n-head {ns.n_head} = "
+                          f"{ns.n_embd // ns.n_head}")
+    kv = ns.n_head if ns.n_kv_head is None else ns.n_kv_head
+    if ns.n_head % kv:
+        raise OptionError(f"--n-kv-head must divide --n-head {ns.n_head}, given {kv}")
+    if kv % ns.tp and ns.tp % kv:
+        raise OptionError(f"--n-kv-head must be a multiple or a divisor of --tp {ns.tp} (each "
+                          f"rank holds whole K/V heads, or a copy of one), given {kv}")
+    from autograd.nn.llama_config import llama_ffn_hidden
+
+    hidden = llama_ffn_hidden(ns.n_embd) if ns.ffn_hidden is None else ns.ffn_hidden
+    if hidden % ns.tp:
+        rule = "" if ns.ffn_hidden is not None else f" (Llama's rule from --n-embd {ns.n_embd})"
+        raise OptionError(f"--ffn-hidden {hidden}{rule} is not divisible by --tp {ns.tp}")
+    attn = ns.dropout if ns.attn_dropout is None else ns.attn_dropout
+    if attn > 0 and ns.tp > 1:
+        raise OptionError(f"--model llama with --tp {ns.tp}: attention dropout on sharded "
+                          f"heads is not implemented, given --attn-dropout/--dropout {attn} "
+                          f"(expected 0, or --tp 1)")
+
+
 def validate(ns: argparse.Namespace, world_size: int) -> None:
     """Raise OptionError (a ValueError) with a one-line message for options that cannot
     work; fills in the derived ones (layout, micro-batches, warm-up)."""
@@ -268,6 +320,7 @@ def validate(ns: argparse.Namespace, world_size: int) -> None:
         raise OptionError(f"--n-head {ns.n_head} is not divisible by --tp {ns.tp}")
     if ns.n_layer % ns.pp:
         raise OptionError(f"--n-layer {ns.n_layer} is not divisible by --pp {ns.pp}")
+    _check_model_options(ns)
     if ns.micro_batches is None:
         ns.micro_batches = 2 * ns.pp if ns.pp > 1 else 1
     per_rank, rem = divmod(ns.batch_size, ns.dp)

@@ -85,7 +85,8 @@ def test_file_sets_options_and_the_command_line_overrides_it(tmp_path):
     ('n_layer = "four"\n', r"--config .*run.toml: argument --n-layer: invalid int value"),
     ('schedule = "zigzag"\n', r"--config .*: argument --schedule: invalid choice"),
     ("n_layer = [1, 2]\n", r"n_layer expects a value .* given \[1, 2\]"),
-    ("[model]\nn_layer = 2\n", r"unknown option 'model'"),
+    ("[run]\nn_layer = 2\n", r"unknown option 'run'"),
+    ("[model]\nn_layer = 2\n", r"model expects a value like its command-line --model takes"),
     ("lr = true\n", r"lr expects a value"),
     ("n_layer = \n", r"not valid TOML"),
     ("x = " + "[" * 5000 + "]" * 5000 + "\n", r"nested too deeply"),  # was RecursionError
