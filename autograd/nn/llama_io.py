@@ -17,9 +17,10 @@ rotate-half layout its RoPE uses (its Meta-checkpoint converter permutes Meta's 
 pairs into it), and our RoPE is rotate-half too (dimension i pairs with i + Dh/2 inside each
 head, head h being output columns ``h Dh .. (h+1) Dh``).
 
-Options nn.Llama does not implement (rope scaling of any kind, attention or MLP biases,
-sliding windows, a head_dim unlike hidden_size / num_attention_heads, an activation other
-than SiLU, quantization) raise `LlamaFormatError` naming the option.
+Options nn.Llama does not implement (rope scaling of any kind, partial rotary embeddings,
+attention or MLP biases, sliding windows, a head_dim unlike hidden_size /
+num_attention_heads, an activation other than SiLU, quantization) raise `LlamaFormatError`
+naming the option.
 """
 
 from __future__ import annotations
@@ -136,6 +137,7 @@ def config_from_hf(hf: dict[str, Any], where: str = CONFIG_FILE, **overrides: An
             raise read.unsupported(field, "false")
     read.require("sliding_window", (None,), "null: nn.Llama attends to every earlier token")
     read.require("quantization_config", (None,), "null: nn.Llama loads float weights only")
+    read.require("partial_rotary_factor", (None, 1, 1.0), "1: RoPE rotates whole heads")
     layer_types = hf.get("layer_types")
     if layer_types is not None and (not isinstance(layer_types, list) or
                                     any(t != "full_attention" for t in layer_types)):

@@ -234,6 +234,8 @@ def test_buffers_of_old_files_and_a_tied_copy_of_the_embedding_are_accepted(tmp_
     ("hidden_act", "gelu", "hidden_act 'gelu' is not supported by nn.Llama (expected 'silu')"),
     ("model_type", "mistral", "model_type 'mistral' is not supported"),
     ("quantization_config", {"quant_method": "gptq"}, "quantization_config"),
+    ("partial_rotary_factor", 0.5, "partial_rotary_factor 0.5 is not supported by nn.Llama "
+                                   "(expected 1: RoPE rotates whole heads)"),
     ("num_key_value_heads", 3, "n_kv_head must divide n_head (4), given 3"),
     ("hidden_size", "32", "hidden_size must be an integer in [1, 2**31), given '32'"),
     ("rms_norm_eps", None, "rms_norm_eps must be a finite number, given None"),
