@@ -266,11 +266,6 @@ def run_emulated(plan_cls: type, desc: Any, args: Any,
     return run_plan(plan_cls, desc, args, DEVICE, pref)
 
 
-def run_reference(plan_cls: type, desc: Any, args: Any) -> None:
-    """The family's NumPy implementation (the caller passes float64 descriptor and arrays)."""
-    run_plan(plan_cls, desc, args, "cpu")
-
-
 def check(actual: Any, expected64: np.ndarray, dtype: Any, what: str, scale: float = 1.0) -> None:
     assert_close(actual, np.asarray(expected64, dtype=np.float64), dtype, scale,
                  err_msg=f"{what} [{short_name(dtype)}]")

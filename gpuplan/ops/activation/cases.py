@@ -1,6 +1,6 @@
 """Activation kernels on the emulated device (unary forward and backward of every row of
-gpuplan.ops.activation.plans.ACTIVATIONS, every float dtype) against the family's NumPy
-implementation run in float64 (scale 4: the transcendental activations, as in
+gpuplan.ops.activation.plans.ACTIVATIONS, every float dtype) against the float64 references
+of gpuplan/ops/activation/reference.py (scale 4: the transcendental activations, as in
 tests/gpuplan/ops/test_activation.py).
 
 Sizes are small and odd (37): an aligned launch takes the 16-byte pack path and then the
@@ -13,17 +13,8 @@ import numpy as np
 
 import gpuplan as gp
 from gpuplan.ops.activation.plans import UNARY_OPS
-from gpuplan.testing import (
-    DTYPES,
-    Case,
-    check,
-    dtype_id,
-    f64,
-    place,
-    random,
-    run_emulated,
-    run_reference,
-)
+from gpuplan.ops.activation.reference import unary_backward_reference, unary_reference
+from gpuplan.testing import DTYPES, Case, check, dtype_id, place, random, run_emulated
 
 N = 37
 
@@ -38,18 +29,15 @@ def unary(dtype, op: str, backward: bool, misaligned: bool = False) -> None:
     x = random((N,), dtype, seed=1, low=0.25 if op in POSITIVE else -3, high=3)
     dy = random((N,), dtype, seed=2)
     out = place(np.full((N,), 7, dtype), misaligned)
-    ref = np.zeros(N)
     if not backward:
         run_emulated(gp.UnaryPlan, gp.UnaryDescriptor(op, N, dtype),
                      gp.UnaryArgs(place(x, misaligned), out, **sc))
-        run_reference(gp.UnaryPlan, gp.UnaryDescriptor(op, N, np.float64),
-                      gp.UnaryArgs(f64(x), ref, **sc))
+        ref = unary_reference(op, x, **sc)
     else:
         run_emulated(gp.UnaryBackwardPlan, gp.UnaryDescriptor(op, N, dtype),
                      gp.UnaryBackwardArgs(place(x, misaligned), place(dy, misaligned), out,
                                           **sc))
-        run_reference(gp.UnaryBackwardPlan, gp.UnaryDescriptor(op, N, np.float64),
-                      gp.UnaryBackwardArgs(f64(x), f64(dy), ref, **sc))
+        ref = unary_backward_reference(op, x, dy, **sc)
     check(out, ref, dtype, f"unary {'backward ' if backward else ''}{op}", scale=4)
 
 

@@ -1,9 +1,9 @@
 """Cross-entropy forward (loss per reduction and the saved lse; warp-per-row for vocab <= 1024,
 block-per-row beyond, and the fixed-order mean/sum reduction) and backward (dlogits, with the
-ignored-row count for "mean") on the emulated device, int32 and int64 targets, against the
-family's NumPy implementation run in float64 on the same rounded inputs; and the
+ignored-row count for "mean") on the emulated device, int32 and int64 targets, and the
 vocabulary-parallel stages (row max, exp-sum and target logit, finish, block backward) over
-column blocks of one logits matrix against gpuplan.testing's float64 cross-entropy reference."""
+column blocks of one logits matrix, all against the float64 references of
+gpuplan/ops/cross_entropy/reference.py on the same rounded inputs."""
 
 from __future__ import annotations
 
@@ -17,20 +17,9 @@ from gpuplan.ops.cross_entropy.reference import (
     cross_entropy_reduce_reference,
     cross_entropy_reference,
 )
-from gpuplan.testing import (
-    DTYPES,
-    Case,
-    check,
-    dtype_id,
-    emu,
-    f64,
-    random,
-    run_emulated,
-    run_reference,
-)
+from gpuplan.testing import DTYPES, Case, check, dtype_id, emu, f64, random, run_emulated
 
 IGNORE = -100
-F64 = np.float64
 # (n, vocab, variant): a warp per row, and a block per row for vocab > 1024.
 SHAPES = [(1, 1, "warp_row"), (7, 33, "warp_row"), (5, 1024, "warp_row"), (6, 1025, "block_row"),
           (3, 50257, "block_row")]
@@ -53,10 +42,8 @@ def forward(dtype, index_dtype, n, v, variant, reduction: str, smoothing: float)
                         gp.CrossEntropyDescriptor(n, v, IGNORE, reduction, smoothing, dtype),
                         gp.CrossEntropyArgs(emu(logits), emu(target), loss, lse))
     assert plan.sku().variant == variant, plan.sku()
-    rloss, rlse = np.zeros(shape), np.zeros(n)
-    run_reference(gp.CrossEntropyPlan,
-                  gp.CrossEntropyDescriptor(n, v, IGNORE, reduction, smoothing, F64),
-                  gp.CrossEntropyArgs(f64(logits), target, rloss, rlse))
+    rows, rlse = cross_entropy_reference(logits, target, smoothing, IGNORE)
+    rloss = cross_entropy_reduce_reference(rows, target, reduction, IGNORE)
     check(lse, rlse, acc, "cross_entropy lse", scale=4.0)
     check(loss, rloss, acc, f"cross_entropy loss ({reduction})", scale=8.0)
 
@@ -65,21 +52,15 @@ def backward(dtype, index_dtype, n, v, reduction: str, smoothing: float) -> None
     logits = random((n, v), dtype, seed=2, low=-4, high=4)
     target = _targets(n, v, index_dtype, seed=1)
     acc = accumulator(dtype)
-    # The saved lse as the forward stores it (acc dtype); both runs get these bits.
-    rlse = np.zeros(n)
-    run_reference(gp.CrossEntropyPlan, gp.CrossEntropyDescriptor(n, v, IGNORE, "none", 0.0, F64),
-                  gp.CrossEntropyArgs(f64(logits), target, np.zeros(n), rlse))
-    lse = rlse.astype(acc)
+    # The saved lse as the forward stores it (acc dtype); the reference recomputes it exactly.
+    lse = cross_entropy_reference(logits, target, 0.0, IGNORE)[1].astype(acc)
     dloss = random((n,), acc, seed=3) if reduction == "none" else np.asarray(1.7, acc)
     dlogits = emu(np.full((n, v), 7, dtype))
     run_emulated(gp.CrossEntropyBackwardPlan,
                  gp.CrossEntropyBackwardDescriptor(n, v, IGNORE, reduction, smoothing, dtype),
                  gp.CrossEntropyBackwardArgs(emu(logits), emu(target), emu(lse), emu(dloss),
                                              dlogits))
-    ref = np.zeros((n, v))
-    run_reference(gp.CrossEntropyBackwardPlan,
-                  gp.CrossEntropyBackwardDescriptor(n, v, IGNORE, reduction, smoothing, F64),
-                  gp.CrossEntropyBackwardArgs(f64(logits), target, f64(lse), f64(dloss), ref))
+    ref = cross_entropy_grad_reference(logits, target, smoothing, dloss, reduction, IGNORE)
     ignored = target == IGNORE
     np.testing.assert_array_equal(
         f64(dlogits)[ignored], 0.0, err_msg=f"cross_entropy_backward ignored rows "

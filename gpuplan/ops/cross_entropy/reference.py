@@ -1,5 +1,6 @@
 """float64 references of the cross-entropy family (row losses, reductions, gradients) from
-the definitions, and a one-process driver of the vocabulary-parallel stages."""
+the definitions, written with NumPy alone (nothing from the family's plans.py or partial.py),
+and a one-process driver of the vocabulary-parallel stages (which runs them: no reference)."""
 
 from __future__ import annotations
 
@@ -36,12 +37,15 @@ def cross_entropy_reference(logits: Any, target: Any, smoothing: float = 0.0,
 
 def cross_entropy_reduce_reference(rows: np.ndarray, target: Any, reduction: str,
                                    ignore_index: int = -100) -> np.ndarray:
-    """The per-row losses reduced: as is ('none'), summed, or over the non-ignored rows."""
+    """The per-row losses reduced: as is ('none'), summed, or over the non-ignored rows (NaN
+    when every row is ignored, as PyTorch's 0 / 0)."""
     if reduction == "none":
         return rows
     total = rows.sum()
     keep = np.count_nonzero(gp.to_host(target) != ignore_index)
-    return total if reduction == "sum" else total / keep
+    if reduction == "sum":
+        return total
+    return total / keep if keep else np.float64(np.nan)
 
 
 def cross_entropy_grad_reference(logits: Any, target: Any, smoothing: float, dloss: Any,

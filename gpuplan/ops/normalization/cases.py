@@ -1,6 +1,6 @@
 """LayerNorm / RMSNorm forward and backward (dx, and the two-pass deterministic dweight /
 dbias) on the emulated device, warp-per-row (dim <= 1024) and block-per-row variants, against
-the family's NumPy implementation run in float64 on the same rounded inputs."""
+the float64 references of gpuplan/ops/normalization/reference.py on the same rounded inputs."""
 
 from __future__ import annotations
 
@@ -8,23 +8,16 @@ import numpy as np
 
 import gpuplan as gp
 from gpuplan.dtypes import accumulator
-from gpuplan.ops.normalization.reference import layer_norm_reference
-from gpuplan.testing import (
-    DTYPES,
-    Case,
-    check,
-    dtype_id,
-    emu,
-    f64,
-    random,
-    run_emulated,
-    run_reference,
+from gpuplan.ops.normalization.reference import (
+    layer_norm_backward_reference,
+    layer_norm_reference,
+    rms_norm_backward_reference,
 )
+from gpuplan.testing import DTYPES, Case, check, dtype_id, emu, random, run_emulated
 
 # (rows, dim, variant): warp per row, and a block per row for dim > WARP_ROW_MAX_DIM (1024).
 SHAPES = [(1, 1, "warp_row"), (7, 33, "warp_row"), (40, 257, "warp_row"),
           (2, 1024, "warp_row"), (2, 1025, "block_row"), (3, 4099, "block_row")]
-F64 = np.float64
 
 
 def _inputs(rows, dim, dtype, has_w, has_b):
@@ -34,10 +27,6 @@ def _inputs(rows, dim, dtype, has_w, has_b):
     return x, w, b
 
 
-def _f64(a):
-    return None if a is None else f64(a)
-
-
 def forward(dtype, rows, dim, variant, rms: bool, has_w: bool, has_b: bool) -> None:
     has_b = has_b and not rms
     x, w, b = _inputs(rows, dim, dtype, has_w, has_b)
@@ -45,19 +34,15 @@ def forward(dtype, rows, dim, variant, rms: bool, has_w: bool, has_b: bool) -> N
     eps = 1e-6 if rms else 1e-5
     y = emu(np.full((rows, dim), 7, dtype))
     rstd = emu(np.zeros(rows, acc))
-    ry, rrstd = np.zeros((rows, dim)), np.zeros(rows)
+    ry, rmean, rrstd = layer_norm_reference(x, w, b, eps, rms=rms)
     if rms:
         plan = run_emulated(gp.RMSNormPlan, gp.RMSNormDescriptor(rows, dim, eps, has_w, dtype),
                             gp.RMSNormArgs(emu(x), emu(w), y, rstd))
-        run_reference(gp.RMSNormPlan, gp.RMSNormDescriptor(rows, dim, eps, has_w, F64),
-                      gp.RMSNormArgs(f64(x), _f64(w), ry, rrstd))
     else:
-        mean, rmean = emu(np.zeros(rows, acc)), np.zeros(rows)
+        mean = emu(np.zeros(rows, acc))
         plan = run_emulated(gp.LayerNormPlan,
                             gp.LayerNormDescriptor(rows, dim, eps, has_w, has_b, dtype),
                             gp.LayerNormArgs(emu(x), emu(w), emu(b), y, mean, rstd))
-        run_reference(gp.LayerNormPlan, gp.LayerNormDescriptor(rows, dim, eps, has_w, has_b, F64),
-                      gp.LayerNormArgs(f64(x), _f64(w), _f64(b), ry, rmean, rrstd))
         check(mean, rmean, acc, "layer_norm mean")
     assert plan.sku().variant == variant, plan.sku()
     name = "rms_norm" if rms else "layer_norm"
@@ -71,31 +56,24 @@ def backward(dtype, rows, dim, variant, rms: bool, has_w: bool, has_b: bool) -> 
     dy = random((rows, dim), dtype, seed=4)
     acc = accumulator(dtype)
     eps = 1e-6 if rms else 1e-5
-    # The saved statistics as the forward stores them (acc dtype); both runs get these bits.
-    xs = f64(x)
-    _, mean, rstd = layer_norm_reference(xs, eps=eps, rms=rms)
+    # The saved statistics as the forward stores them (acc dtype); the references recompute
+    # them exactly from x.
+    _, mean, rstd = layer_norm_reference(x, eps=eps, rms=rms)
     mean, rstd = mean.astype(acc), rstd.astype(acc)
     dx = emu(np.full((rows, dim), 7, dtype))
     dw = emu(np.full(dim, 7, dtype)) if has_w else None
     db = emu(np.full(dim, 7, dtype)) if has_b else None
-    rdx = np.zeros((rows, dim))
-    rdw = np.zeros(dim) if has_w else None
-    rdb = np.zeros(dim) if has_b else None
     if rms:
         plan = run_emulated(gp.RMSNormBackwardPlan,
                             gp.RMSNormBackwardDescriptor(rows, dim, has_w, dtype),
                             gp.RMSNormBackwardArgs(emu(dy), emu(x), emu(w), emu(rstd), dx, dw))
-        run_reference(gp.RMSNormBackwardPlan, gp.RMSNormBackwardDescriptor(rows, dim, has_w, F64),
-                      gp.RMSNormBackwardArgs(f64(dy), xs, _f64(w), f64(rstd), rdx, rdw))
+        (rdx, rdw), rdb = rms_norm_backward_reference(dy, x, w, eps), None
     else:
         plan = run_emulated(gp.LayerNormBackwardPlan,
                             gp.LayerNormBackwardDescriptor(rows, dim, has_w, has_b, dtype),
                             gp.LayerNormBackwardArgs(emu(dy), emu(x), emu(w), emu(mean),
                                                      emu(rstd), dx, dw, db))
-        run_reference(gp.LayerNormBackwardPlan,
-                      gp.LayerNormBackwardDescriptor(rows, dim, has_w, has_b, F64),
-                      gp.LayerNormBackwardArgs(f64(dy), xs, _f64(w), f64(mean), f64(rstd), rdx,
-                                               rdw, rdb))
+        rdx, rdw, rdb = layer_norm_backward_reference(dy, x, w, eps)
     assert plan.sku().variant == variant, plan.sku()
     name = "rms_norm_backward" if rms else "layer_norm_backward"
     check(dx, rdx, dtype, f"{name} dx", scale=8.0)

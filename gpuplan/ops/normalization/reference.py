@@ -1,5 +1,6 @@
 """float64 references of the normalization family from the definitions: LayerNorm and
-RMSNorm over the last axis, and LayerNorm's gradients by the chain rule."""
+RMSNorm over the last axis, and their gradients by the chain rule. Written with NumPy alone:
+nothing is imported from the family's plans.py, host.py or rows.py."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ import numpy as np
 
 from gpuplan.testing import f64
 
-__all__ = ["layer_norm_reference", "layer_norm_backward_reference"]
+__all__ = ["layer_norm_reference", "layer_norm_backward_reference",
+           "rms_norm_backward_reference"]
 
 
 def layer_norm_reference(x: Any, weight: Any = None, bias: Any = None, eps: float = 1e-5,
@@ -43,3 +45,18 @@ def layer_norm_backward_reference(dy: Any, x: Any, weight: Any = None, eps: floa
     dx = rstd[:, None] * (g - g.mean(axis=1, keepdims=True)
                           - xhat * (g * xhat).mean(axis=1, keepdims=True))
     return dx, (dy * xhat).sum(axis=0), dy.sum(axis=0)
+
+
+def rms_norm_backward_reference(dy: Any, x: Any, weight: Any = None, eps: float = 1e-6
+                                ) -> tuple[np.ndarray, np.ndarray]:
+    """(dx, dweight) of RMSNorm over the last axis of 2-D x in float64, rstd from x: with
+    y = x * rstd * weight, rstd = 1 / sqrt(mean_d(x^2) + eps), xhat = x * rstd and
+    g = dy * weight, d rstd / dx_i = -rstd^3 x_i / D gives
+    dx = rstd * (g - xhat * mean_d(g * xhat)), dweight = sum_r dy * xhat."""
+    x, dy = f64(x), f64(dy)
+    d = max(x.shape[1], 1)
+    rstd = 1.0 / np.sqrt((x * x).sum(axis=1) / d + eps)
+    xhat = x * rstd[:, None]
+    g = dy if weight is None else dy * f64(weight)
+    dx = rstd[:, None] * (g - xhat * ((g * xhat).sum(axis=1) / d)[:, None])
+    return dx, (dy * xhat).sum(axis=0)

@@ -12,70 +12,17 @@ import autograd as ag
 import gpuplan as gp
 from gpuplan.host_math import erf
 from gpuplan.ops.activation.plans import UNARY_OPS
+from gpuplan.ops.activation.reference import (
+    REFERENCE_OPS,
+    unary_backward_reference,
+    unary_derivative_reference,
+    unary_reference,
+)
 from gpuplan.testing import assert_close, assert_rejected, f64, on, random, run_plan, stream_for
 from tests.helpers import DTYPES, compile_with_enums
 
 SIZES = [1, 37, 4099]  # odd sizes: scalar tails after the 16-byte packs
 _ERF = np.vectorize(math.erf)
-_C = math.sqrt(2 / math.pi)
-
-
-def _bounds(alpha, beta):
-    return (-np.inf if alpha is None else alpha), (np.inf if beta is None else beta)
-
-
-def ref_unary(op: str, x: np.ndarray, alpha=None, beta=None) -> np.ndarray:
-    x = f64(x)
-    lo, hi = _bounds(alpha, beta)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        return _ref_unary(op, x, alpha, lo, hi)
-
-
-def _ref_unary(op, x, alpha, lo, hi):
-    return {
-        "relu": lambda: np.maximum(x, 0.0),
-        "gelu": lambda: 0.5 * x * (1 + _ERF(x / math.sqrt(2))),
-        "gelu_tanh": lambda: 0.5 * x * (1 + np.tanh(_C * (x + 0.044715 * x**3))),
-        "silu": lambda: x / (1 + np.exp(-x)),
-        "tanh": lambda: np.tanh(x),
-        "exp": lambda: np.exp(x),
-        "neg": lambda: -x,
-        "scale": lambda: alpha * x,
-        "log": lambda: np.log(x),
-        "sqrt": lambda: np.sqrt(x),
-        "rsqrt": lambda: 1 / np.sqrt(x),
-        "sigmoid": lambda: 1 / (1 + np.exp(-x)),
-        "abs": lambda: np.abs(x),
-        "clamp": lambda: np.where(np.isnan(x), x, np.minimum(np.maximum(x, lo), hi)),
-    }[op]()
-
-
-def ref_derivative(op: str, x: np.ndarray, alpha=None, beta=None) -> np.ndarray:
-    x = f64(x)
-    lo, hi = _bounds(alpha, beta)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        return _ref_derivative(op, x, alpha, lo, hi)
-
-
-def _ref_derivative(op, x, alpha, lo, hi):
-    if op == "relu":
-        return (x > 0).astype(np.float64)
-    if op == "gelu":
-        return 0.5 * (1 + _ERF(x / math.sqrt(2))) + x * np.exp(-x * x / 2) / math.sqrt(2 * math.pi)
-    if op == "gelu_tanh":
-        t = np.tanh(_C * (x + 0.044715 * x**3))
-        return 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * _C * (1 + 3 * 0.044715 * x * x)
-    if op == "silu":
-        s = 1 / (1 + np.exp(-x))
-        return s * (1 + x * (1 - s))
-    if op == "sigmoid":
-        s = 1 / (1 + np.exp(-x))
-        return s * (1 - s)
-    return {"tanh": lambda: 1 - np.tanh(x) ** 2, "exp": lambda: np.exp(x),
-            "neg": lambda: -np.ones_like(x), "scale": lambda: alpha * np.ones_like(x),
-            "log": lambda: 1 / x, "sqrt": lambda: 0.5 / np.sqrt(x),
-            "rsqrt": lambda: -0.5 * x ** -1.5, "abs": lambda: np.sign(x),
-            "clamp": lambda: ((x >= lo) & (x <= hi)).astype(np.float64)}[op]()
 
 
 def _alpha(op):
@@ -93,18 +40,18 @@ def _low(op):
 
 
 class _ReferenceUnary(ag.Function):
-    """The float64 references as an autograd Function: forward ref_unary, backward
-    dy * ref_derivative, so that ag.gradcheck can check one against the other."""
+    """The float64 references as an autograd Function: forward unary_reference, backward
+    dy * unary_derivative_reference, so that ag.gradcheck can check one against the other."""
 
     @staticmethod
     def forward(ctx, x, op, scalars):
         ctx.saved = (x, op, scalars)
-        return ref_unary(op, x, **scalars)
+        return unary_reference(op, x, **scalars)
 
     @staticmethod
     def backward(ctx, dy):
         x, op, scalars = ctx.saved
-        return dy * ref_derivative(op, x, **scalars)
+        return dy * unary_derivative_reference(op, x, **scalars)
 
 
 @pytest.mark.parametrize("op", UNARY_OPS)
@@ -113,6 +60,92 @@ def test_reference_derivative_passes_gradcheck(op):
     x = ag.tensor(np.linspace(_low(op), 3, 101) + 0.013, requires_grad=True)
     assert ag.gradcheck(lambda x: _ReferenceUnary.apply(x, op=op, scalars=_scalars(op)), [x],
                         rtol=1e-6, atol=1e-7)
+
+
+# -- the float64 references themselves: against the math, and against the host SKU ------
+
+_E = math.e
+#: (op, scalars, x, f(x), f'(x)) worked out by hand or to 30 digits (mpmath), rounded to
+#: float64: Phi(1) = 0.84134474606854293, phi(1) = 0.24197072451914337,
+#: gelu_tanh(1) = (1 + tanh(sqrt(2/pi) * 1.044715)) / 2, sigmoid(1) = 1 / (1 + 1/e), ...
+HAND_VALUES = [
+    ("relu", {}, -1.0, 0.0, 0.0), ("relu", {}, 2.0, 2.0, 1.0),
+    ("gelu", {}, 0.0, 0.0, 0.5),
+    ("gelu", {}, 1.0, 0.8413447460685429, 1.0833154705876864),
+    ("gelu", {}, -1.0, -0.15865525393145705, -0.0833154705876863),
+    ("gelu_tanh", {}, 0.0, 0.0, 0.5),
+    ("gelu_tanh", {}, 1.0, 0.8411919906082767, 1.0829640838457826),
+    ("silu", {}, 0.0, 0.0, 0.5), ("silu", {}, 1.0, 0.7310585786300049, 0.9276705118714867),
+    ("tanh", {}, 0.0, 0.0, 1.0), ("tanh", {}, 1.0, 0.7615941559557649, 0.4199743416140261),
+    ("exp", {}, 0.0, 1.0, 1.0), ("exp", {}, 1.0, _E, _E),
+    ("neg", {}, 2.0, -2.0, -1.0),
+    ("scale", {"alpha": -1.75}, 2.0, -3.5, -1.75),
+    ("log", {}, 1.0, 0.0, 1.0), ("log", {}, _E, 1.0, 1 / _E),
+    ("sqrt", {}, 4.0, 2.0, 0.25),
+    ("rsqrt", {}, 4.0, 0.5, -1 / 16),
+    ("sigmoid", {}, 0.0, 0.5, 0.25),
+    ("sigmoid", {}, 2.0, 0.8807970779778824, 0.10499358540350652),
+    ("abs", {}, -3.0, 3.0, -1.0), ("abs", {}, 0.0, 0.0, 0.0),
+    ("clamp", {"alpha": -1.25, "beta": 0.75}, -2.0, -1.25, 0.0),
+    ("clamp", {"alpha": -1.25, "beta": 0.75}, 0.75, 0.75, 1.0),
+    ("clamp", {"alpha": -1.25, "beta": 0.75}, 1.0, 0.75, 0.0),
+    ("clamp", {"alpha": None, "beta": 0.75}, -9.0, -9.0, 1.0),
+    ("clamp", {"alpha": 1.0, "beta": -1.0}, 0.0, -1.0, 0.0),  # min > max gives max
+]
+
+
+def test_the_reference_defines_every_op():
+    assert REFERENCE_OPS == UNARY_OPS
+    assert {op for op, *_ in HAND_VALUES} == set(UNARY_OPS)  # each checked by hand below
+    with pytest.raises(KeyError, match="softplus"):
+        unary_reference("softplus", np.zeros(1))
+
+
+@pytest.mark.parametrize("op,scalars,x,y,dydx", HAND_VALUES,
+                         ids=[f"{v[0]}({v[2]:g})" for v in HAND_VALUES])
+def test_reference_hand_values(op, scalars, x, y, dydx):
+    xs = np.array([x])
+    np.testing.assert_allclose(unary_reference(op, xs, **scalars), [y], rtol=1e-14, atol=0)
+    np.testing.assert_allclose(unary_derivative_reference(op, xs, **scalars), [dydx],
+                               rtol=1e-14, atol=0)
+    np.testing.assert_allclose(unary_backward_reference(op, xs, np.array([-3.0]), **scalars),
+                               [-3.0 * dydx], rtol=1e-14, atol=0)
+
+
+#: wide inputs and the edge values whose conventions the family declares (signed zeros,
+#: infinities, NaN, tiny and huge magnitudes).
+_WIDE = np.concatenate([np.linspace(-40, 40, 2001), [0.0, -0.0, np.nan, np.inf, -np.inf, 1e-300,
+                                                      -1e-300, 700.0, -700.0, 1e5, -1e5]])
+
+
+@pytest.mark.parametrize("op", UNARY_OPS)
+def test_reference_matches_the_host_sku_in_float64(op):
+    """Two independent codes for one definition: the host SKU run in float64 and the
+    reference agree to ~1e-12 everywhere, edge values (NaN and infinities placed alike)
+    included, forward and backward; so a wrong formula in either shows here."""
+    n, sc = _WIDE.size, _scalars(op)
+    dy = random((n,), np.float64, seed=3, low=-2, high=2)
+    y, dx = np.full(n, 7.0), np.full(n, 7.0)
+    run_plan(gp.UnaryPlan, gp.UnaryDescriptor(op, n, np.float64), gp.UnaryArgs(_WIDE, y, **sc),
+             "cpu")
+    run_plan(gp.UnaryBackwardPlan, gp.UnaryDescriptor(op, n, np.float64),
+             gp.UnaryBackwardArgs(_WIDE, dy, dx, **sc), "cpu")
+    # atol: where the host cancels (1 + erf, 1 - tanh^2 in the tails) the reference does not
+    np.testing.assert_allclose(y, unary_reference(op, _WIDE, **sc), rtol=1e-12, atol=1e-13,
+                               err_msg=op)
+    np.testing.assert_allclose(dx, unary_backward_reference(op, _WIDE, dy, **sc), rtol=1e-12,
+                               atol=1e-13, err_msg=op)
+
+
+def test_reference_masking_gradients_ignore_dy():
+    """relu, abs and clamp pass no dy where their derivative is 0, even a NaN or inf dy (as
+    the kernels' selects do); a smooth op's 0 * inf stays NaN."""
+    dy = np.array([np.nan, np.inf, -np.inf])
+    for op, sc, x in (("relu", {}, [-1.0, 0.0, np.nan]), ("abs", {}, [0.0, np.nan, -0.0]),
+                      ("clamp", {"alpha": 1.0, "beta": 2.0}, [0.0, 3.0, np.nan])):
+        np.testing.assert_array_equal(unary_backward_reference(op, np.array(x), dy, **sc), 0.0,
+                                      err_msg=op)
+    assert np.isnan(unary_backward_reference("exp", np.array([-1e4]), np.array([np.inf]))[0])
 
 
 def test_host_erf_is_accurate():
@@ -132,12 +165,12 @@ def test_unary_forward_and_backward(device, dtype, op, n):
     y = on(device, np.full((n,), 7, dtype))
     plan = run_plan(gp.UnaryPlan, gp.UnaryDescriptor(op, n, dtype),
                     gp.UnaryArgs(on(device, x), y, **sc), device)
-    assert_close(y, ref_unary(op, x, **sc), dtype, scale=4, err_msg=op)
+    assert_close(y, unary_reference(op, x, **sc), dtype, scale=4, err_msg=op)
     assert plan.precision_guarantee().bit_stable
     dx = on(device, np.full((n,), 7, dtype))
     run_plan(gp.UnaryBackwardPlan, gp.UnaryBackwardDescriptor(op, n, dtype),
              gp.UnaryBackwardArgs(on(device, x), on(device, dy), dx, **sc), device)
-    assert_close(dx, f64(dy) * ref_derivative(op, x, **sc), dtype, scale=4, err_msg=op)
+    assert_close(dx, unary_backward_reference(op, x, dy, **sc), dtype, scale=4, err_msg=op)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -152,7 +185,7 @@ def test_gelu_backward_given_the_forward_output(device, dtype, n):
     dx = on(device, np.full((n,), 7, dtype))
     run_plan(gp.UnaryBackwardPlan, gp.UnaryBackwardDescriptor("gelu", n, dtype),
              gp.UnaryBackwardArgs(on(device, x), on(device, dy), dx, y), device)
-    assert_close(dx, f64(dy) * ref_derivative("gelu", x), dtype, scale=4)
+    assert_close(dx, unary_backward_reference("gelu", x, dy), dtype, scale=4)
     if n:  # Phi(0) = 1/2 exactly, not 0 / 0
         assert gp.to_host(dx)[0] == (dy[0] * np.asarray(0.5, dtype)).astype(dtype)
 
@@ -174,7 +207,7 @@ def test_unaligned_views_match_aligned(device, dtype):
         outs.append(gp.to_host(gp.functional.unary("gelu", x)))
     np.testing.assert_array_equal(outs[0][1:], gp.to_host(gp.functional.unary("gelu", dev[1:n])))
     np.testing.assert_array_equal(outs[1], gp.to_host(gp.functional.unary("gelu", dev[1:])))
-    assert_close(outs[1], ref_unary("gelu", buf[1:]), dtype, scale=4)
+    assert_close(outs[1], unary_reference("gelu", buf[1:]), dtype, scale=4)
 
 
 
@@ -251,8 +284,8 @@ def test_functional_api(device):
     assert y.shape == (3, 5, 7) and y.dtype == gp.bfloat16
     np.testing.assert_array_equal(f64(y), 2.0 * f64(x))  # exact: a power of two
     np.testing.assert_array_equal(f64(F.unary("neg", x)), -f64(x))
-    assert_close(F.unary_backward("tanh", x, x), f64(x) * ref_derivative("tanh", x), gp.bfloat16,
-                 scale=4)
+    assert_close(F.unary_backward("tanh", x, x), unary_backward_reference("tanh", x, x),
+                 gp.bfloat16, scale=4)
 
 
 def _compile_activation(names: tuple[str, ...]) -> None:

@@ -113,6 +113,53 @@ def test_reference_gradient_passes_gradcheck(reduction):
                         [x], rtol=1e-6, atol=1e-9)
 
 
+def test_reference_hand_values():
+    """Rows worked out by hand: logits (0, 0) give p = (1/2, 1/2), loss = lse = log 2 (any
+    smoothing: both -log p are log 2) and dlogits = p - onehot = (-1/2, 1/2), smoothed
+    (1 - ls)(p - onehot) + ls (p - 1/V) = (-0.45, 0.45) at ls = 0.1; logits (1, 2, 3), target
+    2: lse = 3 + log(1 + 1/e + 1/e^2), loss = lse - 3; an ignored row adds 0 and is not
+    counted by "mean"; "mean" over no row is NaN."""
+    log2, e = np.log(2.0), np.e
+    rows, lse = cross_entropy_reference(np.zeros((1, 2)), np.array([0]), 0.1, IGNORE)
+    np.testing.assert_allclose((rows, lse), ([log2], [log2]), rtol=1e-15)
+    x, t = np.array([[1.0, 2.0, 3.0], [4.0, 0.0, 0.0]]), np.array([2, IGNORE])
+    rows, lse = cross_entropy_reference(x, t, 0.0, IGNORE)
+    want = 3 + np.log(1 + 1 / e + 1 / e**2)
+    np.testing.assert_allclose(lse[0], want, rtol=1e-15)
+    np.testing.assert_allclose(lse[1], 4 + np.log(1 + 2 / e**4), rtol=1e-15)
+    np.testing.assert_allclose(rows, [want - 3, 0.0], rtol=1e-14)
+    assert cross_entropy_reduce_reference(rows, t, "mean", IGNORE) == rows[0]  # 1 row counted
+    assert cross_entropy_reduce_reference(rows, t, "sum", IGNORE) == rows[0]
+    assert np.isnan(cross_entropy_reduce_reference(np.zeros(1), np.array([IGNORE]), "mean",
+                                                   IGNORE))
+    g = cross_entropy_grad_reference(np.zeros((1, 2)), np.array([0]), 0.0, 1.0, "sum", IGNORE)
+    np.testing.assert_allclose(g, [[-0.5, 0.5]], rtol=1e-15)
+    g = cross_entropy_grad_reference(np.zeros((2, 2)), np.array([0, IGNORE]), 0.1,
+                                     np.array([2.0, 5.0]), "none", IGNORE)
+    np.testing.assert_allclose(g, [[-0.9, 0.9], [0.0, 0.0]], rtol=1e-14)  # dloss 2 scales
+
+
+@pytest.mark.parametrize("n,v", [(7, 33), (6, 1025)])
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
+@pytest.mark.parametrize("smoothing", [0.0, 0.2])
+def test_reference_matches_the_host_sku_in_float64(n, v, reduction, smoothing):
+    """Two independent codes for one definition: the host SKU in float64 and the references
+    agree to ~1e-12 (loss, lse and dlogits)."""
+    logits = random((n, v), np.float64, seed=5, low=-8, high=8)
+    target = _targets(n, v, np.int64, seed=4)
+    _, loss, lse = _forward("cpu", logits, target, reduction, smoothing, np.float64)
+    rows, rlse = ref_loss_rows(logits, target, smoothing)
+    np.testing.assert_allclose(lse, rlse, rtol=1e-13)
+    np.testing.assert_allclose(loss, ref_reduce(rows, target, reduction), rtol=1e-12)
+    dloss = random((n,), np.float64, seed=6) if reduction == "none" else np.asarray(0.7)
+    dlogits = np.full((n, v), 7.0)
+    run_plan(gp.CrossEntropyBackwardPlan,
+             gp.CrossEntropyBackwardDescriptor(n, v, IGNORE, reduction, smoothing, np.float64),
+             gp.CrossEntropyBackwardArgs(logits, target, lse, dloss, dlogits), "cpu")
+    np.testing.assert_allclose(dlogits, ref_grad(logits, target, smoothing, dloss, reduction),
+                               rtol=1e-12, atol=1e-15)
+
+
 def test_all_ignored_rows(device):
     logits = random((4, 6), np.float32)
     target = np.full(4, IGNORE, np.int64)

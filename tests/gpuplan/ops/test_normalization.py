@@ -8,7 +8,11 @@ import pytest
 import autograd as ag
 import gpuplan as gp
 from gpuplan.dtypes import accumulator
-from gpuplan.ops.normalization.reference import layer_norm_reference
+from gpuplan.ops.normalization.reference import (
+    layer_norm_backward_reference,
+    layer_norm_reference,
+    rms_norm_backward_reference,
+)
 from gpuplan.testing import (
     assert_close,
     assert_rejected,
@@ -181,6 +185,82 @@ def test_reference_backward_passes_gradcheck(rms):
     inputs = [ag.tensor(a, requires_grad=True) for a in (x, w, b)]
     assert ag.gradcheck(lambda x, w, b: _ReferenceNorm.apply(x, w, None if rms else b, rms=rms),
                         inputs, rtol=1e-6, atol=1e-8)
+
+
+# -- the float64 references themselves: against the math, and against the host SKU ------
+
+
+def test_references_hand_values():
+    """Rows worked out by hand. RMSNorm of (3, 4): mean(x^2) = 12.5, y = x / sqrt(12.5); its
+    Jacobian from y_1 = x_1 / sqrt((x_1^2 + x_2^2) / 2) directly: dy_1/dx_1 = sqrt2 x_2^2 / 125,
+    dy_1/dx_2 = -sqrt2 x_1 x_2 / 125. LayerNorm of (1, 2, 6): mean 3, var 14/3; of any two
+    values: (-1, 1) whatever they are, so its gradient is 0."""
+    x, w = np.array([[3.0, 4.0]]), np.array([2.0, 0.5])
+    y, mean, rstd = layer_norm_reference(x, w, eps=0.0, rms=True)
+    np.testing.assert_allclose(y, [[6 / 12.5**0.5, 2 / 12.5**0.5]], rtol=1e-15)
+    np.testing.assert_array_equal(mean, [0.0])
+    np.testing.assert_allclose(rstd, [12.5**-0.5], rtol=1e-15)
+    dx, dw = rms_norm_backward_reference(np.array([[1.0, 0.0]]), x, eps=0.0)
+    np.testing.assert_allclose(dx, [[2**0.5 * 16 / 125, -(2**0.5) * 12 / 125]], rtol=1e-14)
+    np.testing.assert_allclose(dw, [3 / 12.5**0.5, 0.0], rtol=1e-15)
+    dx, _ = rms_norm_backward_reference(np.array([[1.0, 0.0]]), x, w, eps=0.0)
+    np.testing.assert_allclose(dx, [[2 * 2**0.5 * 16 / 125, -2 * 2**0.5 * 12 / 125]],
+                               rtol=1e-14)  # weight scales g = dy * w
+    y, mean, rstd = layer_norm_reference(np.array([[1.0, 2.0, 6.0]]), bias=np.ones(3), eps=0.0)
+    np.testing.assert_allclose(y, [np.array([-2.0, -1.0, 3.0]) * (3 / 14) ** 0.5 + 1],
+                               rtol=1e-15)
+    np.testing.assert_allclose((mean, rstd), ([3.0], [(3 / 14) ** 0.5]), rtol=1e-15)
+    dx, dw, db = layer_norm_backward_reference(np.array([[0.3, -2.0]]), np.array([[5.0, -1.0]]),
+                                               np.array([1.5, 0.25]), eps=0.0)
+    np.testing.assert_allclose(dx, [[0.0, 0.0]], atol=1e-15)
+    np.testing.assert_allclose(dw, [0.3, 2.0], rtol=1e-15)  # xhat = (1, -1)
+    np.testing.assert_allclose(db, [0.3, -2.0], rtol=1e-15)
+
+
+@pytest.mark.parametrize("rms", [False, True], ids=["layer", "rms"])
+@pytest.mark.parametrize("has_w", [True, False], ids=["w", "plain"])
+def test_closed_form_references_equal_the_jacobian_chain_rule(rms, has_w):
+    """The references' closed-form gradients equal ref_backward's row-by-row Jacobians."""
+    x, w, _ = _inputs(6, 37, np.float64, has_w, False)
+    dy = random((6, 37), np.float64, seed=4)
+    eps = 1e-6 if rms else 1e-5
+    jdx, jdw, jdb = ref_backward(dy, x, w, eps, rms)
+    if rms:
+        (dx, dw), db = rms_norm_backward_reference(dy, x, w, eps), jdb
+    else:
+        dx, dw, db = layer_norm_backward_reference(dy, x, w, eps)
+    for got, want in ((dx, jdx), (dw, jdw), (db, jdb)):
+        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-13)
+
+
+@pytest.mark.parametrize("rows,dim", [(1, 1), (7, 33), (3, 1025)])
+@pytest.mark.parametrize("rms", [False, True], ids=["layer", "rms"])
+def test_references_match_the_host_sku_in_float64(rows, dim, rms):
+    """Two independent codes for one definition: the host SKU in float64 and the references
+    agree to ~1e-12 (y, mean, rstd; dx, dweight, dbias from the saved statistics)."""
+    x, w, b = _inputs(rows, dim, np.float64, True, not rms)
+    dy = random((rows, dim), np.float64, seed=4)
+    eps = 1e-6 if rms else 1e-5
+    y, mean, rstd = np.full((rows, dim), 7.0), np.full(rows, 7.0), np.full(rows, 7.0)
+    dx, dw, db = np.full((rows, dim), 7.0), np.full(dim, 7.0), np.full(dim, 7.0)
+    if rms:
+        run_plan(gp.RMSNormPlan, gp.RMSNormDescriptor(rows, dim, eps, True, np.float64),
+                 gp.RMSNormArgs(x, w, y, rstd), "cpu")
+        run_plan(gp.RMSNormBackwardPlan, gp.RMSNormBackwardDescriptor(rows, dim, True, np.float64),
+                 gp.RMSNormBackwardArgs(dy, x, w, rstd, dx, dw), "cpu")
+        (rdx, rdw), rdb = rms_norm_backward_reference(dy, x, w, eps), None
+    else:
+        run_plan(gp.LayerNormPlan, gp.LayerNormDescriptor(rows, dim, eps, True, True, np.float64),
+                 gp.LayerNormArgs(x, w, b, y, mean, rstd), "cpu")
+        run_plan(gp.LayerNormBackwardPlan,
+                 gp.LayerNormBackwardDescriptor(rows, dim, True, True, np.float64),
+                 gp.LayerNormBackwardArgs(dy, x, w, mean, rstd, dx, dw, db), "cpu")
+        rdx, rdw, rdb = layer_norm_backward_reference(dy, x, w, eps)
+    ry, rmean, rrstd = layer_norm_reference(x, w, b, eps, rms=rms)
+    pairs = [(y, ry), (rstd, rrstd), (dx, rdx), (dw, rdw)] + \
+        ([] if rms else [(mean, rmean), (db, rdb)])
+    for got, want in pairs:
+        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-13)
 
 
 @pytest.mark.parametrize("rows,dim", [(0, 8), (4, 0), (0, 0)])
