@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 import gpuplan as gp
-from autograd.functions.attention import split_heads
+from autograd.functions.attention import head_sharded_attention, split_heads
 from autograd.functions.rope import rope_split_heads
 from autograd.nn import functional as F
 from autograd.nn import generation, llama_io
@@ -40,12 +40,16 @@ class LlamaAttention(Module):
     RoPE runs while the heads are split out of the projections' ``[B, T, H Dh]`` into
     ``[B, H, T, Dh]`` (one pass, `rope_split_heads`: the layout the fused attention takes);
     positions start at ``offset``. K/V heads are repeated to the query heads before the
-    fused attention, which takes as many K/V heads as query heads."""
+    fused attention, which takes as many K/V heads as query heads. A tensor-parallel shard
+    (``first_head`` set by the sharding) drops, in training, the attention entries one
+    process drops for its heads (`head_sharded_attention`), so the layouts agree."""
 
     def __init__(self, cfg: LlamaConfig) -> None:
         super().__init__()
         self.head_dim, self.rope_theta = cfg.head_dim, float(cfg.rope_theta)
         self.attn_dropout = float(cfg.dropout)
+        self.n_head = cfg.n_head
+        self.first_head = 0  # of the query heads this layer holds (a tensor-parallel shard's)
         kv = cfg.kv_heads * cfg.head_dim
         self.q_proj = Linear(cfg.n_embd, cfg.n_embd, bias=False, dtype=cfg.dtype, seed=0)
         self.k_proj = Linear(cfg.n_embd, kv, bias=False, dtype=cfg.dtype, seed=0)
@@ -67,7 +71,11 @@ class LlamaAttention(Module):
             k, v = cache.update(k, v)  # causal masks align to the last key
         k, v = repeat_kv(k, H // Hkv), repeat_kv(v, H // Hkv)
         p = self.attn_dropout if self.training else 0.0
-        y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
+        if p > 0.0 and H != self.n_head:
+            y = head_sharded_attention(q, k, v, dropout_p=p, is_causal=True,
+                                       total_heads=self.n_head, first_head=self.first_head)
+        else:
+            y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
         return self.o_proj(y.transpose(1, 2).reshape(B, T, H * self.head_dim))
 
 

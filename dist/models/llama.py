@@ -21,8 +21,9 @@ is `dist.models.parallel`'s, shared with `dist.ParallelGPT`):
   ``i`` in ``[s L/p, (s+1) L/p)``, the first stage the embedding, the last ``norm`` and the
   head (a tied head's copy summed with the embedding's gradient, as ParallelGPT does).
 
-Llama's only dropout is on the attention probabilities; with ``t > 1`` the local heads would
-draw other bits than one process draws for them, so ``dropout > 0`` is refused there.
+Llama's only dropout is on the attention probabilities; each TP rank's attention draws, for
+its query heads (``first_head``), the bits one process draws for them, from the default
+generator that `dist.model_parallel_seed` seeds alike across the group: the masks agree.
 """
 
 from __future__ import annotations
@@ -74,11 +75,6 @@ class ParallelLlama(LlamaLayers, ParallelModel):
                 "ParallelLlama", "n_kv_head",
                 f"a multiple or a divisor of the tensor-parallel size {tp}", kv))
         divisible("ParallelLlama", "ffn_hidden", config.hidden, tp, "tensor-parallel size")
-        if tp > 1 and config.dropout > 0.0:
-            raise InvalidProblem(describe(
-                "ParallelLlama", "dropout",
-                f"0.0 with a tensor-parallel size of {tp} (attention dropout on sharded "
-                f"heads is not implemented)", config.dropout))
         super().check_layout(config, tp, pp)
 
     @property
@@ -98,6 +94,9 @@ class ParallelLlama(LlamaLayers, ParallelModel):
             for lin in (attn.q_proj, attn.k_proj, attn.v_proj))
         attn.o_proj = RowParallelLinear.from_dense(attn.o_proj, config=tp,
                                                    input_is_parallel=True)
+        # This rank's query heads in the full model's order: its attention dropout draws
+        # their bits (head_sharded_attention), so it drops what one process drops there.
+        attn.first_head = tp.rank * (self.config.n_head // tp.size)
         mlp.gate_proj, mlp.up_proj = (
             ColumnParallelLinear.from_dense(lin, config=tp, gather_output=False)
             for lin in (mlp.gate_proj, mlp.up_proj))

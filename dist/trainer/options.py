@@ -255,7 +255,7 @@ _LLAMA_OPTIONS = ("n_kv_head", "ffn_hidden", "rope_theta")
 def _check_model_options(ns: argparse.Namespace) -> None:
     """--model's own options: Llama's only with --model llama, and a shape the layout can
     split (K/V heads whole or replicated per tensor-parallel rank, the SwiGLU width, even
-    head sizes for rotary embeddings); attention dropout needs --tp 1 with llama."""
+    head sizes for rotary embeddings)."""
     model = getattr(ns, "model", "gpt")
     given = [name for name in _LLAMA_OPTIONS if getattr(ns, name, None) is not None]
     if model != "llama":
@@ -283,11 +283,6 @@ def _check_model_options(ns: argparse.Namespace) -> None:
     if hidden % ns.tp:
         rule = "" if ns.ffn_hidden is not None else f" (Llama's rule from --n-embd {ns.n_embd})"
         raise OptionError(f"--ffn-hidden {hidden}{rule} is not divisible by --tp {ns.tp}")
-    attn = ns.dropout if ns.attn_dropout is None else ns.attn_dropout
-    if attn > 0 and ns.tp > 1:
-        raise OptionError(f"--model llama with --tp {ns.tp}: attention dropout on sharded "
-                          f"heads is not implemented, given --attn-dropout/--dropout {attn} "
-                          f"(expected 0, or --tp 1)")
 
 
 def validate(ns: argparse.Namespace, world_size: int) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+import autograd as ag
 import dist
 import gpuplan as gp
 from autograd import nn, optim
@@ -88,7 +89,6 @@ class _FakeComm:
     (dict(n_head=6, n_embd=24, n_kv_head=2, ffn_hidden=24), 3, 1, "n_kv_head"),
     (dict(n_kv_head=2), 3, 1, "n_head"),
     (dict(n_kv_head=2, ffn_hidden=26), 4, 1, "ffn_hidden"),
-    (dict(n_kv_head=2, dropout=0.1), 2, 1, "dropout"),
     (dict(n_layer=3), 1, 2, "n_layer"),
 ])
 def test_layout_errors_name_the_config_field(changes, tp, pp, arg):
@@ -156,3 +156,25 @@ def test_layout_on_the_emulated_device_matches_the_host(world, layout):
         want = p.shard_spec.take(ref[p.shard_spec.name].grad.numpy())
         np.testing.assert_allclose(gp.to_host(p.grad.data), want, rtol=1e-9, atol=1e-12,
                                    err_msg=name)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("kv", [2, 1])
+def test_tensor_parallel_attention_dropout_agrees_with_the_dense_model(world, kv):
+    """With the same default seed on every TP rank, a TP Llama with attention dropout gives
+    exactly the dense model's loss and gradients: each rank's attention drops, for its query
+    heads, the entries one process drops for them (its K/V heads whole or copies)."""
+    cfg = config(n_kv_head=kv, dropout=0.3)
+    x, y = batch(2)
+    saved = ag.random.default_generator.get_state()
+    try:
+        ag.random.manual_seed(11)
+        dense, loss, _ = dense_reference(cfg, x, y)
+        ag.random.manual_seed(11)
+        pm = ParallelLlama(cfg, tp=world)
+        assert pm.train_step(x, y) == pytest.approx(loss, rel=1e-12)
+        check_against_dense(pm, dense)
+        plain = nn.Llama(config(n_kv_head=kv)).loss(x, y).item()
+        assert abs(plain - loss) > 1e-5  # dropout really acted
+    finally:
+        ag.random.default_generator.set_state(saved)
