@@ -42,6 +42,7 @@ _LAZY = {
     "grad_norm": "dist.training",
     "evaluate": "dist.training",
     "gather_dense_state_dict": "dist.training",
+    "ZeroRedundancyOptimizer": "dist.zero",
 }
 
 __all__ = [
