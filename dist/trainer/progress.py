@@ -75,9 +75,12 @@ def launcher_on_terminal() -> bool:
 
 def flops_per_token(cfg, n_params: int, seq: int) -> float:
     """Training FLOPs per token (PaLM appendix B): 6 N for the weights (forward 2N, backward
-    4N; N without the position embedding) plus 12 L T C for attention scores and values."""
-    n = n_params - cfg.block_size * cfg.n_embd
-    return 6.0 * n + 12.0 * cfg.n_layer * seq * cfg.n_embd
+    4N; N without GPT's position embedding: a Llama has none, its positions are rotary) plus
+    12 L T C for attention scores and values."""
+    from dist.models.configs import kind_of
+
+    positions = cfg.block_size * cfg.n_embd if kind_of(cfg) == "gpt" else 0
+    return 6.0 * (n_params - positions) + 12.0 * cfg.n_layer * seq * cfg.n_embd
 
 
 def peak_tflops(name: str, dtype: str) -> float | None:
