@@ -303,3 +303,23 @@ class ZeroRedundancyOptimizer:
         for buf, w in zip(self._slices, state_dict["slices"], strict=True):
             buf[...] = gp.asarray(w, device=gp.device_of(buf))
         self._stepped = bool(state_dict["stepped"])
+
+
+class Consolidated:
+    """A ZeroRedundancyOptimizer seen as the replicated optimizer, for checkpoints:
+    ``state_dict()`` is its `consolidated_state_dict()` (a collective over the data-parallel
+    ranks: every rank saving a checkpoint calls it), ``load_state_dict`` takes a replicated
+    state dict, ``param_groups`` are its public groups (the model's parameters)."""
+
+    def __init__(self, zero: ZeroRedundancyOptimizer) -> None:
+        self.zero = zero
+
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:
+        return self.zero.param_groups
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.zero.consolidated_state_dict()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.zero.load_state_dict(state_dict)

@@ -208,8 +208,20 @@ class Trainer:
                                  dtype=gp.bfloat16 if ns.dtype == "bf16" else None)
         decay = [p for p in self.model.parameters() if p.ndim >= 2]
         no_decay = [p for p in self.model.parameters() if p.ndim < 2]
-        self.opt = optim.AdamW([{"params": decay, "weight_decay": ns.weight_decay},
-                                {"params": no_decay, "weight_decay": 0.0}], lr=ns.lr)
+        groups = [{"params": decay, "weight_decay": ns.weight_decay},
+                  {"params": no_decay, "weight_decay": 0.0}]
+        if getattr(ns, "zero", 0):
+            from dist.zero import Consolidated, ZeroRedundancyOptimizer
+
+            self.opt = ZeroRedundancyOptimizer(groups, optimizer_class=optim.AdamW,
+                                               comm=self.mesh.dp, lr=ns.lr)
+            # Checkpoints hold the replicated optimizer's state (consolidated): they resume
+            # with or without --zero, in any layout (dist.reshard).
+            self.opt_state = Consolidated(self.opt)
+        else:
+            self.opt = self.opt_state = optim.AdamW(groups, lr=ns.lr)
+        if getattr(ns, "recompute", "none") != "none":
+            self.model.set_recompute(ns.recompute)
         self.sched = optim.CosineWithWarmup(self.opt, ns.warmup, ns.steps, min_lr=ns.min_lr)
         self.out = Path(ns.out)
         self.ckpt = self.out / "checkpoint"
@@ -262,8 +274,8 @@ class Trainer:
         where = self.ckpt if self.ns.resume == "latest" else Path(self.ns.resume)
         if self.ns.init_from:  # (validate() refuses both; kept for API callers)
             raise ValueError("--init-from and --resume exclude each other")
-        meta = dist.load_checkpoint(where, self.model, comm=self.world, optimizer=self.opt,
-                                    reshard=True)
+        meta = dist.load_checkpoint(where, self.model, comm=self.world,
+                                    optimizer=self.opt_state, reshard=True)
         check_run_metadata(meta, dist.checkpoint.resolve(where) / "manifest.json")
         sched = dict(meta["scheduler"])
         if sched["total_steps"] != self.ns.steps:  # the schedule follows the new --steps
@@ -296,7 +308,7 @@ class Trainer:
             return False
         specs = {n: s.to_json() for n, s in self.model.shard_specs().items()}
         self.last_saved = dist.save_checkpoint(
-            self.ckpt, self.model, comm=self.world, optimizer=self.opt, step=step,
+            self.ckpt, self.model, comm=self.world, optimizer=self.opt_state, step=step,
             keep=self.ns.keep,
             metadata={"step": step, "scheduler": self.sched.state_dict(),
                       "history": self.history, "skipped": self.skipped, "args": vars(self.ns),

@@ -117,6 +117,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="capture the training step as CUDA graphs after one eager step "
                          "(one process, one micro-batch, no dropout; see "
                          "dist/trainer/graph_step.py)")
+    ap.add_argument("--zero", type=int, choices=[0, 1], default=0,
+                    help="1: ZeRO stage 1, the AdamW state (moments, f32 master weights) "
+                         "sharded over the data-parallel ranks (dist.ZeroRedundancyOptimizer; "
+                         "the same weights as 0, 1/dp of the state per rank)")
+    ap.add_argument("--recompute", choices=["none", "attention", "block"], default="none",
+                    help="activation recomputation: keep only each block's input (block) or "
+                         "each attention sub-layer's (attention) and re-run it in backward; "
+                         "the same gradients, less memory")
     ap.add_argument("--device", choices=["auto", "cpu", "cuda", "emulated"], default="auto",
                     help="auto: the GPU when there is one (or the emulated device under "
                          "GPUPLAN_DEVICE=emulated), else cpu; emulated: every kernel runs on "
@@ -316,6 +324,12 @@ def validate(ns: argparse.Namespace, world_size: int) -> None:
     if ns.n_layer % ns.pp:
         raise OptionError(f"--n-layer {ns.n_layer} is not divisible by --pp {ns.pp}")
     _check_model_options(ns)
+    if getattr(ns, "zero", 0) and getattr(ns, "cuda_graph", False):
+        raise OptionError("--zero 1 and --cuda-graph: the captured step runs the replicated "
+                          "optimizer; use one or the other")
+    if getattr(ns, "recompute", "none") != "none" and getattr(ns, "model", "gpt") != "gpt":
+        raise OptionError(f"--recompute {ns.recompute}: implemented for --model gpt only, "
+                          f"given --model {ns.model}")
     if ns.micro_batches is None:
         ns.micro_batches = 2 * ns.pp if ns.pp > 1 else 1
     per_rank, rem = divmod(ns.batch_size, ns.dp)
