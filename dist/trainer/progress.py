@@ -15,15 +15,19 @@ from typing import TextIO
 
 from gpuplan.confined_write import append_text, atomic_write, check_inside, make_folder
 
-# Dense peak TFLOP/s (no sparsity) by device-name fragment, most specific first:
+# The TFLOP/s MFU is measured against, by device-name fragment, most specific first:
 # (bf16 tensor core, f32 without tensor cores; f32 GEMMs here run cuBLAS in pedantic,
-# non-TF32 mode). NVIDIA data sheets.
+# non-TF32 mode). For the SXM H100/H200 the bf16 figure is what a dense bf16 GEMM sustains
+# there, not the data sheet's 989.4: cuBLAS 8192^3 on random data ran at 769-798 TFLOP/s on
+# the lent H200 machines (KINDS.md, 2026-10-28 and 2026-11-04; the GPU check's cuda-paths
+# phase measures it again), so 100% MFU means "as fast as cuBLAS's best GEMM". The other
+# rows are data-sheet peaks (no sustained figure measured here yet).
 PEAK_TFLOPS: list[tuple[str, float, float]] = [
     ("H100 PCIe", 756.0, 51.2),
     ("H100 NVL", 835.0, 60.0),
-    ("H100", 989.4, 66.9),   # SXM5
+    ("H100", 790.0, 66.9),   # SXM5: sustained dense bf16 GEMM (data sheet 989.4)
     ("H200 NVL", 835.0, 60.0),
-    ("H200", 989.4, 66.9),   # SXM, same compute as H100 SXM
+    ("H200", 790.0, 66.9),   # SXM: the same compute as H100 SXM; sustained (data sheet 989.4)
     ("A100", 312.0, 19.5),
 ]
 _LAUNCHERS = ("mpiexec", "mpirun", "mpiexec.hydra", "hydra_pmi_proxy", "orterun", "orted",
