@@ -49,6 +49,9 @@ def embedding(input: Any, weight: Tensor, padding_idx: int | None = None,  # noq
     index of that space, taken as given (the count-from-V rule needs index_offset == 0).
     """
     idx = input.data if isinstance(input, TensorBase) else gp.asarray(input, device=weight.device)
+    if idx.dtype.kind not in "iu":  # floats were truncated, bools read as 0/1: as torch, refuse
+        raise gp.Unsupported(gp.errors.describe("embedding", "input", "integer indices",
+                                                f"dtype {idx.dtype}"))
     if idx.dtype not in (gp.dtypes.int32, gp.dtypes.int64):
         idx = idx.astype(gp.dtypes.int64)
     if padding_idx is not None and padding_idx < 0 and not index_offset:

@@ -62,6 +62,11 @@ def cross_entropy(input: Tensor, target: Any, ignore_index: int = -100,  # noqa:
     (torch's weighted mean: divided by the summed weights of the counted rows)."""
     _check_reduction("cross_entropy", reduction)
     t = _int_target("cross_entropy", target, input.device)
+    expected = input.shape[:1] + input.shape[2:] if input.ndim > 1 else ()
+    if tuple(t.shape) != tuple(expected):  # (a [N, 1] target for [N, C] was flattened)
+        raise gp.InvalidProblem(gp.errors.describe(
+            "cross_entropy", "target", f"shape {tuple(expected)} for input of shape "
+            f"{tuple(input.shape)}", f"shape {tuple(t.shape)}"))
     if weight is not None:
         if label_smoothing != 0.0:
             raise ValueError("cross_entropy: weight together with label_smoothing > 0 is not "

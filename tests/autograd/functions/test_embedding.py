@@ -66,3 +66,16 @@ def test_empty(device):
     w = ag.tensor(_w(), requires_grad=True, device=device)
     F.embedding(np.zeros((0,), np.int64), w).backward(np.zeros((0, 3)))
     np.testing.assert_array_equal(w.grad.numpy(), np.zeros((6, 3)))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.bool_])
+def test_float_or_bool_indices_are_refused(device, dtype):
+    """Before: float indices were truncated to int64 and looked up (torch refuses them)."""
+    import gpuplan as gp
+
+    w = ag.tensor(_w(), device=device)
+    with pytest.raises(gp.Unsupported, match=r"^embedding: argument 'input': expected integer "
+                                             rf"indices, given dtype {np.dtype(dtype)}$"):
+        F.embedding(np.array([0.5, 1.7]).astype(dtype), w)
+    out = F.embedding(np.array([1, 2], dtype=np.uint8), w)  # other integer dtypes still work
+    np.testing.assert_array_equal(out.numpy(), embedding_reference(_w(), np.array([1, 2])))

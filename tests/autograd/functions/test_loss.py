@@ -65,6 +65,12 @@ def test_errors(device):
         F.cross_entropy(x, np.array([0, 1]), reduction="avg")
     with pytest.raises(ValueError, match="integer"):
         F.cross_entropy(x, np.array([0.0, 1.0]))
+    import gpuplan as gp
+
+    for target in (np.array([[0], [1]]), np.array([0, 1, 2]), np.array(1)):  # [N, 1]: was
+        with pytest.raises(gp.InvalidProblem, match=r"^cross_entropy: argument 'target': "  # run
+                           r"expected shape \(2,\) for input of shape \(2, 3\), given shape"):
+            F.cross_entropy(x, target)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
