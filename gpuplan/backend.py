@@ -20,6 +20,7 @@ import numpy as np
 from gpuplan import devices
 from gpuplan.devices import _cuda_driver_present, cuda_available, cupy_module  # noqa: F401
 from gpuplan.dtypes import as_dtype
+from gpuplan.errors import Unsupported
 
 DEVICES = tuple(devices.PLUGINS)
 
@@ -58,8 +59,8 @@ def resolve_device(device: str) -> str:
     GPUPLAN_DEVICE=emulated; "cpu" and "emulated" mean themselves."""
     if device == "cuda" and emulated_default():
         return "emulated"
-    if device not in DEVICES:
-        raise ValueError(f"device: expected one of {DEVICES}, given {device!r}")
+    if device not in DEVICES:  # a GpuPlanError as every rejected argument, not a bare one
+        raise Unsupported(f"device: expected one of {DEVICES}, given {device!r}")
     return device
 
 

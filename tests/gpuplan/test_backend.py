@@ -92,3 +92,17 @@ def test_dynamic_smem_cap_is_raised_once_with_the_kernels_device_current(monkeyp
     assert Kernel.raised == [("max_dynamic_shared_size_bytes", 80 * 1024, 1),
                              ("max_dynamic_shared_size_bytes", 96 * 1024, 1)]
     assert current[0] == 0  # the caller's device again
+
+
+def test_an_unknown_device_is_a_gpu_plan_error_wherever_it_is_given():
+    """Before: a bare ValueError (the plan API's errors are all GpuPlanError subclasses)."""
+    import autograd as ag
+    from autograd import nn
+
+    for call in (lambda: gp.backend.resolve_device("tpu"),
+                 lambda: ag.tensor(np.ones(3), device="tpu"),
+                 lambda: nn.Linear(2, 3).to(device="tpu"),
+                 lambda: gp.to_device(np.ones(3), "tpu")):
+        with pytest.raises(gp.Unsupported, match=r"^device: expected one of \('cpu', 'cuda', "
+                                                 r"'emulated'\), given 'tpu'$"):
+            call()
