@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from dist import trace
 from dist.cuda_aware import cuda_aware_mpi
 from dist.mpi_wait import POLLING_MODES, poll_until, resolve_wait
 from dist.nccl_backend import NcclTransport
@@ -59,6 +60,12 @@ class PendingSend:
 
     def wait(self) -> None:
         if self._requests:
+            with trace.span("send_wait", "comm", peer=self._dest):
+                self._wait_now()
+        self._requests, self._buffers = [], []
+
+    def _wait_now(self) -> None:
+        if self._requests:
             Request = _mpi().Request
             mode = getattr(self._comm, "wait_mode", "spin")
             if mode in POLLING_MODES:
@@ -66,7 +73,6 @@ class PendingSend:
                         lambda: Request.Testall(self._requests), mode)
             else:
                 watched("isend", self._comm, self._dest, Request.Waitall, self._requests)
-        self._requests, self._buffers = [], []
 
 
 class Communicator:
@@ -235,6 +241,10 @@ class Communicator:
         self._check_rank("isend", "dest", dest)
         if x.size == 0:
             return PendingSend([], [], self, dest)
+        with trace.span("send", "comm", bytes=int(x.nbytes), peer=dest):
+            return self._isend_now(x, dest, tag)
+
+    def _isend_now(self, x: Any, dest: int, tag: int) -> PendingSend:
         if backend.is_device_array(x) and not self._mpi_sees_device:
             buf = backend.to_host(x).reshape(-1).view(np.uint8)  # synchronous copy
         else:
@@ -304,6 +314,13 @@ class Communicator:
         `send is recv` means in place (MPI.IN_PLACE for the collectives that take it). The
         MPI call runs under the watchdog as `op` with `peer` (NCCL calls only enqueue work).
         """
+        probe = recv if recv is not None else send
+        with trace.span(op, "comm", bytes=int(probe.nbytes), peer=peer):
+            self._exchange_now(op, peer, send, recv, mpi_fn, nccl_fn)
+
+    def _exchange_now(self, op: str, peer: int | None, send: Any, recv: Any,
+                      mpi_fn: Callable[[Any, Any], Any],
+                      nccl_fn: Callable[[Any, Any], Any] | None) -> None:
         in_place = send is recv
         probe = recv if recv is not None else send
         if not backend.is_device_array(probe):

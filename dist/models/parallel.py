@@ -21,6 +21,7 @@ from autograd.nn import Linear, Module, ModuleList, Parameter
 from autograd.nn import functional as F
 from autograd.tape import Tape
 from autograd.tensor import Tensor
+from dist import trace
 from dist.communicator import Communicator
 from dist.data_parallel import allreduce_gradients, average_over
 from dist.models.sharding import ShardSpec
@@ -290,14 +291,15 @@ class ParallelModel(Module):
         the gradient of the mean micro-batch loss, which is returned."""
         n = self.pipe.num_micro_batches
         losses = []
-        for x, y in zip(split_rows(idx, n, "x"), split_rows(targets, n, "target"),
-                        strict=True):
-            with Tape() as tape:
+        for m, (x, y) in enumerate(zip(split_rows(idx, n, "x"),
+                                       split_rows(targets, n, "target"), strict=True)):
+            with trace.span("forward", stage=0, micro_batch=m), Tape() as tape:
                 loss = self.loss_fn(self.forward_stage(x), y)
                 losses.append(float(loss.item()))
                 scaled = loss * (1.0 / n)
             if scaled._node is not None:
-                tape.backward(scaled)
+                with trace.span("backward", stage=0, micro_batch=m):
+                    tape.backward(scaled)
         return float(np.mean(losses))
 
     def finish_gradients(self) -> None:

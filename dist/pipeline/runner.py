@@ -12,6 +12,7 @@ import autograd as ag
 from autograd.nn import Module
 from autograd.tape import Tape
 from autograd.tensor import Tensor
+from dist import trace
 from dist.communicator import Communicator, PendingSend
 from dist.pipeline.schedules import Action, get_schedule
 from dist.pipeline.stage import PipelineStage
@@ -128,6 +129,10 @@ class _StageRun:
             self.done += 1
 
     def _forward(self, m: int) -> None:
+        with trace.span("forward", stage=self.index, micro_batch=m):
+            self._forward_now(m)
+
+    def _forward_now(self, m: int) -> None:
         x = self.x.pop(m, None) if self.index > 0 else Tensor(_data(self.inputs_0[m]))
         if not self.train:
             with ag.no_grad():
@@ -151,6 +156,10 @@ class _StageRun:
         self.peak_live = max(self.peak_live, len(self.tapes))
 
     def _backward(self, m: int) -> None:
+        with trace.span("backward", stage=self.index, micro_batch=m):
+            self._backward_now(m)
+
+    def _backward_now(self, m: int) -> None:
         tape = self.tapes.pop(m)
         out = self.out.pop(m)
         root, grad = (self.losses.pop(m), None) if self.last else (out, self.grad_out.pop(m))

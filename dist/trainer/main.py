@@ -300,21 +300,27 @@ class Trainer:
         """Commit step `step`'s checkpoint, unless a parameter is not finite (False)."""
         import dist
         import gpuplan as gp
-        from dist.models.configs import config_json
 
         finite = all(bool(np.isfinite(gp.to_host(p.data)).all())
                      for p in self.model.parameters())
         if not self.everywhere(finite):
             return False
         specs = {n: s.to_json() for n, s in self.model.shard_specs().items()}
-        self.last_saved = dist.save_checkpoint(
+        with dist.trace.span("checkpoint", step=step):
+            self.last_saved = self._save_checkpoint(step, specs)
+        return True
+
+    def _save_checkpoint(self, step: int, specs: dict) -> Path:
+        import dist
+        from dist.models.configs import config_json
+
+        return dist.save_checkpoint(
             self.ckpt, self.model, comm=self.world, optimizer=self.opt_state, step=step,
             keep=self.ns.keep,
             metadata={"step": step, "scheduler": self.sched.state_dict(),
                       "history": self.history, "skipped": self.skipped, "args": vars(self.ns),
                       "layout": [self.ns.dp, self.ns.pp, self.ns.tp],
                       "config": config_json(self.cfg), "specs": specs})
-        return True
 
     def everywhere(self, ok: bool) -> bool:
         """True when `ok` holds on every rank (one all-reduce: every rank decides alike)."""
@@ -427,8 +433,11 @@ class Trainer:
         if rank == 0 and self.start < stop:  # within seconds: the first step is the slow one
             prog.line(f"step {self.start + 1}: compiling and warming up (kernels compile on "
                       f"first use; the ETA starts after this step)")
+        if getattr(ns, "trace", None):
+            dist.trace.start(self.world)
         for step in range(self.start, stop):
             t0 = time.perf_counter()
+            t_trace = dist.trace.now()
             x, y = global_batch(self.corpus.train, ns, [ns.seed, step], self.mesh.dp_rank)
             # --cuda-graph: this run's first step is eager (the warm-up), then graphs
             graphed = self.graphed if self.graphed is not None and step > self.start else None
@@ -446,14 +455,17 @@ class Trainer:
             elif verdict is None:
                 if ns.clip > 0:
                     optim.clip_grads_with_norm_(self.model.parameters(), ns.clip, gnorm)
-                self.opt.step()
+                with dist.trace.span("optimizer"):
+                    self.opt.step()
             if graphed is None:
                 self.opt.zero_grad()
             self.sched.step()
             steps_since += 1
             prog.step(step + 1, loss, tokens / (time.perf_counter() - t0))
+            dist.trace.record("step", t_trace, step=step + 1)
             if (step + 1) % ns.eval_interval == 0 or step + 1 == stop or step == 0:
-                val = self.evaluate()
+                with dist.trace.span("evaluate"):
+                    val = self.evaluate()
                 dt = (time.perf_counter() - t_mark) / steps_since
                 rec = {"step": step + 1, "train_loss": loss, "val_loss": val, "lr": lr,
                        "grad_norm": gnorm, "step_time_s": dt, "tokens_per_s": tokens / dt,
@@ -470,6 +482,15 @@ class Trainer:
                                      f"checkpoint written, the last is {self.last_saved}")
                 t_mark, steps_since = time.perf_counter(), 0
         prog.close()
+        if getattr(ns, "trace", None):
+            m = self.mesh
+            where = dist.trace.write(ns.trace, self.world, root=Path(ns.trace).parent,
+                                     label=f"rank {rank} (dp {m.dp_rank}, pp {m.pp_rank}, "
+                                           f"tp {m.tp_rank})")
+            dist.trace.stop()
+            if where is not None:
+                print(f"trace: {where} (open in ui.perfetto.dev or chrome://tracing)",
+                      flush=True)
         if stop < ns.steps:
             if rank == 0:
                 print(f"stopped after step {stop} (--stop-after); continue with --resume",

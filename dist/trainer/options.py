@@ -125,6 +125,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="activation recomputation: keep only each block's input (block) or "
                          "each attention sub-layer's (attention) and re-run it in backward; "
                          "the same gradients, less memory")
+    ap.add_argument("--trace", default=None, metavar="PATH",
+                    help="write a Chrome trace-event JSON of every rank's timeline here "
+                         "(forward/backward per micro-batch, each collective and send/recv, "
+                         "optimizer, evaluate, checkpoint); open it in ui.perfetto.dev")
     ap.add_argument("--device", choices=["auto", "cpu", "cuda", "emulated"], default="auto",
                     help="auto: the GPU when there is one (or the emulated device under "
                          "GPUPLAN_DEVICE=emulated), else cpu; emulated: every kernel runs on "
@@ -324,6 +328,10 @@ def validate(ns: argparse.Namespace, world_size: int) -> None:
     if ns.n_layer % ns.pp:
         raise OptionError(f"--n-layer {ns.n_layer} is not divisible by --pp {ns.pp}")
     _check_model_options(ns)
+    if getattr(ns, "trace", None):
+        where = Path(ns.trace)
+        if where.is_dir() or not where.parent.is_dir():
+            raise OptionError(f"--trace: a file path in an existing folder, given {ns.trace}")
     if getattr(ns, "zero", 0) and getattr(ns, "cuda_graph", False):
         raise OptionError("--zero 1 and --cuda-graph: the captured step runs the replicated "
                           "optimizer; use one or the other")
