@@ -79,6 +79,14 @@ class _Layout:
         return out
 
 
+def _flat_view(p: Any) -> Any:
+    """A flat view of parameter `p`'s (C-contiguous) array."""
+    if not p.data.flags.c_contiguous:
+        raise ValueError(f"ZeroRedundancyOptimizer: parameters must be C-contiguous, given "
+                         f"one of shape {tuple(p.shape)} with strides {p.data.strides}")
+    return p.data.reshape(-1)
+
+
 class ZeroRedundancyOptimizer:
     """`optimizer_class` with its state sharded over `comm` (ZeRO-1); see the module doc."""
 
@@ -101,13 +109,21 @@ class ZeroRedundancyOptimizer:
         self.defaults = replicated.defaults
         self.param_groups = replicated.param_groups
         self._layouts = [_Layout(g["params"], self.size, self.rank) for g in self.param_groups]
-        self._slices = []  # per group: this rank's flat slice of the (master) weights
+        # Per group: this rank's flat slice of the f32 master weights of half parameters
+        # (None for f32/f64 groups, whose pieces are views of the parameters themselves:
+        # no copy of the weights, as the replicated optimizer keeps none).
+        self._slices: list[Any] = []
         self._pieces: list[list[Parameter]] = []
         inner_groups = []
         for group, lay in zip(self.param_groups, self._layouts, strict=True):
-            buf = lay.flat([p.data for p in lay.params], lay.work)
+            if lay.dtype in HALF_DTYPES:
+                buf = lay.flat([p.data for p in lay.params], lay.work)
+                pieces = [Parameter(buf[at:at + b - a]) for _, a, b, at in lay.pieces]
+            else:
+                buf = None
+                pieces = [Parameter(_flat_view(lay.params[i])[a:b]) for i, a, b, _ in
+                          lay.pieces]
             self._slices.append(buf)
-            pieces = [Parameter(buf[at:at + b - a]) for _, a, b, at in lay.pieces]
             self._pieces.append(pieces)
             inner_groups.append({**{k: v for k, v in group.items() if k != "params"},
                                  "params": pieces})
@@ -121,12 +137,15 @@ class ZeroRedundancyOptimizer:
         """Step this rank's pieces with their part of the (already averaged) gradients, then
         all-gather every parameter. A collective over `comm`."""
         for gi, (outer, lay) in enumerate(zip(self.param_groups, self._layouts, strict=True)):
-            if not self._stepped or lay.dtype not in HALF_DTYPES:
-                # The parameters are the weights, as for the replicated optimizer (which
-                # updates f32/f64 parameters in place and makes its f32 masters of half ones
-                # at its first step): a load or a broadcast since is picked up here.
+            if self._slices[gi] is not None and not self._stepped:
+                # The replicated optimizer makes its f32 masters at its first step: a load or
+                # a broadcast since construction is picked up here.
                 self._slices[gi][...] = lay.flat([p.data for p in lay.params], lay.work)
             for piece, (i, a, b, _) in zip(self._pieces[gi], lay.pieces, strict=True):
+                if self._slices[gi] is None:
+                    view = _flat_view(lay.params[i])
+                    if piece.data.base is not view.base and piece.data.base is not view:
+                        piece.data = view[a:b]  # the parameter's array was replaced
                 g = lay.params[i].grad
                 piece.grad = None if g is None else Tensor(
                     gp.backend.ascontiguous(g.data).reshape(-1)[a:b])
@@ -149,7 +168,12 @@ class ZeroRedundancyOptimizer:
     def _gather_into_params(self, gi: int, lay: _Layout) -> None:
         if lay.total == 0:
             return
-        full = self._full(self._slices[gi])
+        mine = self._slices[gi]
+        if mine is None:  # f32/f64: this rank's updated pieces, laid out for the gather
+            if self.size == 1:
+                return  # the pieces are views: the parameters hold the update already
+            mine = lay.flat([p.data for p in lay.params], lay.work)
+        full = self._full(mine)
         for p, start, n in zip(lay.params, lay.offsets[:-1], lay.numels, strict=True):
             values = full[start:start + n].reshape(p.shape)
             if values.dtype != p.data.dtype:
@@ -169,9 +193,9 @@ class ZeroRedundancyOptimizer:
     # -- accounting -----------------------------------------------------------------------------
 
     def state_bytes(self) -> int:
-        """Bytes of optimizer state on this rank: its slices of the weights and the inner
-        optimizer's state (moments)."""
-        total = sum(int(s.nbytes) for s in self._slices)
+        """Bytes of optimizer state on this rank: its slices of the f32 master weights (half
+        parameters) and the inner optimizer's state (moments)."""
+        total = sum(int(s.nbytes) for s in self._slices if s is not None)
         if self.optimizer is not None:
             for state in self.optimizer.state.values():
                 total += sum(int(v.nbytes) for v in state.values() if hasattr(v, "nbytes"))
@@ -184,7 +208,7 @@ class ZeroRedundancyOptimizer:
         return {"zero": {"rank": self.rank, "size": self.size,
                          "totals": [lay.total for lay in self._layouts]},
                 "shard": None if self.optimizer is None else self.optimizer.state_dict(),
-                "slices": [gp.to_host(s).copy() for s in self._slices],
+                "slices": [None if s is None else gp.to_host(s).copy() for s in self._slices],
                 "stepped": self._stepped}
 
     def _piece_state(self, gi: int, k: int) -> dict[str, Any] | None:
@@ -221,7 +245,7 @@ class ZeroRedundancyOptimizer:
                     if st is not None and key in st:
                         buf[at:at + b - a] = st[key].reshape(-1)
                 full[key] = gp.to_host(self._full(buf))
-            if lay.dtype in HALF_DTYPES and any(g == gi for g, _ in scalars):
+            if self._slices[gi] is not None and any(g == gi for g, _ in scalars):
                 full["master"] = gp.to_host(self._full(self._slices[gi]))
             ids = []
             for i, (p, start, n) in enumerate(zip(lay.params, lay.offsets[:-1], lay.numels,
@@ -260,7 +284,7 @@ class ZeroRedundancyOptimizer:
                                  f"{len(theirs['params'])}")
             entries = [saved.get(i, saved.get(str(i))) for i in theirs["params"]]
             masters = [None if e is None else e.get("master") for e in entries]
-            if any(m is not None for m in masters):
+            if self._slices[gi] is not None and any(m is not None for m in masters):
                 # The masters are the weights from now on (the parameters are their rounding).
                 current = [p.data for p in lay.params]
                 self._slices[gi][...] = lay.flat(
@@ -301,7 +325,8 @@ class ZeroRedundancyOptimizer:
         if self.optimizer is not None:
             self.optimizer.load_state_dict(state_dict["shard"])
         for buf, w in zip(self._slices, state_dict["slices"], strict=True):
-            buf[...] = gp.asarray(w, device=gp.device_of(buf))
+            if buf is not None:
+                buf[...] = gp.asarray(w, device=gp.device_of(buf))
         self._stepped = bool(state_dict["stepped"])
 
 

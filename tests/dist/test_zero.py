@@ -153,3 +153,19 @@ def test_bad_arguments_are_clear_errors():
         dist.ZeroRedundancyOptimizer(mixed, comm=None)
     with pytest.raises(ValueError, match="Invalid learning rate"):
         dist.ZeroRedundancyOptimizer(_params(np.float32), comm=None, lr=-1.0)
+
+
+def test_parameters_whose_arrays_are_replaced_are_followed():
+    """f32 pieces are views of the parameters (no copy of the weights); a parameter given a
+    new array (Module.to, a user's assignment) is followed at the next step."""
+    ref, mine = _params(np.float32), _params(np.float32)
+    plain = optim.AdamW(_groups(ref), lr=1e-2)
+    zero = dist.ZeroRedundancyOptimizer(_groups(mine), comm=None, lr=1e-2)
+    _run(plain, ref, steps=2)
+    _run(zero, mine, steps=2)
+    for p in ref + mine:
+        p.data = p.data.copy()
+    _run(plain, ref, steps=2, start=2)
+    _run(zero, mine, steps=2, start=2)
+    assert _bits(mine) == _bits(ref)
+    assert zero.state_bytes() == sum(2 * p.data.nbytes for p in mine)  # moments only

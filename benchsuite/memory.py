@@ -1,0 +1,126 @@
+"""Memory per rank with and without ZeRO-1 and activation recomputation, measured side by side.
+
+    mpiexec -n 2 python -m mpi4py scripts/bench_memory.py      # optimizer state at dp=2
+    mpiexec -n 4 python -m mpi4py scripts/bench_memory.py      # at dp=4
+    python scripts/bench_memory.py                              # dp=1, and the activations
+
+Optimizer state: after one AdamW step of the same GPT (f32 or bf16 parameters) on every
+rank, the bytes the replicated optimizer holds (its moments, and its f32 master weights for
+bf16 parameters) against the bytes ZeRO-1 holds on this rank (its slices of the weights and
+the moments), the largest over the ranks. Activations (one process): the bytes of the arrays
+the tape keeps for backward at the end of one forward (`ctx.saved` of every recorded op, each
+array once), for --recompute none, attention and block. These are counts of the arrays the
+runtime allocates, not a process's peak memory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+import numpy as np
+
+
+def _gpt(n_layer: int, n_embd: int, dtype: Any) -> Any:
+    from autograd import nn
+
+    cfg = nn.GPTConfig(vocab_size=512, block_size=128, n_layer=n_layer, n_head=4,
+                       n_embd=n_embd, dtype=dtype, seed=0)
+    return nn.GPT(cfg)
+
+
+def _groups(model: Any) -> list[dict]:
+    params = list(model.parameters())
+    return [{"params": [p for p in params if p.ndim >= 2], "weight_decay": 0.1},
+            {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}]
+
+
+def _fake_grads(model: Any) -> None:
+    import autograd as ag
+    import gpuplan as gp
+
+    rng = np.random.default_rng(0)
+    for p in model.parameters():
+        p.grad = ag.tensor(gp.asarray(rng.standard_normal(p.shape).astype(p.dtype)))
+
+
+def optimizer_state(comm: Any, dtype_name: str, n_layer: int, n_embd: int) -> dict:
+    from autograd import optim
+    from dist.zero import ZeroRedundancyOptimizer
+    from gpuplan.dtypes import bfloat16
+
+    dtype = bfloat16 if dtype_name == "bf16" else np.float32
+    plain_model, zero_model = _gpt(n_layer, n_embd, dtype), _gpt(n_layer, n_embd, dtype)
+    plain = optim.AdamW(_groups(plain_model), lr=1e-3)
+    zero = ZeroRedundancyOptimizer(_groups(zero_model), optimizer_class=optim.AdamW,
+                                   comm=comm, lr=1e-3)
+    for model, opt in ((plain_model, plain), (zero_model, zero)):
+        _fake_grads(model)
+        opt.step()
+    replicated = sum(int(v.nbytes) for s in plain.state.values() for v in s.values()
+                     if hasattr(v, "nbytes"))
+    mine = zero.state_bytes()
+    most = mine if comm is None else int(comm.all_reduce(np.array([mine]), "max")[0])
+    params = sum(int(p.data.nbytes) for p in plain_model.parameters())
+    return {"dtype": dtype_name, "params_bytes": params, "replicated": replicated,
+            "zero_max_rank": most, "ratio": most / replicated}
+
+
+def activation_bytes(n_layer: int, n_embd: int, batch: int) -> dict[str, int]:
+    import autograd as ag
+
+    model = _gpt(n_layer, n_embd, np.float32)
+    idx = np.random.default_rng(1).integers(0, 512, (batch, 128))
+    out = {}
+    for mode in ("none", "attention", "block"):
+        model.set_recompute(mode)
+        with ag.Tape() as tape:
+            model.loss(idx, idx)
+        seen: dict[int, int] = {}
+        for node in tape.nodes:
+            for a in getattr(node.ctx, "saved", ()) or ():
+                if hasattr(a, "nbytes"):
+                    seen[id(a)] = int(a.nbytes)
+        out[mode] = sum(seen.values())
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="bench_memory.py", description=__doc__.splitlines()[0])
+    ap.add_argument("--n-layer", type=int, default=8)
+    ap.add_argument("--n-embd", type=int, default=256)
+    ap.add_argument("--batch", type=int, default=8)
+    ns = ap.parse_args(argv)
+    comm = None
+    try:
+        from mpi4py import MPI
+
+        if MPI.COMM_WORLD.Get_size() > 1:
+            import dist
+
+            comm = dist.init()
+    except ImportError:
+        pass
+    rank = 0 if comm is None else comm.rank
+    size = 1 if comm is None else comm.size
+    rows = [optimizer_state(comm, d, ns.n_layer, ns.n_embd) for d in ("f32", "bf16")]
+    if rank == 0:
+        print(f"# optimizer state per rank, GPT n_layer={ns.n_layer} n_embd={ns.n_embd}, "
+              f"dp={size}")
+        print(f"{'dtype':<6} {'params MiB':>10} {'replicated MiB':>15} {'ZeRO-1 MiB':>11} "
+              f"{'ratio':>6}")
+        for r in rows:
+            print(f"{r['dtype']:<6} {r['params_bytes'] / 2**20:>10.2f} "
+                  f"{r['replicated'] / 2**20:>15.2f} {r['zero_max_rank'] / 2**20:>11.2f} "
+                  f"{r['ratio']:>6.3f}")
+    if comm is None:
+        acts = activation_bytes(ns.n_layer, ns.n_embd, ns.batch)
+        print(f"# bytes kept for backward after one forward, batch {ns.batch} x 128, f32")
+        for mode, n in acts.items():
+            print(f"--recompute {mode:<9} {n / 2**20:8.2f} MiB  {n / acts['none']:.3f} x none")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

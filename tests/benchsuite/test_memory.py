@@ -1,0 +1,22 @@
+"""scripts/bench_memory.py at a tiny size in one process: the optimizer-state table (ZeRO-1
+holds what the replicated optimizer holds at dp=1) and the activation rows in order."""
+
+from __future__ import annotations
+
+import re
+
+from benchsuite import memory
+
+
+def test_bench_memory_one_process(capsys):
+    assert memory.main(["--n-layer", "2", "--n-embd", "32", "--batch", "2"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "# optimizer state per rank, GPT n_layer=2 n_embd=32, dp=1"
+    rows = {line.split()[0]: line.split() for line in out[2:4]}
+    assert set(rows) == {"f32", "bf16"}
+    for r in rows.values():
+        assert float(r[-1]) == 1.0  # one rank holds the whole state either way
+    acts = {m: float(re.search(r"([\d.]+) MiB", line).group(1)) for line in out[5:8]
+            for m in [line.split()[1]]}
+    assert list(acts) == ["none", "attention", "block"]
+    assert acts["block"] < acts["attention"] < acts["none"]
