@@ -187,6 +187,12 @@ def read_gpt2_folder(path: str | os.PathLike) -> tuple[dict[str, Any], dict[str,
         if not needed.is_file():
             raise GPT2FormatError(f"{path}: not a GPT-2 folder ({needed.name} is missing; "
                                   f"expected {CONFIG_FILE} and {WEIGHTS_FILE})")
+    return read_gpt2_config(path), serialization.read_safetensors(weights)[0]
+
+
+def read_gpt2_config(path: str | os.PathLike) -> dict[str, Any]:
+    """The config.json fields of the GPT-2 folder `path` (size and nesting bounded)."""
+    cfg_file = Path(path) / CONFIG_FILE
     if cfg_file.stat().st_size > _MAX_CONFIG_BYTES:
         raise GPT2FormatError(f"{cfg_file}: {cfg_file.stat().st_size} bytes, expected a "
                               f"config of at most {_MAX_CONFIG_BYTES} bytes")
@@ -199,7 +205,7 @@ def read_gpt2_folder(path: str | os.PathLike) -> tuple[dict[str, Any], dict[str,
                               f"of config fields)") from None
     if not isinstance(hf, dict):
         raise GPT2FormatError(f"{cfg_file}: expected a JSON object")
-    return hf, serialization.read_safetensors(weights)[0]
+    return hf
 
 
 def state_from_gpt2(tensors: dict[str, np.ndarray], config: GPTConfig, where: str = "",
@@ -324,5 +330,5 @@ def save_gpt2(model: GPT, path: str | os.PathLike) -> Path:
 
 
 __all__ = ["GPT2FormatError", "config_from_gpt2", "gpt2_config_json", "hf_names",
-           "load_gpt2", "param_shapes", "read_gpt2_folder", "save_gpt2", "state_from_gpt2",
-           "state_to_gpt2"]
+           "load_gpt2", "param_shapes", "read_gpt2_config", "read_gpt2_folder", "save_gpt2",
+           "state_from_gpt2", "state_to_gpt2"]

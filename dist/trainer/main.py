@@ -99,7 +99,10 @@ def run_job(argv: list[str] | None = None) -> int:
     try:
         if isinstance(ns, OptionError):
             raise ns
+        shape_note = adopt_init_from_shape(ns)
         validate(ns, world.size)
+        if world.rank == 0 and shape_note:
+            print(shape_note, flush=True)
         if ns.cuda_graph and graph_step.refusal(ns, world.size):
             raise ValueError(graph_step.refusal(ns, world.size))
         corpus = data_mod.load_corpus(ns.data, ns.block_size, vocab_size=ns.vocab_size,
@@ -116,6 +119,36 @@ def run_job(argv: list[str] | None = None) -> int:
         if world.rank == 0:            # rank checks the whole global batch, so all stop here
             print(f"train.py: error: --data: {exc}", file=sys.stderr, flush=True)
         return 2
+
+
+#: train.py options a Hugging Face GPT-2 folder's config.json sets when --init-from names it
+#: and they are not given (--block-size is not among them: --init-from crops positions).
+_GPT2_SHAPE = {"vocab_size": "vocab_size", "n_layer": "n_layer", "n_head": "n_head",
+               "n_embd": "n_embd", "activation": "activation"}
+
+
+def adopt_init_from_shape(ns: argparse.Namespace) -> str | None:
+    """With --init-from a Hugging Face GPT-2 folder (--model gpt), the model options not
+    given take the folder's values, so one launch fits the weights (before: one mismatch per
+    launch); returns the note that says so, or None."""
+    path = Path(ns.init_from) if getattr(ns, "init_from", None) else None
+    if path is None or getattr(ns, "model", "gpt") != "gpt" or \
+            not (path / "config.json").is_file() or not (path / "model.safetensors").is_file():
+        return None
+    from autograd.nn import gpt2_io
+
+    where = str(path / gpt2_io.CONFIG_FILE)
+    cfg = gpt2_io.config_from_gpt2(gpt2_io.read_gpt2_config(path), where)
+    given = set(getattr(ns, "given", ()))
+    taken = []
+    for option, field in _GPT2_SHAPE.items():
+        if option not in given and getattr(ns, option) != getattr(cfg, field):
+            setattr(ns, option, getattr(cfg, field))
+            taken.append(f"--{option.replace('_', '-')} {getattr(cfg, field)}")
+    if not taken:
+        return None
+    return f"note: --init-from {path}: the model options not given follow its config.json: " \
+           f"{' '.join(taken)}"
 
 
 def model_config(ns: argparse.Namespace, vocab_size: int):

@@ -153,14 +153,24 @@ def parse_with_config(ap: argparse.ArgumentParser, argv: list[str] | None) -> ar
     pre = _Parser(add_help=False)
     pre.add_argument("--config", default=None)
     config = pre.parse_known_args(argv)[0].config
-    if config is None:
-        return ap.parse_args(argv)
-    tokens = config_tokens(ap, config)
-    try:
-        ap.parse_args(tokens)  # the file's values alone, so that errors can name the file
-    except OptionError as exc:
-        raise OptionError(f"--config {config}: {exc}") from None
-    return ap.parse_args(tokens + argv)
+    tokens = [] if config is None else config_tokens(ap, config)
+    if config is not None:
+        try:
+            ap.parse_args(tokens)  # the file's values alone, so that errors can name the file
+        except OptionError as exc:
+            raise OptionError(f"--config {config}: {exc}") from None
+    ns = ap.parse_args(tokens + argv)
+    ns.given = given_options(ap, tokens + argv)
+    return ns
+
+
+def given_options(ap: argparse.ArgumentParser, tokens: list[str]) -> list[str]:
+    """The dests of the options `tokens` set (on the command line or in --config), however
+    spelled: argparse fills in a default only where the namespace has no value yet."""
+    unset = object()
+    probe = argparse.Namespace(**{a.dest: unset for a in ap._actions if a.option_strings})
+    ap.parse_args(tokens, namespace=probe)
+    return sorted(k for k, v in vars(probe).items() if v is not unset and k != "config")
 
 
 _MAX_CONFIG_BYTES = 1 << 20  # a file of options is a few hundred bytes

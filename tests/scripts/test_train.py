@@ -290,6 +290,23 @@ def test_resume_with_malformed_run_metadata_is_one_line(tmp_path, field, value, 
         f"train.py: error: --resume: {manifest}: {message}"), errors
 
 
+def test_init_from_a_gpt2_folder_runs_in_one_launch_without_shape_options(tmp_path):
+    """Before: --init-from of a Hugging Face folder failed once per differing field."""
+    from autograd import nn
+
+    nn.GPT(nn.GPTConfig(vocab_size=300, block_size=32, n_layer=1, n_head=2, n_embd=8,
+                        activation="gelu_tanh")).save_pretrained_gpt2(tmp_path / "hf")
+    res = run(1, "--max-bytes", "200000", "--batch-size", "8", "--block-size", "16",
+              "--eval-batches", "1", "--sample-tokens", "4", "--warmup", "1", "--steps", "2",
+              "--progress", "plain", "--init-from", str(tmp_path / "hf"),
+              "--out", str(tmp_path / "run"))
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert (f"note: --init-from {tmp_path / 'hf'}: the model options not given follow its "
+            f"config.json: --vocab-size 300 --n-layer 1 --n-head 2 --n-embd 8 --activation "
+            f"gelu_tanh") in res.stdout
+    assert "1 layers x 8 wide, 2 heads" in res.stdout
+
+
 def test_resume_with_more_steps_follows_the_new_schedule_and_a_finished_run_stops(tmp_path):
     """--resume of a finished run says there is nothing to do (exit 0, nothing written);
     --resume with a larger --steps says the schedule now ends there and runs the learning

@@ -80,3 +80,29 @@ def test_the_final_sample_falls_back_to_ids_when_the_codec_fails(tmp_path):
     first, note = text.splitlines()
     assert len(first.split()) == 4 and all(t.isdigit() for t in first.split())
     assert note.startswith("(token ids: the data's chars ") and "is gone (moved?)" in note
+
+
+def test_init_from_a_gpt2_folder_takes_its_shape_where_the_options_do_not_set_it(tmp_path):
+    """Before: each differing field was one failed launch (vocabulary, then layers, then
+    width, then activation); now the options not given follow the folder's config.json."""
+    from autograd import nn
+    from dist.trainer.options import parse_args
+
+    nn.GPT(nn.GPTConfig(vocab_size=300, block_size=32, n_layer=3, n_head=2, n_embd=8,
+                        activation="gelu_tanh")).save_pretrained_gpt2(tmp_path / "hf")
+    ns = parse_args(["--init-from", str(tmp_path / "hf"), "--n-head", "4"])
+    note = main.adopt_init_from_shape(ns)
+    assert (ns.vocab_size, ns.n_layer, ns.n_head, ns.n_embd, ns.activation) == \
+        (300, 3, 4, 8, "gelu_tanh")  # --n-head was given: kept (check_config names it)
+    assert note == (f"note: --init-from {tmp_path / 'hf'}: the model options not given follow "
+                    f"its config.json: --vocab-size 300 --n-layer 3 --n-embd 8 "
+                    f"--activation gelu_tanh")
+    assert parse_args(["--config", _toml(tmp_path, "n_layer = 5\n")]).given == ["n_layer"]
+    ns = parse_args(["--init-from", str(tmp_path / "hf"), "--model", "gpt"])
+    ns.init_from = str(tmp_path / "nowhere")
+    assert main.adopt_init_from_shape(ns) is None and ns.n_layer != 3
+
+
+def _toml(tmp_path: Path, text: str) -> str:
+    (tmp_path / "run.toml").write_text(text)
+    return str(tmp_path / "run.toml")
