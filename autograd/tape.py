@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import gpuplan as gp
 from autograd import anomaly, inplace, tensor_base
 from autograd.tensor_base import TensorBase
-from gpuplan.dtypes import FLOAT_DTYPES
+from gpuplan.dtypes import FLOAT_DTYPES, HALF_DTYPES
 
 if TYPE_CHECKING:
     from autograd.tensor import Tensor
@@ -175,8 +175,30 @@ def _accumulate_leaf(t: Tensor, g: Any, delivered: set) -> None:
         if g.base is not None or id(g) in delivered:
             g = g.copy()
         t.grad = tensor_base.TENSOR_CLASS(g)
+        if "_grad_acc" in t.__dict__:
+            del t._grad_acc
+    elif t.dtype in HALF_DTYPES:
+        _accumulate_half(t, g)
     else:
         t.grad = tensor_base.TENSOR_CLASS(gp.functional.binary("add", t.grad.data, g))
+
+
+def _accumulate_half(t: Tensor, g: Any) -> None:
+    """A second (third, ...) gradient of an f16/bf16 leaf, e.g. of the next micro-batch,
+    is added in float32 (Megatron's and nanotron's fp32 gradient accumulation): the leaf
+    keeps the float32 running sum (``t._grad_acc``) beside ``t.grad``, its rounding, so the
+    sum of k gradients is rounded once, not k - 1 times. The running sum is used while
+    ``t.grad`` is the tensor it made, unwritten since (its ``_version``); after any other
+    change to ``t.grad`` (an in-place write, a new tensor) the sum restarts from it."""
+    f32 = gp.dtypes.float32
+    grad = t.grad
+    acc = t.__dict__.get("_grad_acc")
+    total = acc[0] if acc is not None and acc[1] is grad and acc[2] == grad._version else \
+        gp.functional.cast(grad.data, f32)
+    total = gp.functional.binary("add", total, gp.functional.cast(g, f32))
+    new = tensor_base.TENSOR_CLASS(gp.functional.cast(total, t.dtype))
+    t.grad = new
+    t._grad_acc = (total, new, new._version)
 
 
 def run_backward(roots: list[tuple[Tensor, Any]], retain: bool = False,

@@ -96,6 +96,7 @@ class Optimizer:
                     continue
                 if set_to_none:
                     p.grad = None
+                    p.__dict__.pop("_grad_acc", None)  # the f32 sum (autograd.tape)
                 else:
                     p.grad.data[...] = 0
                     record_write(p.grad, f"{type(self).__name__}.zero_grad(set_to_none=False)")
