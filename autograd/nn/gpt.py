@@ -46,8 +46,8 @@ class CausalSelfAttention(Module):
     def forward(self, x: Tensor, cache: generation.LayerKV | None = None) -> Tensor:
         """``x [B, T, C]`` -> ``[B, T, C]``. With ``cache`` (generation), the keys and values
         of the positions before these are prepended from it (and these appended to it)."""
-        B, T, _ = x.shape
         qkv = self.qkv(x)
+        B, T = qkv.shape[:2]  # a sequence-parallel qkv's output spans the whole sequence
         width = qkv.shape[-1] // 3  # H * Dh for the heads this layer holds
         H = width // self.head_dim
         q, k, v = split_heads(qkv, 3, H)  # [B, H, T, Dh] each

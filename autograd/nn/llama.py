@@ -61,8 +61,8 @@ class LlamaAttention(Module):
         """``x [B, T, C]`` at positions ``offset ..`` -> ``[B, T, C]``. With ``cache``
         (generation: ``offset`` is its length), the keys and values of the earlier positions
         come from it, these are appended to it (``Hkv`` heads, before any repeat)."""
-        B, T, _ = x.shape
         q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        B, T = q.shape[:2]  # a sequence-parallel q_proj's output spans the whole sequence
         H, Hkv = q.shape[-1] // self.head_dim, k.shape[-1] // self.head_dim
         q = rope_split_heads(q, H, theta=self.rope_theta, offset=offset)  # [B, H, T, Dh]
         k = rope_split_heads(k, Hkv, theta=self.rope_theta, offset=offset)

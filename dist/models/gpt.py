@@ -23,10 +23,13 @@ Layout (Megatron-LM style), for a tensor-parallel group of size ``t`` and ``p`` 
 Dropout acts only on replicated activations (embedding output, attention and MLP outputs
 after the row-parallel reduce), drawn from the default generator, which
 `dist.model_parallel_seed` seeds identically across a tensor-parallel group: the masks agree
-across TP ranks as they must. Every parameter records its dense name and the indices it
-holds (``p.shard_spec``, `ParallelGPT.shard_specs`), which drives gradient clipping,
-checkpoint consolidation and `scripts/generate.py` (see `dist.training`). What is not
-GPT's own (stages, head, pipeline, gradient sums, shard specs) is `dist.models.parallel`'s.
+across TP ranks as they must. With ``sequence_parallel=True`` those activations are split
+along the sequence instead (`dist.models.parallel.ParallelModel`): each rank drops its
+tokens' entries of the whole tensor's mask, and ``wpe`` looks up its shard's positions.
+Every parameter records its dense name and the indices it holds (``p.shard_spec``,
+`ParallelGPT.shard_specs`), which drives gradient clipping, checkpoint consolidation and
+`scripts/generate.py` (see `dist.training`). What is not GPT's own (stages, head,
+pipeline, gradient sums, shard specs) is `dist.models.parallel`'s.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from autograd.nn import GPT, GPTConfig, Module
 from autograd.nn.gpt import GPTLayers
 from dist.models.parallel import ModelStage, ParallelModel, VocabParallelHead, divisible
 from dist.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
+from dist.tensor_parallel.sequence import SequenceShardEmbedding
 
 #: The pipeline stage module (one name for every parallel model's stages).
 GPTStage = ModelStage
@@ -97,6 +101,14 @@ class ParallelGPT(GPTLayers, ParallelModel):
         attn.first_head = tp.rank * (config.n_head // tp.size)
         mlp.fc = ColumnParallelLinear.from_dense(mlp.fc, config=tp, gather_output=False)
         mlp.proj = RowParallelLinear.from_dense(mlp.proj, config=tp, input_is_parallel=True)
+
+    def _shard_sequence(self) -> None:
+        """Sequence parallelism: dropouts on shards (ParallelModel's), and ``wpe`` looks up
+        the positions of this rank's sequence shard only, to add to the embedding's
+        reduce-scattered output (its gradient then summed over TP: `_replica_groups`)."""
+        super()._shard_sequence()
+        if self.is_first_stage:
+            self.wpe = SequenceShardEmbedding.from_dense(self.wpe, self.tp_comm)
 
     def dense_columns(self, name: str, owner: ColumnParallelLinear) -> np.ndarray:
         cols = super().dense_columns(name, owner)

@@ -24,6 +24,8 @@ is `dist.models.parallel`'s, shared with `dist.ParallelGPT`):
 Llama's only dropout is on the attention probabilities; each TP rank's attention draws, for
 its query heads (``first_head``), the bits one process draws for them, from the default
 generator that `dist.model_parallel_seed` seeds alike across the group: the masks agree.
+With ``sequence_parallel=True`` the RMSNorms and residual adds run on this rank's sequence
+shard (`dist.models.parallel.ParallelModel`); the attention sees whole sequences.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 import gpuplan as gp
-from autograd.nn import Linear, Module, ModuleList, Parameter
+from autograd.nn import Dropout, Linear, Module, ModuleList, Parameter
 from autograd.nn import functional as F
 from autograd.tape import Tape
 from autograd.tensor import Tensor
@@ -31,7 +31,11 @@ from dist.tensor_parallel.layers import (
     RowParallelLinear,
     TensorParallelConfig,
 )
-from dist.tensor_parallel.mappings import copy_to_tensor_parallel_region
+from dist.tensor_parallel.mappings import (
+    copy_to_tensor_parallel_region,
+    gather_from_sequence_parallel_region,
+)
+from dist.tensor_parallel.sequence import SequenceParallelDropout, sequence_chunk
 from dist.tensor_parallel.vocab import (
     VocabParallelEmbedding,
     vocab_parallel_cross_entropy,
@@ -55,6 +59,9 @@ class VocabParallelHead(Module):
     copy_to_tensor_parallel_region (identity forward, all-reduce of dX backward). Untied
     (`from_dense`): ``weight = W_t [C, V_t]``, ``Y_t = linear(X, W_t)``. Tied (`tied_to`):
     ``weight = E_t [V_t, C]``, this rank's rows of the token embedding, ``Y_t = X @ E_t^T``.
+    With sequence parallelism (``config.reduce_scatter_output``) ``X`` is this rank's
+    sequence shard and enters through gather_from_sequence_parallel_region instead
+    (all-gather forward, reduce-scatter of dX backward): the logits cover whole sequences.
     """
 
     def __init__(self, weight: Parameter, vocab_start: int, vocab_end: int, tied: bool,
@@ -84,7 +91,11 @@ class VocabParallelHead(Module):
                    config=embedding.config)
 
     def forward(self, x: Tensor) -> Tensor:
-        h = copy_to_tensor_parallel_region(x, self.config.comm)
+        if self.config.reduce_scatter_output:
+            h = gather_from_sequence_parallel_region(x, self.config.comm,
+                                                     self.config.sequence_axis)
+        else:
+            h = copy_to_tensor_parallel_region(x, self.config.comm)
         return h @ self.weight.T if self.tied else F.linear(h, self.weight)
 
     def extra_repr(self) -> str:
@@ -125,6 +136,17 @@ class ParallelModel(Module):
       returns the global-batch loss on every rank.
     * ``shard_specs()``: local parameter name -> `ShardSpec`.
 
+    ``sequence_parallel=True`` (Megatron-LM's sequence parallelism, with ``tp > 1``): between
+    tensor-parallel regions the activations ``[B, T, C]`` are split along ``T`` over the TP
+    ranks (``T`` divisible by ``tp``), so norms, dropout and residual adds run on ``T/tp``
+    tokens: the embedding's output is reduce-scattered along ``T``, each column-parallel
+    layer all-gathers its input along ``T``, each row-parallel layer reduce-scatters its
+    output instead of all-reducing it, and the head all-gathers ``T`` back, so the logits
+    (and the vocabulary-parallel loss) cover whole sequences as without it. Dropout draws
+    the masks of its tokens' global positions (`SequenceParallelDropout`); the replicated
+    parameters that see a shard of the tokens (norms, GPT's position embedding) get their
+    gradients summed over TP after each backward (`_replica_groups`).
+
     Clipping, evaluation and consolidation are `dist.clip_grad_norm_`, `dist.evaluate` and
     `dist.gather_dense_state_dict` (dist/training.py).
     """
@@ -137,7 +159,8 @@ class ParallelModel(Module):
     def __init__(self, config: Any, mesh: Any = None, *, tp: Communicator | None = None,
                  pp: Communicator | None = None, dp: Communicator | None = None,
                  num_micro_batches: int = 1, schedule: str = "1f1b",
-                 device: str = "cpu", dtype: Any = None) -> None:
+                 device: str = "cpu", dtype: Any = None,
+                 sequence_parallel: bool = False) -> None:
         if mesh is not None:
             tp, pp, dp = mesh.tp, mesh.pp, mesh.dp
         tp, pp, dp = (c if c is not None and c.size > 1 else None for c in (tp, pp, dp))
@@ -146,15 +169,21 @@ class ParallelModel(Module):
         super().__init__()
         self.config = config
         self.tp_comm, self.pp_comm, self.dp_comm = tp, pp, dp
-        self.tp_config = TensorParallelConfig(comm=tp)
+        # With one TP rank there is no sequence to split: the option changes nothing.
+        self.sequence_parallel = bool(sequence_parallel) and tp is not None
+        self.tp_config = TensorParallelConfig(comm=tp,
+                                              reduce_scatter_output=self.sequence_parallel,
+                                              sequence_axis=1)
         self.device = device
         self.num_stages = num_stages
         self.stage_index = 0 if pp is None else pp.rank
         self._hold_stage(self.dense_model(config))  # drawn from config.seed on the host
-        self.replica_groups = self._replica_groups()
+        if self.sequence_parallel:
+            self._shard_sequence()
         modules = dict(self.named_modules())
         for name, p in self.named_parameters():
             p.shard_spec = self._shard_spec(name, modules[name.rpartition(".")[0]])
+        self.replica_groups = self._replica_groups()
         stage = ModelStage(partial(self.forward_stage, first=self.is_first_stage,
                                    last=self.is_last_stage))
         self.pipe = PipelineParallel(
@@ -182,6 +211,16 @@ class ParallelModel(Module):
         this rank's contiguous block, unless the model permuted the dense columns first."""
         w = owner.out_features_per_rank
         return np.arange(owner.rank * w, (owner.rank + 1) * w)
+
+    def _shard_sequence(self) -> None:
+        """Sequence parallelism's substitutions beyond the TP layers (which follow
+        ``tp_config``): every dropout acts on sequence shards, so each `nn.Dropout` becomes a
+        `SequenceParallelDropout` (the dense masks of its tokens). A model adds its own
+        (GPT: the position embedding of the shard's positions)."""
+        for module in list(self.modules()):
+            for name, child in list(module.named_children()):
+                if isinstance(child, Dropout):
+                    setattr(module, name, SequenceParallelDropout(child.p, self.tp_comm))
 
     # -- layout ---------------------------------------------------------------------------
 
@@ -224,7 +263,20 @@ class ParallelModel(Module):
         """(parameters, group) pairs whose gradients are summed over the group after each
         backward, because each of the group's ranks holds a copy of the same dense values
         and sees part of their gradient: here the tied embedding's copies on the first and
-        last stage."""
+        last stage, and with sequence parallelism the replicated parameters (norms,
+        position embedding: unsplit, not a row-parallel bias, whose layer sums it) over TP,
+        each rank having seen its sequence shard's tokens only."""
+        groups = []
+        if self.sequence_parallel:
+            modules = dict(self.named_modules())
+            seen = [p for name, p in self.named_parameters()
+                    if not p.shard_spec.tensor_parallel
+                    and not isinstance(modules[name.rpartition(".")[0]], RowParallelLinear)]
+            groups.append((seen, self.tp_comm))
+        return groups + self._tied_copy_groups()
+
+    def _tied_copy_groups(self) -> list[tuple[list[Parameter], Communicator]]:
+        """The tied embedding's copies on the first and last stage, summed over the two."""
         if not self.config.tie_weights or self.num_stages == 1:
             return []
         ends = self.is_first_stage or self.is_last_stage
@@ -278,6 +330,7 @@ class ParallelModel(Module):
 
     def train_step(self, idx: Any, targets: Any) -> float:
         idx, targets = self.input_array(idx), self.input_array(targets)
+        self._check_sequence(idx, "train_step")
         if self.num_stages == 1:
             loss = self._accumulate_micro_batches(idx, targets)
         else:
@@ -312,7 +365,14 @@ class ParallelModel(Module):
     def forward(self, idx: Any) -> Tensor | None:
         """Logits ``[B, T, V_r]`` (this TP rank's vocabulary block) on the last stage's ranks,
         None on the others."""
-        return self.pipe.forward(self.input_array(idx))
+        idx = self.input_array(idx)
+        self._check_sequence(idx, "forward")
+        return self.pipe.forward(idx)
+
+    def _check_sequence(self, idx: Any, op: str) -> None:
+        """With sequence parallelism, InvalidProblem unless TP divides the sequence length."""
+        if self.sequence_parallel and idx.ndim == 2:
+            sequence_chunk(idx.shape[1], self.tp_comm, f"{type(self).__name__}.{op}", "idx")
 
     def input_array(self, x: Any) -> Any:
         """Token ids (host or device array, or Tensor) as an array on the model's device."""

@@ -31,13 +31,17 @@ class TensorParallelConfig:
     reduce_output: RowParallelLinear all-reduces its output (else it returns the partial
       sum X_t @ W_t, with the bias added on TP rank 0 only, so the outputs sum to Y).
     reduce_scatter_output: sequence parallelism. RowParallelLinear reduce-scatters its
-      output along axis 0 (rows / sequence) instead of all-reducing it, and
-      ColumnParallelLinear expects its input sharded the same way and all-gathers it.
+      output along `sequence_axis` instead of all-reducing it, ColumnParallelLinear
+      expects its input sharded the same way and all-gathers it (and so do
+      VocabParallelEmbedding's output and the models' vocabulary-parallel head's input).
+    sequence_axis: the axis sequence parallelism shards: 0 (rows, Megatron's [T, B, C]);
+      the models' activations [B, T, C] use 1.
     """
 
     comm: Communicator | None = None
     reduce_output: bool = True
     reduce_scatter_output: bool = False
+    sequence_axis: int = 0
 
     @property
     def size(self) -> int:
@@ -151,7 +155,7 @@ class ColumnParallelLinear(_ParallelLinear):
         """The input as this rank's GEMM takes it: all-gathered along the sequence (sequence
         parallel), else the identity whose backward all-reduces dX."""
         if self.config.reduce_scatter_output:
-            return gather_from_sequence_parallel_region(x, self.comm)
+            return gather_from_sequence_parallel_region(x, self.comm, self.config.sequence_axis)
         return copy_to_tensor_parallel_region(x, self.comm)
 
     def _leave(self, y: Tensor) -> Tensor:
@@ -169,9 +173,10 @@ class RowParallelLinear(_ParallelLinear):
     bias b [out]. Forward: Y = AllReduce(X_t A_t) + b, the bias added once, after the
     reduce, on every rank; backward dX_t = dY A_t^T with no collective.
     input_is_parallel=False scatters a full X [..., in] to X_t first. With
-    config.reduce_scatter_output the sum is reduce-scattered along axis 0 (each rank keeps
-    rows [t*n/p, (t+1)*n/p)) and the bias gradient is all-reduced so every rank holds the
-    dense gradient; with config.reduce_output=False see TensorParallelConfig.
+    config.reduce_scatter_output the sum is reduce-scattered along config.sequence_axis
+    (each rank keeps rows [t*n/p, (t+1)*n/p) of it) and the bias gradient is all-reduced
+    so every rank holds the dense gradient; with config.reduce_output=False see
+    TensorParallelConfig.
     """
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True,
@@ -195,7 +200,8 @@ class RowParallelLinear(_ParallelLinear):
             x = scatter_to_tensor_parallel_region(x, self.comm, axis=-1)
         partial = F.linear(x, self.weight)
         if self.config.reduce_scatter_output:
-            y = reduce_scatter_to_sequence_parallel_region(partial, self.comm)
+            y = reduce_scatter_to_sequence_parallel_region(partial, self.comm,
+                                                           self.config.sequence_axis)
             bias = (None if self.bias is None
                     else copy_to_tensor_parallel_region(self.bias, self.comm))
         elif self.config.reduce_output:

@@ -6,10 +6,12 @@ Each Function pairs a collective with its conjugate in backward:
   reduce_from_tensor_parallel_region   forward all-reduce      backward identity
   scatter_to_tensor_parallel_region    forward take own chunk  backward all-gather
   gather_from_tensor_parallel_region   forward all-gather      backward take own chunk
-  reduce_scatter_to_sequence_parallel_region  forward reduce-scatter (axis 0)
-                                              backward all-gather (axis 0)
-  gather_from_sequence_parallel_region        forward all-gather (axis 0)
-                                              backward reduce-scatter (axis 0)
+  reduce_scatter_to_sequence_parallel_region  forward reduce-scatter (sequence axis)
+                                              backward all-gather (sequence axis)
+  gather_from_sequence_parallel_region        forward all-gather (sequence axis)
+                                              backward reduce-scatter (sequence axis)
+
+The sequence axis is 0 by default (Megatron's [T, B, C]); the models' [B, T, C] pass 1.
 
 A communicator of size 1 (or None) makes every mapping the identity.
 """
@@ -82,24 +84,24 @@ class _GatherFromRegion(Function):
 
 class _ReduceScatterToSequence(Function):
     @staticmethod
-    def forward(ctx, x, comm):
-        ctx.comm = comm
-        return comm.reduce_scatter(x, axis=0)
+    def forward(ctx, x, comm, axis):
+        ctx.comm, ctx.axis = comm, axis
+        return comm.reduce_scatter(x, axis=axis)
 
     @staticmethod
     def backward(ctx, dy):
-        return ctx.comm.all_gather(backend.ascontiguous(dy), axis=0), None
+        return ctx.comm.all_gather(backend.ascontiguous(dy), axis=ctx.axis), None, None
 
 
 class _GatherFromSequence(Function):
     @staticmethod
-    def forward(ctx, x, comm):
-        ctx.comm = comm
-        return comm.all_gather(x, axis=0)
+    def forward(ctx, x, comm, axis):
+        ctx.comm, ctx.axis = comm, axis
+        return comm.all_gather(x, axis=axis)
 
     @staticmethod
     def backward(ctx, dy):
-        return ctx.comm.reduce_scatter(dy, axis=0), None
+        return ctx.comm.reduce_scatter(dy, axis=ctx.axis), None, None
 
 
 def _trivial(comm: Communicator | None) -> bool:
@@ -128,11 +130,13 @@ def gather_from_tensor_parallel_region(x: Tensor, comm: Communicator | None,
     return x if _trivial(comm) else _GatherFromRegion.apply(x, comm, axis % x.ndim)
 
 
-def reduce_scatter_to_sequence_parallel_region(x: Tensor, comm: Communicator | None) -> Tensor:
-    """Reduce-scatter along axis 0 (rows/sequence) forward; all-gather backward."""
-    return x if _trivial(comm) else _ReduceScatterToSequence.apply(x, comm)
+def reduce_scatter_to_sequence_parallel_region(x: Tensor, comm: Communicator | None,
+                                               axis: int = 0) -> Tensor:
+    """Reduce-scatter along `axis` (rows/sequence) forward; all-gather backward."""
+    return x if _trivial(comm) else _ReduceScatterToSequence.apply(x, comm, axis % x.ndim)
 
 
-def gather_from_sequence_parallel_region(x: Tensor, comm: Communicator | None) -> Tensor:
-    """All-gather along axis 0 forward; reduce-scatter (sum) of the gradient backward."""
-    return x if _trivial(comm) else _GatherFromSequence.apply(x, comm)
+def gather_from_sequence_parallel_region(x: Tensor, comm: Communicator | None,
+                                         axis: int = 0) -> Tensor:
+    """All-gather along `axis` forward; reduce-scatter (sum) of the gradient backward."""
+    return x if _trivial(comm) else _GatherFromSequence.apply(x, comm, axis % x.ndim)

@@ -13,7 +13,10 @@ from autograd.nn import Embedding, Module, Parameter
 from autograd.tensor import Tensor
 from dist.communicator import Communicator
 from dist.tensor_parallel.layers import TensorParallelConfig, shared_seed
-from dist.tensor_parallel.mappings import reduce_from_tensor_parallel_region
+from dist.tensor_parallel.mappings import (
+    reduce_from_tensor_parallel_region,
+    reduce_scatter_to_sequence_parallel_region,
+)
 from gpuplan import backend
 from gpuplan.errors import InvalidProblem, describe
 
@@ -32,7 +35,9 @@ class VocabParallelEmbedding(Module):
     nn.Embedding with the same seed), looks up the indices that fall in its block (zero
     rows for the others: the embedding plans' index_offset=start_t) and all-reduces:
     out = AllReduce_t(lookup_t). Backward needs no collective: each rank scatters dout
-    into its own rows only.
+    into its own rows only. With config.reduce_scatter_output (sequence parallelism) the
+    sum is reduce-scattered along config.sequence_axis instead (this rank's sequence shard;
+    backward all-gathers dout).
     """
 
     def __init__(self, num_embeddings: int, embedding_dim: int, padding_idx: int | None = None,
@@ -71,6 +76,9 @@ class VocabParallelEmbedding(Module):
         # zero rows forward and are skipped backward; padding_idx stays global.
         out = F.embedding(idx, self.weight, padding_idx=self.padding_idx,
                           index_offset=self.vocab_start)
+        if self.config.reduce_scatter_output:
+            return reduce_scatter_to_sequence_parallel_region(out, self.comm,
+                                                              self.config.sequence_axis)
         return reduce_from_tensor_parallel_region(out, self.comm)
 
     def extra_repr(self) -> str:
