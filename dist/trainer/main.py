@@ -238,7 +238,8 @@ class Trainer:
         model_class = ParallelLlama if self.model_name == "llama" else ParallelGPT
         self.model = model_class(self.cfg, self.mesh, num_micro_batches=ns.micro_batches,
                                  schedule=ns.schedule, device=self.device,
-                                 dtype=gp.bfloat16 if ns.dtype == "bf16" else None)
+                                 dtype=gp.bfloat16 if ns.dtype == "bf16" else None,
+                                 sequence_parallel=getattr(ns, "sequence_parallel", False))
         decay = [p for p in self.model.parameters() if p.ndim >= 2]
         no_decay = [p for p in self.model.parameters() if p.ndim < 2]
         groups = [{"params": decay, "weight_decay": ns.weight_decay},
@@ -446,7 +447,9 @@ class Trainer:
                   f"x {ns.n_embd} wide, {heads}, context {ns.block_size} | data: {c.source} "
                   f"({len(c.train.tokens):,} train / {len(c.val.tokens):,} val {c.unit}) | "
                   f"mesh: dp={ns.dp} "
-                  f"pp={ns.pp} tp={ns.tp}, {ns.micro_batches} micro-batches ({ns.schedule}) | "
+                  f"pp={ns.pp} tp={ns.tp}"
+                  + (" sequence-parallel" if self.model.sequence_parallel else "")
+                  + f", {ns.micro_batches} micro-batches ({ns.schedule}) | "
                   f"device: {self.device_label}, {ns.dtype}"
                   + (f" | resumed at step {self.start}" if ns.resume else "")
                   + (f" | weights from {ns.init_from}" if ns.init_from else ""), flush=True)

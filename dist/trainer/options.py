@@ -125,6 +125,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="activation recomputation: keep only each block's input (block) or "
                          "each attention sub-layer's (attention) and re-run it in backward; "
                          "the same gradients, less memory")
+    ap.add_argument("--sequence-parallel", action="store_true",
+                    help="with --tp > 1: norms, dropout and residual adds on each tp rank's "
+                         "share of the sequence (--block-size divisible by --tp), all-gathers "
+                         "and reduce-scatters in place of the all-reduces; the same losses, "
+                         "less activation memory (a no-op at --tp 1)")
     ap.add_argument("--trace", default=None, metavar="PATH",
                     help="write a Chrome trace-event JSON of every rank's timeline here "
                          "(forward/backward per micro-batch, each collective and send/recv, "
@@ -337,6 +342,9 @@ def validate(ns: argparse.Namespace, world_size: int) -> None:
         raise OptionError(f"--n-head {ns.n_head} is not divisible by --tp {ns.tp}")
     if ns.n_layer % ns.pp:
         raise OptionError(f"--n-layer {ns.n_layer} is not divisible by --pp {ns.pp}")
+    if getattr(ns, "sequence_parallel", False) and ns.block_size % ns.tp:
+        raise OptionError(f"--sequence-parallel: --block-size {ns.block_size} is not divisible "
+                          f"by --tp {ns.tp} (each tp rank holds an equal share of the sequence)")
     _check_model_options(ns)
     if getattr(ns, "trace", None):
         where = Path(ns.trace)
