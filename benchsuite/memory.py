@@ -11,6 +11,13 @@ the moments), the largest over the ranks. Activations (one process): the bytes o
 the tape keeps for backward at the end of one forward (`ctx.saved` of every recorded op, each
 array once), for --recompute none, attention and block. These are counts of the arrays the
 runtime allocates, not a process's peak memory.
+
+Sequence parallelism (under mpiexec, tp = the world): per rank, a tensor-parallel GPT and
+Llama with and without ``sequence_parallel`` (dropout 0.1, f32, host arrays): the bytes the
+tape keeps for backward after one forward (as above, the parameters left out), and the peak
+of the host arrays allocated during that forward and its backward above what was live
+before (tracemalloc, which NumPy reports its buffers to: transients included), the largest
+over the ranks.
 """
 
 from __future__ import annotations
@@ -86,6 +93,55 @@ def activation_bytes(n_layer: int, n_embd: int, batch: int) -> dict[str, int]:
     return out
 
 
+def _kept_bytes(tape: Any, skip: Any = ()) -> int:
+    """Bytes of the arrays the tape's ops keep for backward, each once, but those of `skip`
+    (e.g. the parameters' arrays)."""
+    leave = {id(a) for a in skip}
+    seen: dict[int, int] = {}
+    for node in tape.nodes:
+        for a in getattr(node.ctx, "saved", ()) or ():
+            if hasattr(a, "nbytes") and id(a) not in leave:
+                seen[id(a)] = int(a.nbytes)
+    return sum(seen.values())
+
+
+def sequence_parallel_activations(comm: Any, n_layer: int, n_embd: int, batch: int,
+                                  block: int = 128) -> list[dict]:
+    """Per model and ``sequence_parallel``: kept-for-backward and peak bytes (max over ranks)
+    of one forward and backward at tp = comm.size (see the module docstring)."""
+    import gc
+    import tracemalloc
+
+    import autograd as ag
+    from autograd import nn
+    from dist.models import ParallelGPT, ParallelLlama
+
+    shape = dict(vocab_size=512, block_size=block, n_layer=n_layer, n_head=8, n_embd=n_embd,
+                 dropout=0.1, dtype=np.float32, seed=0)
+    models = {"gpt": (ParallelGPT, nn.GPTConfig(**shape)),
+              "llama": (ParallelLlama, nn.LlamaConfig(**shape, n_kv_head=comm.size))}
+    idx = np.random.default_rng(1).integers(0, 512, (batch, block))
+    rows = []
+    for name, (cls, cfg) in models.items():
+        for sp in (False, True):
+            model = cls(cfg, tp=comm, sequence_parallel=sp)
+            gc.collect()
+            tracemalloc.start()
+            base = tracemalloc.get_traced_memory()[0]
+            tracemalloc.reset_peak()
+            with ag.Tape() as tape:
+                loss = model.loss_fn(model.forward_stage(idx), idx)
+            kept = _kept_bytes(tape, [p.data for p in model.parameters()])
+            tape.backward(loss)
+            peak = tracemalloc.get_traced_memory()[1] - base
+            tracemalloc.stop()
+            most = comm.all_reduce(np.array([kept, peak], dtype=np.int64), "max")
+            rows.append({"model": name, "sequence_parallel": sp, "kept": int(most[0]),
+                         "peak": int(most[1])})
+            del model, tape, loss
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="bench_memory.py", description=__doc__.splitlines()[0])
     ap.add_argument("--n-layer", type=int, default=8)
@@ -114,6 +170,17 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{r['dtype']:<6} {r['params_bytes'] / 2**20:>10.2f} "
                   f"{r['replicated'] / 2**20:>15.2f} {r['zero_max_rank'] / 2**20:>11.2f} "
                   f"{r['ratio']:>6.3f}")
+    if comm is not None:
+        sp_rows = sequence_parallel_activations(comm, ns.n_layer, ns.n_embd, ns.batch)
+        if rank == 0:
+            print(f"# activations per rank at tp={size}, batch {ns.batch} x 128, f32, dropout "
+                  f"0.1: kept for backward / peak during forward+backward (max over ranks)")
+            for r in sp_rows:
+                off = next(o for o in sp_rows if o["model"] == r["model"]
+                           and not o["sequence_parallel"])
+                print(f"{r['model']:<6} sequence_parallel={r['sequence_parallel']!s:<5} "
+                      f"kept {r['kept'] / 2**20:8.2f} MiB ({r['kept'] / off['kept']:.3f} x)  "
+                      f"peak {r['peak'] / 2**20:8.2f} MiB ({r['peak'] / off['peak']:.3f} x)")
     if comm is None:
         acts = activation_bytes(ns.n_layer, ns.n_embd, ns.batch)
         print(f"# bytes kept for backward after one forward, batch {ns.batch} x 128, f32")

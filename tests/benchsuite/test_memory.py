@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import re
 
+import pytest
+
 from benchsuite import memory
 
 
@@ -20,3 +22,16 @@ def test_bench_memory_one_process(capsys):
             for m in [line.split()[1]]}
     assert list(acts) == ["none", "attention", "block"]
     assert acts["block"] < acts["attention"] < acts["none"]
+
+
+@pytest.mark.mpi
+def test_sequence_parallel_rows_under_mpiexec():
+    """At tp = the world, sequence parallelism keeps fewer activation bytes per rank."""
+    import dist
+
+    rows = memory.sequence_parallel_activations(dist.init(), n_layer=1, n_embd=32, batch=2,
+                                                block=16)
+    assert [(r["model"], r["sequence_parallel"]) for r in rows] == [
+        ("gpt", False), ("gpt", True), ("llama", False), ("llama", True)]
+    for off, on in (rows[0:2], rows[2:4]):
+        assert 0 < on["kept"] < off["kept"] and on["peak"] > 0
