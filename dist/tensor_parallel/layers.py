@@ -8,12 +8,14 @@ from typing import Any
 import numpy as np
 
 import autograd.nn.functional as F
+from autograd.function import Function
+from autograd.functions.matmul import Linear as LinearFunction
+from autograd.functions.matmul import LinearGelu
 from autograd.nn import Linear, Module, Parameter
 from autograd.tensor import Tensor
 from dist.communicator import Communicator
 from dist.tensor_parallel.mappings import (
     copy_to_tensor_parallel_region,
-    gather_from_sequence_parallel_region,
     gather_from_tensor_parallel_region,
     reduce_from_tensor_parallel_region,
     reduce_scatter_to_sequence_parallel_region,
@@ -58,6 +60,36 @@ def shared_seed(config: TensorParallelConfig, seed: int | None) -> int | None:
         return seed
     drawn = int(np.random.SeedSequence().generate_state(1)[0])
     return config.comm.bcast_object(drawn, root=0)
+
+
+class _GatheredLinear(Function):
+    """``inner`` (autograd's Linear or LinearGelu Function) on ``X = AllGather_axis(X_t)``,
+    keeping the shard ``X_t`` for backward instead of the gathered ``X``, which backward
+    all-gathers again (Megatron-LM's sequence-parallel linear): the layer keeps 1/p of its
+    input at the cost of one more all-gather; ``dX_t`` is the reduce-scatter of inner's dX."""
+
+    @staticmethod
+    def forward(ctx, x, w, bias, comm, axis, inner, options):
+        ctx.comm, ctx.axis, ctx.inner = comm, axis, inner
+        gathered = comm.all_gather(x, axis=axis)
+        y = inner.forward(ctx, gathered, w, bias, **options)
+        ctx.gathered_at = [i for i, a in enumerate(ctx.saved) if a is gathered]
+        ctx.saved = tuple(x if a is gathered else a for a in ctx.saved)
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        saved = list(ctx.saved)
+        if ctx.gathered_at:
+            gathered = ctx.comm.all_gather(backend.ascontiguous(saved[ctx.gathered_at[0]]),
+                                           axis=ctx.axis)
+            for i in ctx.gathered_at:
+                saved[i] = gathered
+        ctx.saved = tuple(saved)
+        dx, dw, db = ctx.inner.backward(ctx, dy)
+        if dx is not None:
+            dx = ctx.comm.reduce_scatter(dx, axis=ctx.axis)
+        return dx, dw, db
 
 
 def _param(a: Any) -> Parameter:
@@ -121,7 +153,8 @@ class ColumnParallelLinear(_ParallelLinear):
     dense layer with the same seed) and computes Y_t = X A_t + b_t with no forward
     collective; backward all-reduces dX over the TP group. gather_output=True all-gathers
     Y = [Y_1, ..., Y_p] along the last axis. With config.reduce_scatter_output (sequence
-    parallel) the input is row-sharded and is all-gathered along axis 0 first.
+    parallel) the input is sharded along config.sequence_axis and all-gathered first; only
+    the shard is kept for backward, which gathers it again and reduce-scatters dX.
     Shapes: x [..., in] -> [..., out/p] (or [..., out] when gathered).
     """
 
@@ -142,20 +175,37 @@ class ColumnParallelLinear(_ParallelLinear):
         return weight[:, cols], None if bias is None else bias.data[cols]
 
     def forward(self, x: Tensor) -> Tensor:
+        if self._sequence_parallel:
+            return self._leave(self._gathered(x, LinearFunction, {}))
         y = F.linear(self._enter(x), self.weight, self.bias)
         return self._leave(y)
 
     def forward_gelu(self, x: Tensor, approximate: str = "none") -> Tensor:
         """``gelu(self(x), approximate)`` with the activation in the GEMM's epilogue on this
         rank's column block (GELU is elementwise: it commutes with the split and the gather)."""
+        if self._sequence_parallel:
+            if approximate not in ("none", "tanh"):
+                raise ValueError(f"ColumnParallelLinear.forward_gelu: approximate must be "
+                                 f"'none' or 'tanh', given {approximate!r}")
+            name = "gelu" if approximate == "none" else "gelu_tanh"
+            return self._leave(self._gathered(x, LinearGelu, {"name": name}))
         y = F.linear_gelu(self._enter(x), self.weight, self.bias, approximate=approximate)
         return self._leave(y)
 
+    @property
+    def _sequence_parallel(self) -> bool:
+        return self.config.reduce_scatter_output and self.world_size > 1
+
+    def _gathered(self, x: Tensor, inner: type, options: dict) -> Tensor:
+        """Sequence parallel: `inner` on the all-gathered input, keeping only this rank's
+        shard of it for backward (`_GatheredLinear`)."""
+        return _GatheredLinear.apply(x, self.weight, self.bias, comm=self.comm,
+                                     axis=self.config.sequence_axis % x.ndim, inner=inner,
+                                     options=options)
+
     def _enter(self, x: Tensor) -> Tensor:
-        """The input as this rank's GEMM takes it: all-gathered along the sequence (sequence
-        parallel), else the identity whose backward all-reduces dX."""
-        if self.config.reduce_scatter_output:
-            return gather_from_sequence_parallel_region(x, self.comm, self.config.sequence_axis)
+        """The input as this rank's GEMM takes it (not sequence parallel): the identity whose
+        backward all-reduces dX."""
         return copy_to_tensor_parallel_region(x, self.comm)
 
     def _leave(self, y: Tensor) -> Tensor:

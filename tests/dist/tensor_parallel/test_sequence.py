@@ -77,3 +77,36 @@ def test_a_length_the_group_does_not_divide_is_refused():
     assert sequence_chunk(8, _Group(4, 3), "op") == (6, 8)
     with pytest.raises(InvalidProblem, match="SequenceShardEmbedding.*ids"):
         SequenceShardEmbedding(nn.Parameter(np.zeros((8, 2))), _Group(2, 0))(np.arange(5))
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("gelu", [False, True])
+def test_column_parallel_linear_keeps_only_its_input_shard(world, gelu):
+    """Sequence parallel: the layer's tape node keeps this rank's [B, T/p, C] shard, never
+    the gathered [B, T, C] input (backward gathers it again), and its gradients are the
+    dense layer's (the rest of the check is the models' equivalence tests)."""
+    import dist
+
+    cfg = dist.TensorParallelConfig(comm=world, reduce_scatter_output=True, sequence_axis=1)
+    dense = nn.Linear(6, 4 * world.size, dtype=np.float64, seed=2)
+    layer = dist.ColumnParallelLinear.from_dense(dense, config=cfg)
+    x = np.random.default_rng(0).normal(size=(2, 2 * world.size, 6))
+    n = x.shape[1] // world.size
+    part = ag.tensor(x[:, world.rank * n:(world.rank + 1) * n], requires_grad=True)
+    with ag.Tape() as tape:
+        y = layer.forward_gelu(part) if gelu else layer(part)
+        (node,) = [nd for nd in tape.nodes if nd.ctx.saved]
+        shapes = [tuple(a.shape) for a in node.ctx.saved if a is not None]
+        assert any(a is part.data for a in node.ctx.saved)
+        assert (2, x.shape[1], 6) not in shapes
+        total = y.sum()
+    tape.backward(total)
+    whole = ag.tensor(x, requires_grad=True)
+    out = F.gelu(dense(whole)) if gelu else dense(whole)
+    cols = slice(world.rank * 4, (world.rank + 1) * 4)
+    out.sum().backward()  # every rank's columns: dX_t sums them (the reduce-scatter)
+    np.testing.assert_allclose(part.grad.numpy(),
+                               whole.grad.numpy()[:, world.rank * n:(world.rank + 1) * n],
+                               rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(layer.weight.grad.numpy(), dense.weight.grad.numpy()[:, cols],
+                               rtol=1e-12, atol=1e-14)
