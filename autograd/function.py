@@ -77,14 +77,21 @@ class Function:
         record = record and grad_mode._enabled
         ctx.needs_input_grad = tuple(needs) if record else (False,) * len(args)
         out = cls.forward(ctx, *arrays, **kwargs)
-        if record and ctx.saved:  # torch's rule: no inference tensor saved for backward
-            for a in args:
+        if record and ctx.saved and grad_mode._inference_used:
+            for a in args:  # torch's rule: no inference tensor saved for backward
                 if isinstance(a, TensorBase) and a._inference:
                     _check_inference_saved(cls, ctx.saved, a)
         if anomaly._enabled:
             anomaly.on_forward(cls, ctx, out, arrays)
-        if type(out) is not tuple:
-            return _wrap_one(cls, ctx, out, parents, record)
+        if type(out) is not tuple:  # one output (most ops), in line
+            t = tensor_base.TENSOR_CLASS(out)
+            if record:
+                tape = _open_tapes[-1] if _open_tapes else _default_tape
+                node = Node(cls, ctx, tuple(parents), ((out.shape, out.dtype),), tape)
+                tape._record(node)
+                t.requires_grad = True
+                t._node = node
+            return t
         if not record:
             return tuple(tensor_base.TENSOR_CLASS(o) for o in out)
         tape = _open_tapes[-1] if _open_tapes else _default_tape
@@ -113,14 +120,3 @@ def _check_inference_saved(cls: type, saved: tuple, t: Tensor) -> None:
     d = t.data
     if any(s is d or getattr(s, "base", None) is d for s in saved):
         raise RuntimeError(f"{cls.__name__}: {_INFERENCE_SAVED}")
-
-
-def _wrap_one(cls: type, ctx: Context, out: Any, parents: list, record: bool) -> Tensor:
-    t = tensor_base.TENSOR_CLASS(out)
-    if record:
-        tape = _open_tapes[-1] if _open_tapes else _default_tape
-        node = Node(cls, ctx, tuple(parents), ((out.shape, out.dtype),), tape)
-        tape._record(node)
-        t.requires_grad = True
-        t._node = node
-    return t

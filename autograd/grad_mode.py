@@ -13,6 +13,9 @@ from typing import Any
 _enabled = True
 #: True inside inference_mode(): Tensors created then are marked inference tensors.
 _inference = False
+#: True once inference_mode() has been entered in this process: only then can an inference
+#: tensor exist, and Function.apply look for one among its inputs.
+_inference_used = False
 
 
 def is_grad_enabled() -> bool:
@@ -86,10 +89,10 @@ class inference_mode:  # noqa: N801 - PyTorch's name
         self._mode = bool(mode)
 
     def __enter__(self) -> inference_mode:
-        global _enabled, _inference
+        global _enabled, _inference, _inference_used
         self._prev = (_enabled, _inference)
         if self._mode:
-            _enabled, _inference = False, True
+            _enabled, _inference, _inference_used = False, True, True
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -18,11 +18,27 @@ from typing import Any
 
 import numpy as np
 
-from gpuplan.plan import Plan, PlanPreference
+from gpuplan.plan import _NO_WORKSPACE, Plan, PlanPreference
 from gpuplan.stream import Stream, Workspace
 
 _PLANS: dict[tuple, Plan] = {}
 _MAX_PLANS = 4096
+_DESCRIPTORS: dict[tuple, Any] = {}
+
+
+def interned(desc_cls: type, *fields: Any) -> Any:
+    """``desc_cls(*fields)``, one object per distinct fields (remembered, up to _MAX_PLANS):
+    a functional wrapper calls this on every call, and a frozen dataclass costs ~2 us to
+    build and its equality, on the plan-cache lookup, ~1 us more; a dict lookup on the
+    fields ~0.2 us. Equal fields give equal descriptors, so the object returned is the one
+    `desc_cls(*fields)` would equal."""
+    key = (desc_cls, *fields)
+    desc = _DESCRIPTORS.get(key)
+    if desc is None:
+        if len(_DESCRIPTORS) >= _MAX_PLANS:
+            _DESCRIPTORS.clear()
+        desc = _DESCRIPTORS[key] = desc_cls(*fields)
+    return desc
 
 
 def cached_plan(plan_cls: type[Plan], stream: Stream, desc: Any,
@@ -57,24 +73,58 @@ def call(plan_cls: type[Plan], desc: Any, *, like: Any, pref: PlanPreference | N
     """Run `plan_cls` on `operands` (arrays and scalars by spec name), allocating every
     required output not passed; returns the outputs in declaration order (one array when
     the spec has a single output, else a tuple)."""
-    stream = Stream.for_array(like)
-    plan = cached_plan(plan_cls, stream, desc, pref)
-    spec = plan.spec
+    # The per-call path of every functional op, kept in line: the host stream, the cached
+    # plan, its outputs (shapes, dtypes and allocator resolved with the plan), the check.
+    stream = Stream._HOST if type(like) is np.ndarray else None
+    if stream is None:
+        stream = Stream.for_array(like)
+    plan = _PLANS.get((plan_cls, desc, pref, stream.key))
+    if plan is None:
+        plan = cached_plan(plan_cls, stream, desc, pref)
+    # The host check of the given operands when it is a short one (Resolved.host_rows):
+    # passed, it is the call's whole check; failed, Resolved.check runs and says why.
+    checked = False
+    rows = plan._host_rows
+    if rows is not None:
+        for name, shape, dtype in rows:
+            a = operands.get(name)
+            if (type(a) is not np.ndarray or a.shape != shape or a.dtype is not dtype
+                    or not a.flags.carray):
+                break
+        else:
+            checked = True
+            for name in plan._host_absent:
+                if operands.get(name) is not None:
+                    checked = False
     fresh = True
-    for name in plan._resolved.allocatable:
+    empty = plan._empty
+    for name, shape, dtype in plan._allocs:
         if name in operands:
             fresh = False
         else:
-            operands[name] = plan.alloc(name)
-    args = spec.make_args(**operands)
-    if fresh:  # outputs right by construction: check what the caller gave
-        plan._run_fresh(stream, _workspace(plan, stream), args)
-    else:
-        plan.run(stream, _workspace(plan, stream), args)
+            operands[name] = empty(shape, dtype)
+    spec = plan.spec
+    try:
+        args = spec.args_cls(**operands) if spec.args_take_any else spec.args_cls(
+            **{**spec._absent, **operands})
+    except TypeError:
+        args = spec.make_args(**operands)  # raises the error naming the operand at fault
+    if not fresh:
+        nbytes = plan._cand.workspace_bytes
+        plan.run(stream, Workspace.allocate(stream, nbytes) if nbytes else None, args)
+    elif checked and plan._direct:
+        plan._run_impl(stream, _NO_WORKSPACE, args)
+    else:  # outputs right by construction: check what the caller gave
+        nbytes = plan._cand.workspace_bytes
+        ws = Workspace.allocate(stream, nbytes) if nbytes else None
+        if checked:
+            plan._run_checked(stream, ws, args)
+        else:
+            plan._run_fresh(stream, ws, args)
     outs = spec.outputs
     if len(outs) == 1:
         return operands[outs[0]]
-    return tuple(operands.get(n) for n in outs)
+    return tuple(map(operands.get, outs))
 
 
 #: Work (multiply-adds) each call of `concurrently` needs before the host threads take
@@ -123,3 +173,4 @@ def concurrently(like: Any, *calls: Callable[[], Any] | None, work: int | None =
 
 def clear_plan_cache() -> None:
     _PLANS.clear()
+    _DESCRIPTORS.clear()

@@ -159,7 +159,9 @@ def parallel_for(n: int, fn: Callable[[int, int], None], grain: int = 1,
     to `align`, on up to thread_budget() threads; returns when every part is done and
     re-raises the first exception. `settle`: the workers' settle polls (None:
     SETTLE_POLLS)."""
-    parts = min(host.thread_budget(), n // max(1, grain))
+    parts = n // max(1, grain)
+    if parts > 1:  # (a small problem does not ask for the budget)
+        parts = min(host.thread_budget(), parts)
     if parts <= 1 or not _lock.acquire(blocking=False):
         if n > 0:
             fn(0, n)
@@ -205,8 +207,12 @@ def for_blocks(n: int, fn: Callable[[int, int], None], row: int = 1, group: int 
     grain = max(1, (GRAIN if grain is None else grain) // row)
     size = rows_per_block
     if size is None:
-        shared = min(host.thread_budget(), n // grain) > 1
+        shared = n // grain > 1 and host.thread_budget() > 1
         size = group * max(1, (BIG_BLOCK if shared else BLOCK) // (row * group))
+    if n <= size and n < 2 * grain:  # one block, on this thread
+        if n > 0:
+            fn(0, n)
+        return
 
     def part(start: int, stop: int) -> None:
         for lo in range(start, stop, size):

@@ -123,7 +123,21 @@ class Plan:
         self._run_impl = getattr(self, f"_run_{candidate.variant}")
         self._index_dtype: str | None = None
         # Every operand's concrete shape and dtype(s) for `desc`, resolved once per plan.
-        self._resolved = Resolved(self.op, self.spec, desc)
+        self._resolved = r = Resolved(self.op, self.spec, desc)
+        #: (name, shape, dtype) of the outputs `execute.call` allocates, and the allocator of
+        #: this plan's device: resolved here, not on every call.
+        self._allocs = tuple((n, r.shapes[n], r.dtypes[n]) for n in r.allocatable)
+        self._empty = _namespace(stream._kind).empty
+        #: whether the family adds cross-operand rules (`_check_args`) to the declared checks.
+        self._checks_args = type(self)._check_args is not Plan._check_args
+        #: what `execute.call` needs to check, and may skip, on the host (see there): the
+        #: given operands' short check (Resolved.host_rows, host_absent; None: none), and
+        #: whether the run then comes down to `_run_impl` (no cross-operand rule, no
+        #: workspace, not empty).
+        host = stream._kind == "cpu"
+        self._host_rows = r.host_rows if host else None
+        self._host_absent = r.host_absent
+        self._direct = not (self._checks_args or candidate.workspace_bytes or r.empty)
         self._prepare()
 
     def _prepare(self) -> None:
@@ -195,11 +209,7 @@ class Plan:
         if dtype is None:
             raise InvalidProblem(describe(self.op, name, "an operand of one dtype to allocate",
                                           "one whose dtype comes from the arrays"))
-        kind = self._stream._kind
-        xp = _NAMESPACES.get(kind)
-        if xp is None:
-            xp = _NAMESPACES[kind] = backend._namespace_for(kind)
-        return xp.empty(self._resolved.shapes[name], dtype=dtype)
+        return self._empty(self._resolved.shapes[name], dtype)
 
     def precision_guarantee(self) -> PrecisionGuarantee:
         c = self._cand
@@ -234,10 +244,20 @@ class Plan:
     def _run_fresh(self, stream: Stream, ws: Workspace | None, args: Any) -> None:
         """`run` for `execute.call`: `stream` is the plan's own and every allocatable output
         was just allocated from this plan's shapes, so only the given operands are checked."""
-        index = self._resolved.check(args, stream, fresh=True)
+        index = self._resolved.check(args, stream, True)
         if index is not None:
             self._index_dtype = index
-        self._check_args(args)
+        self._run_checked(stream, ws, args)
+
+    def _run_checked(self, stream: Stream, ws: Workspace | None, args: Any) -> None:
+        """`_run_fresh` once the operands passed the declared checks: the family's own
+        rules, then the run."""
+        if self._checks_args:
+            self._check_args(args)
+        if ws is None and not self._cand.workspace_bytes:  # the common case, in line
+            if not self._resolved.empty:
+                self._run_impl(stream, _NO_WORKSPACE, args)
+            return
         self._dispatch(stream, ws, args)
 
     def _dispatch(self, stream: Stream, ws: Workspace | None, args: Any) -> None:
@@ -247,12 +267,9 @@ class Plan:
         if ws.nbytes < need:
             raise WorkspaceTooSmall(
                 describe(self.op, "ws", f">= {need} bytes", f"{ws.nbytes} bytes"))
-        if self._is_empty():
+        if self._resolved.empty:
             return
         self._run_impl(stream, ws, args)
-
-    def _is_empty(self) -> bool:
-        return self._resolved.empty
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.sku()}>"
@@ -260,6 +277,14 @@ class Plan:
 
 _NO_WORKSPACE = Workspace.none()
 _NAMESPACES: dict[str, Any] = {}
+
+
+def _namespace(kind: str) -> Any:
+    """The array module (numpy, cupy, ...) of plans on a stream of `kind`."""
+    xp = _NAMESPACES.get(kind)
+    if xp is None:
+        xp = _NAMESPACES[kind] = backend._namespace_for(kind)
+    return xp
 
 
 

@@ -32,7 +32,7 @@ class Resolved:
     """
 
     __slots__ = ("op", "spec", "rows", "shapes", "dtypes", "distinct", "empty", "allocatable",
-                 "given_rows", "given_distinct", "ranged")
+                 "given_rows", "given_distinct", "ranged", "host_rows", "host_absent")
 
     def __init__(self, op: str, spec: OpSpec, desc: Any) -> None:
         self.op, self.spec = op, spec
@@ -73,6 +73,20 @@ class Resolved:
         self.given_distinct = tuple(p for p in self.distinct if p[0] not in self.allocatable)
         #: scalars declared with a kind (and range): checked on every call.
         self.ranged = tuple(s for s in spec.scalars if s.kind is not None)
+        #: (name, shape, dtype) of the given operands when the whole check of a fresh host
+        #: call (`check(..., fresh=True)`) comes down to "each is a NumPy array of this shape
+        #: and dtype, C-contiguous, aligned and writable" (every one required, of one
+        #: dtype, contiguous, asking no alignment beyond its dtype's; no scalar range, no
+        #: overlap rule but on absent outputs): `execute.call` tests that in a few steps
+        #: (a read-only input fails it and takes the full check, which accepts it), else
+        #: None. `host_absent`: the given operands declared absent (they must be None).
+        self.host_rows = self.host_absent = None
+        absent = {r[0] for r in self.given_rows if r[4] is False}
+        if not self.ranged and all(p[0] in absent for p in self.given_distinct) and all(
+                r[4] is False or (r[2] is not None and r[4] is True and r[5] and r[6] is None)
+                for r in self.given_rows):
+            self.host_rows = tuple((r[0], r[1], r[2]) for r in self.given_rows if r[4])
+            self.host_absent = tuple(r[0] for r in self.given_rows if r[4] is False)
 
     @staticmethod
     def _allowed(o: Operand, desc: Any) -> tuple:

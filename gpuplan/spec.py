@@ -306,6 +306,7 @@ class OpSpec:
         self._fields_by_name = {f.name: f for f in self.fields}
         self.descriptor_cls: type | None = None
         self.args_cls: type | None = None
+        self.args_take_any = False
         #: every operand absent: what `make_args` starts from.
         self._absent = {o.name: None for o in self.operands}
 
@@ -324,10 +325,14 @@ class OpSpec:
 
     # -- class generation ------------------------------------------------------------------
     def descriptor(self, name: str, doc: str = "", module: str | None = None) -> type:
-        """A frozen dataclass with one field per declared Field, in order."""
+        """A frozen dataclass with one field per declared Field, in order (hashed as the
+        tuple of its fields, the hash computed once per object: plan caches hash the
+        descriptor on every call)."""
         cls = dataclasses.make_dataclass(
-            name, [_dc_field(f.name, f.default) for f in self.fields],
-            frozen=True, slots=True, namespace={"__doc__": doc or f"Descriptor of {self.op}."})
+            name, [_dc_field(f.name, f.default) for f in self.fields], bases=(_Descriptor,),
+            frozen=True, slots=True,
+            namespace={"__doc__": doc or f"Descriptor of {self.op}.",
+                       "__hash__": _field_hash(self.field_names)})
         cls.__module__ = module or _caller_module()
         self.descriptor_cls = self.descriptor_cls or cls
         return cls
@@ -346,13 +351,40 @@ class OpSpec:
             name, specs[::-1], slots=True,
             namespace={"__doc__": doc or f"Arguments of {self.op}."})
         cls.__module__ = module or _caller_module()
-        self.args_cls = self.args_cls or cls
+        if self.args_cls is None:
+            self.args_cls = cls
+            #: every optional operand has a default (None): ``args_cls(**kw)`` needs no
+            #: `_absent` merge when kw holds the required ones.
+            fields = specs[::-1]
+            self.args_take_any = all(
+                entries[i][1] is _REQUIRED or (len(fields[i]) == 3 and fields[i][2].default is None)
+                for i in range(len(self.operands)))
         return cls
 
     # -- checks ----------------------------------------------------------------------------
     def check_descriptor(self, op: str, desc: Any) -> None:
         for f in self.fields:
             f.check(op, getattr(desc, f.name))
+
+
+class _Descriptor:
+    """Base of the descriptor dataclasses: a slot for the hash, once computed."""
+
+    __slots__ = ("_hash",)
+
+
+def _field_hash(names: tuple[str, ...]) -> Callable[[Any], int]:
+    """A descriptor's __hash__: that of the tuple of its fields `names` (the dataclass
+    default's value), remembered in the object (frozen: the fields never change)."""
+    def __hash__(self: Any) -> int:
+        try:
+            return self._hash
+        except AttributeError:
+            h = hash(tuple([getattr(self, n) for n in names]))
+            object.__setattr__(self, "_hash", h)
+            return h
+
+    return __hash__
 
 
 def _dc_field(name: str, default: Any) -> tuple:

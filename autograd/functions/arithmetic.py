@@ -198,6 +198,10 @@ def _kinds(kinds: str) -> str:
 
 
 def _binary(name: str, a: Any, b: Any) -> Tensor:
+    if isinstance(a, TensorBase) and isinstance(b, TensorBase):
+        d = a.data.dtype  # promote's common case, in line: two tensors of one dtype op takes
+        if d == b.data.dtype and (name, d) in _TAKES:
+            return Binary.apply(a, b, name=name)
     a, b = promote(name, a, b)
     return Binary.apply(a, b, name=name)
 

@@ -3,6 +3,7 @@ fused residual add + layer norm of a pre-LN transformer block."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -28,7 +29,10 @@ class LayerNorm(Function):
     @staticmethod
     def forward(ctx, x, weight, bias, d, eps):
         x2 = x.reshape(-1, d)
-        y, mean, rstd = F.layer_norm(x2, _vec(weight, d), _vec(bias, d), eps=eps)
+        w, b = weight, bias
+        if not (w is None or w.ndim == 1) or not (b is None or b.ndim == 1):
+            w, b = _vec(w, d), _vec(b, d)  # [D] views of multi-dim parameters
+        y, mean, rstd = F.layer_norm(x2, w, b, eps=eps)
         ctx.d = d
         ctx.bias_shape = None if bias is None else bias.shape
         ctx.save_for_backward(x2, weight, mean, rstd)
@@ -99,14 +103,13 @@ class RMSNorm(Function):
 def _norm_size(x: Tensor, normalized_shape: int | Sequence[int], op: str
                ) -> tuple[int, tuple[int, ...]]:
     shape = ((int(normalized_shape),) if isinstance(normalized_shape, int)
-             else tuple(int(s) for s in normalized_shape))
-    if len(shape) > x.ndim or tuple(x.shape[x.ndim - len(shape):]) != shape:
+             else tuple(map(int, normalized_shape)))
+    x_shape = x.shape
+    n = len(shape)
+    if n > len(x_shape) or tuple(x_shape[len(x_shape) - n:]) != shape:
         raise ValueError(f"{op}: normalized_shape {shape} must match the trailing dims of "
-                         f"the input, given input shape {x.shape}")
-    d = 1
-    for s in shape:
-        d *= s
-    return d, shape
+                         f"the input, given input shape {x_shape}")
+    return math.prod(shape), shape
 
 
 def _check_affine(p: Any, shape: tuple, op: str, name: str) -> None:

@@ -34,9 +34,10 @@ class Softmax(Function):
     @staticmethod
     def forward(ctx, x, dim, scale, causal):
         ctx.dim, ctx.scale, ctx.causal = dim, scale, causal
-        y = F.softmax(_to_last(x, dim), scale=scale, causal=causal)
+        last = dim == x.ndim - 1  # the common case: no moving of axes
+        y = F.softmax(x if last else _to_last(x, dim), scale=scale, causal=causal)
         ctx.save_for_backward(y)
-        return _from_last(y, dim)
+        return y if last else _from_last(y, dim)
 
     @staticmethod
     def backward(ctx, dy):
@@ -68,7 +69,8 @@ def _dim(dim: int, ndim: int, op: str) -> int:
 
 
 def softmax(x: Tensor, dim: int = -1, *, scale: float = 1.0, causal: bool = False) -> Tensor:
-    d = _dim(dim, x.ndim, "softmax")
+    ndim = x.ndim
+    d = dim % ndim if -ndim <= dim < ndim else _dim(dim, ndim, "softmax")
     if causal and d != x.ndim - 1:
         raise ValueError("softmax: causal masking needs dim=-1 ([..., Lq, Lk] scores)")
     return Softmax.apply(x, dim=d, scale=float(scale), causal=bool(causal))

@@ -28,7 +28,8 @@ from gpuplan import backend
 from gpuplan.dtypes import FLOAT_DTYPES, accumulator, as_dtype, cuda_name
 from gpuplan.dtypes import short_name as sn
 from gpuplan.errors import InvalidProblem, Unsupported, describe
-from gpuplan.execute import call
+from gpuplan.execute import call, interned
+from gpuplan.host import fp_quiet, fp_restore
 from gpuplan.nvrtc import CudaModule, cdiv, launch
 from gpuplan.ops.binary import table
 from gpuplan.ops.binary.table import BINARY_OP_NAMES, BINARY_OPS, COMPARE_OPS, DIFFERENTIABLE_OPS
@@ -188,13 +189,16 @@ class BinaryPlan(_BroadcastPlan):
                            else self._n)
 
     def _run_numpy(self, stream: Stream, ws: Workspace, args: Any) -> None:
-        acc = self._acc
-        a, b = args.a.astype(acc, copy=False), args.b.astype(acc, copy=False)
-        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-            if self._in_place:
-                self._math.forward(a, b, out=args.c)
+        token = fp_quiet()
+        try:
+            if self._in_place:  # a and b already hold the accumulator dtype
+                self._math.forward(args.a, args.b, out=args.c)
             else:
-                args.c[...] = self._math.forward(a, b)
+                acc = self._acc
+                args.c[...] = self._math.forward(args.a.astype(acc, copy=False),
+                                                 args.b.astype(acc, copy=False))
+        finally:
+            fp_restore(token)
 
     def _run_contiguous(self, stream: Stream, ws: Workspace, args: Any) -> None:
         fn = _MODULE.function(self._kernel, stream.device_id)
@@ -273,8 +277,11 @@ class BinaryBackwardPlan(_BroadcastPlan):
         for (which, axes, _), dst in zip(self._targets, (args.da, args.db), strict=True):
             if dst is None:
                 continue
-            with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            token = fp_quiet()
+            try:
                 g = np.broadcast_to(self._math.grad(which, a, b, dc), self._out)
+            finally:
+                fp_restore(token)
             if axes:
                 g = np.sum(g, axis=axes, dtype=acc)
             dst[...] = g.reshape(dst.shape)
@@ -345,19 +352,10 @@ class BiasAddPlan(_MapPlan):
 # -- functional API ------------------------------------------------------------------------
 
 
-_DESCRIPTORS: dict[tuple, Any] = {}
-
-
 def _descriptor(name: str, a_shape: tuple, b_shape: tuple, dtype: Any) -> Any:
-    """BinaryDescriptor(name, a_shape, b_shape, dtype), built once (a frozen dataclass costs
-    more than the lookup; `binary` runs for every gradient sum on the tape)."""
-    key = (name, a_shape, b_shape, dtype)
-    desc = _DESCRIPTORS.get(key)
-    if desc is None:
-        if len(_DESCRIPTORS) >= 4096:
-            _DESCRIPTORS.clear()
-        desc = _DESCRIPTORS[key] = BinaryDescriptor(*key)
-    return desc
+    """BinaryDescriptor(name, a_shape, b_shape, dtype), built once (`binary` runs for every
+    gradient sum on the tape)."""
+    return interned(BinaryDescriptor, name, a_shape, b_shape, dtype)
 
 
 def _contiguous(a: Any) -> Any:
@@ -369,8 +367,12 @@ def _contiguous(a: Any) -> Any:
 def binary(name: str, a: Any, b: Any) -> Any:
     """c = a op b with NumPy broadcasting; c.dtype == a.dtype (b must match), bool for a
     comparison (lt, le, gt, ge, eq, ne)."""
-    a, b = _contiguous(a), _contiguous(b)
-    return call(BinaryPlan, _descriptor(name, a.shape, b.shape, a.dtype), like=a, a=a, b=b)
+    if type(a) is not np.ndarray or not a.flags.c_contiguous:
+        a = _contiguous(a)
+    if type(b) is not np.ndarray or not b.flags.c_contiguous:
+        b = _contiguous(b)
+    return call(BinaryPlan, interned(BinaryDescriptor, name, a.shape, b.shape, a.dtype),
+                like=a, a=a, b=b)
 
 
 def binary_backward(name: str, a: Any, b: Any, dc: Any,

@@ -4,7 +4,10 @@ LayerNorm (gpuplan.ops.residual_norm.plans): rows in cache-sized blocks over the
 
 float32 rows run the compiled kernels of gpuplan.host_kernels when gpuplan.host_jit has them:
 a few vectorized passes per row, float32 statistics whose row sums the compiler may
-reassociate (see there). Otherwise, and for f64 / f16 / bf16, NumPy passes with statistics
+reassociate (see there); an input of one block (every small one) is one kernel call on the
+calling thread. The callers are plans, whose operand check (one dtype, C-contiguous,
+aligned) is what the kernels' signatures ask for: the arrays are not checked again.
+Otherwise, and for f64 / f16 / bf16, NumPy passes with statistics
 in the accumulator dtype (float64 for f64). Parameter gradients add per-block partial sums in
 block order, and blocks are a function of the shape, so every result is bit-identical for
 any thread count. The residual forms compute s = x + residual and dx + ds as float32 (or
@@ -21,6 +24,8 @@ import numpy as np
 from gpuplan import host_jit, host_pool
 from gpuplan.dtypes import accumulator
 from gpuplan.host_pool import block_rows, for_blocks
+
+_NONE64 = np.empty(0)  # an absent float64 partial-sum row
 
 
 def _stats(x: np.ndarray, rms: bool, eps: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -45,9 +50,11 @@ def _stats(x: np.ndarray, rms: bool, eps: float) -> tuple[np.ndarray, np.ndarray
     return mean, rstd, c
 
 
-def _f32_kernels(*arrays: Any) -> Any:
-    """The compiled kernels when they take every given array (None: absent), else None."""
-    return host_jit.kernels() if host_jit.takes(*arrays) else None
+def _f32_kernels(x: np.ndarray) -> Any:
+    """The compiled kernels for a float32 plan's operands, else None. The plan checked every
+    operand against its descriptor (one dtype, C-contiguous, aligned): what the kernels'
+    signatures take, so x's dtype settles it."""
+    return host_jit.kernels() if x.dtype == np.float32 else None
 
 
 def forward(x: np.ndarray, weight: Any, bias: Any, y: np.ndarray, mean: Any, rstd: np.ndarray,
@@ -55,20 +62,27 @@ def forward(x: np.ndarray, weight: Any, bias: Any, y: np.ndarray, mean: Any, rst
     """y, mean (None for RMSNorm), rstd of the rows of x [rows, dim]; with `residual`, the
     rows are those of s = x + residual, written to `s` first."""
     rows, dim = x.shape
-    k = _f32_kernels(x, weight, bias, y, mean, rstd, residual, s)
+    k = _f32_kernels(x)
     if k is not None:
-        empty, no_rows = rstd[:0], np.empty((0, dim), np.float32)
+        empty, no_rows = rstd[:0], y[:0]  # absent operands: empty float32 arrays
         has_res = residual is not None
+        flags = (float(np.float32(eps)), has_res, rms, weight is not None, bias is not None)
+        weight = empty if weight is None else weight
+        bias = empty if bias is None else bias
+        has_mean = mean is not None
+        mean = mean if has_mean else empty
+        step = block_rows(dim)
+        if rows <= step:  # one block (every small input): one call, on this thread
+            k.norm_forward(x, residual if has_res else no_rows, s if has_res else no_rows,
+                           weight, bias, y, mean, rstd, *flags)
+            return
 
         def block32(lo: int, hi: int) -> None:
             k.norm_forward(x[lo:hi], residual[lo:hi] if has_res else no_rows,
-                           s[lo:hi] if has_res else no_rows,
-                           empty if weight is None else weight, empty if bias is None else bias,
-                           y[lo:hi], empty if mean is None else mean[lo:hi], rstd[lo:hi],
-                           float(np.float32(eps)), has_res, rms, weight is not None,
-                           bias is not None)
+                           s[lo:hi] if has_res else no_rows, weight, bias, y[lo:hi],
+                           mean[lo:hi] if has_mean else empty, rstd[lo:hi], *flags)
 
-        for_blocks(rows, block32, dim, rows_per_block=block_rows(dim), grain=host_pool.KERNEL_GRAIN)
+        for_blocks(rows, block32, dim, rows_per_block=step, grain=host_pool.KERNEL_GRAIN)
         return
     if residual is not None:
         acc = accumulator(x.dtype)
@@ -99,22 +113,30 @@ def backward(dy: np.ndarray, x: np.ndarray, weight: Any, mean: Any, rstd: np.nda
     rows, dim = x.shape
     step = block_rows(dim)
     parts = (-(-rows // step), dim)
-    k = _f32_kernels(dy, x, weight, mean, rstd, dx, ds)
+    k = _f32_kernels(x)
     if k is not None:
         part_w = None if dweight is None else np.zeros(parts)
         part_b = None if dbias is None else np.zeros(parts)
-        empty, none64 = rstd[:0], np.empty(0)
+        empty, none64 = rstd[:0], _NONE64
+        flags = (rms, weight is not None, ds is not None, part_w is not None,
+                 part_b is not None)
+        weight = empty if weight is None else weight
+        if 0 < rows <= step:  # one block (every small input): one call, on this thread
+            k.norm_backward(dy, x, weight, empty if mean is None else mean, rstd,
+                            x[:0] if ds is None else ds, dx,
+                            none64 if part_w is None else part_w[0],
+                            none64 if part_b is None else part_b[0], *flags)
+        else:
+            def block32(lo: int, hi: int) -> None:
+                b = lo // step
+                k.norm_backward(dy[lo:hi], x[lo:hi], weight,
+                                empty if mean is None else mean[lo:hi], rstd[lo:hi],
+                                x[:0] if ds is None else ds[lo:hi], dx[lo:hi],
+                                none64 if part_w is None else part_w[b],
+                                none64 if part_b is None else part_b[b], *flags)
 
-        def block32(lo: int, hi: int) -> None:
-            b = lo // step
-            k.norm_backward(dy[lo:hi], x[lo:hi], empty if weight is None else weight,
-                            empty if mean is None else mean[lo:hi], rstd[lo:hi],
-                            x[:0] if ds is None else ds[lo:hi], dx[lo:hi],
-                            none64 if part_w is None else part_w[b],
-                            none64 if part_b is None else part_b[b], rms, weight is not None,
-                            ds is not None, part_w is not None, part_b is not None)
-
-        for_blocks(rows, block32, dim, rows_per_block=step, grain=host_pool.KERNEL_GRAIN)
+            for_blocks(rows, block32, dim, rows_per_block=step,
+                       grain=host_pool.KERNEL_GRAIN)
     else:
         part_w, part_b = _backward_numpy(dy, x, weight, mean, rstd, dx, dweight is not None,
                                          dbias is not None, rms, step, parts)

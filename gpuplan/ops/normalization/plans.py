@@ -22,7 +22,7 @@ import numpy as np
 
 from gpuplan.dtypes import FLOAT_DTYPES, accumulator, as_dtype, cuda_name, short_name
 from gpuplan.errors import InvalidProblem, describe
-from gpuplan.execute import call
+from gpuplan.execute import call, interned
 from gpuplan.nvrtc import CudaModule, cdiv, launch
 from gpuplan.ops.normalization import host as norm_host
 from gpuplan.ops.normalization.rows import rows_view as _rows
@@ -280,9 +280,10 @@ class RMSNormBackwardPlan(_NormBackwardPlan):
 def layer_norm(x: Any, weight: Any | None, bias: Any | None,
                eps: float = 1e-5) -> tuple[Any, Any, Any]:
     """LayerNorm over the last axis of x [..., D]: returns (y [..., D], mean [...], rstd [...])."""
-    x2 = _rows(x)
+    x2 = x if x.ndim == 2 and x.flags.c_contiguous else _rows(x)
     rows, dim = x2.shape
-    desc = LayerNormDescriptor(rows, dim, eps, weight is not None, bias is not None, x.dtype)
+    desc = interned(LayerNormDescriptor, rows, dim, eps, weight is not None, bias is not None,
+                    x.dtype)
     y, mean, rstd = call(LayerNormPlan, desc, like=x, x=x2, weight=weight, bias=bias)
     if x.ndim == 2:
         return y, mean, rstd
@@ -300,7 +301,7 @@ def layer_norm_backward(dy: Any, x: Any, weight: Any | None, mean: Any,
         mean, rstd = mean.reshape(rows), rstd.reshape(rows)
     except ValueError:
         raise stat_error("layer_norm_backward", x, "x", mean=mean, rstd=rstd) from None
-    desc = LayerNormBackwardDescriptor(rows, dim, weight is not None, True, x.dtype)
+    desc = interned(LayerNormBackwardDescriptor, rows, dim, weight is not None, True, x.dtype)
     dx, dweight, dbias = call(LayerNormBackwardPlan, desc, like=x, dy=_rows(dy), x=x2,
                               weight=weight, mean=mean, rstd=rstd)
     return dx.reshape(x.shape), dweight, dbias
@@ -310,7 +311,7 @@ def rms_norm(x: Any, weight: Any | None, eps: float = 1e-6) -> tuple[Any, Any]:
     """RMSNorm over the last axis of x [..., D]: returns (y [..., D], rstd [...])."""
     x2 = _rows(x)
     rows, dim = x2.shape
-    desc = RMSNormDescriptor(rows, dim, eps, weight is not None, x.dtype)
+    desc = interned(RMSNormDescriptor, rows, dim, eps, weight is not None, x.dtype)
     y, rstd = call(RMSNormPlan, desc, like=x, x=x2, weight=weight)
     return y.reshape(x.shape), rstd.reshape(x.shape[:-1])
 
@@ -323,7 +324,7 @@ def rms_norm_backward(dy: Any, x: Any, weight: Any | None, rstd: Any) -> tuple[A
         rstd2 = rstd.reshape(rows)
     except ValueError:
         raise stat_error("rms_norm_backward", x, "x", rstd=rstd) from None
-    desc = RMSNormBackwardDescriptor(rows, dim, weight is not None, x.dtype)
+    desc = interned(RMSNormBackwardDescriptor, rows, dim, weight is not None, x.dtype)
     dx, dweight = call(RMSNormBackwardPlan, desc, like=x, dy=_rows(dy), x=x2, weight=weight,
                        rstd=rstd2)
     return dx.reshape(x.shape), dweight
