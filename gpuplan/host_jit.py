@@ -13,7 +13,8 @@ f16/bf16 GELU's float32 blocks), LayerNorm, RMSNorm and residual + LayerNorm, fo
 backward (gpuplan.ops.normalization.host), AdamW (gpuplan.ops.optimizer.adamw_host), the
 attention plans' softmax and score gradients (gpuplan.host_kernels_attention, from
 gpuplan.ops.attention.host) and the reduce's column sums over leading axes (bias gradients)
-and the embedding backward (gpuplan.host_kernels_sums), both loaded through `extra`.
+and the embedding backward (gpuplan.host_kernels_sums), both loaded through `extra`; and,
+float32 and float64, the softmax family's small inputs (`extra("ops.softmax.host_kernels")`).
 gpuplan.host_pool's threads poll with `wait_until` before they sleep.
 """
 
@@ -66,12 +67,16 @@ def _load() -> None:
 
 
 _extra: dict[str, ModuleType | None] = {}
+_UNLOADED: Any = object()
 
 
 def extra(name: str) -> ModuleType | None:
     """gpuplan.<name>, a further kernel module built on gpuplan.host_kernels, when `kernels()`
     is loaded and so is it; None otherwise. A module that fails to load (a numba error)
     warns once, and its ops keep their NumPy passes."""
+    loaded = _extra.get(name, _UNLOADED)  # (only ever loaded while kernels() was not None)
+    if loaded is not _UNLOADED:
+        return None if _numpy_only else loaded
     if kernels() is None:
         return None
     if name not in _extra:

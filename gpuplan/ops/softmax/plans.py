@@ -11,7 +11,9 @@ Backward, from the forward output y (sums over the unmasked positions; masked dx
   log_softmax: dx = scale * (dy - exp(y) * sum_j dy_j)
 The four plans share one descriptor: scale and the causal mask are fixed per model (the
 attention scale), so they are descriptor fields. Half types accumulate in float32. Host:
-cache-sized blocks of rows over the host threads (gpuplan.host_pool). GPU
+cache-sized blocks of rows over the host threads (gpuplan.host_pool); float32 and float64
+inputs of up to SMALL elements in one call of a compiled kernel instead
+(gpuplan.ops.softmax.host_kernels, when numba is there). GPU
 SKUs: one row per warp (dim <= 1024) or one row per block, columns looped, so any row
 length works (e.g. a 50257-word vocabulary).
 """
@@ -23,10 +25,10 @@ from typing import Any
 
 import numpy as np
 
-from gpuplan import backend
+from gpuplan import backend, host_jit
 from gpuplan.dtypes import FLOAT_DTYPES, accumulator, as_dtype, cuda_name, short_name
 from gpuplan.errors import InvalidProblem, describe
-from gpuplan.execute import call
+from gpuplan.execute import call, interned
 from gpuplan.host_pool import for_blocks
 from gpuplan.nvrtc import CudaModule, cdiv, launch
 from gpuplan.plan import BackendKind, Candidate, Plan, host_candidate
@@ -50,6 +52,13 @@ _MODULE = CudaModule(
 
 #: Rows up to this length go one per warp; longer rows get a whole block.
 WARP_ROW_MAX_DIM = 1024
+#: Host inputs of up to this many elements (float32, float64) run the compiled kernels of
+#: gpuplan.ops.softmax.host_kernels when numba is there: one call instead of ~10 NumPy
+#: calls. Larger ones keep the NumPy passes (a vectorized float32 exp; the kernels' float64
+#: exp is a libm call per element).
+SMALL = 4096
+_KERNEL_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+_HOST_KERNELS = "ops.softmax.host_kernels"
 _WARPS_PER_BLOCK = 4
 _MAX_GRID = 1 << 20
 
@@ -101,6 +110,10 @@ class _RowsPlan(Plan):
         d = self.desc
         self._acc = accumulator(d.dtype)
         q_len = d.q_len if d.causal else 0
+        #: the compiled kernels' arguments, for a host plan that takes them (else None).
+        self._small = None
+        if as_dtype(d.dtype) in _KERNEL_DTYPES and d.rows * d.dim <= SMALL:
+            self._small = (float(d.scale), q_len, self.log)
         if self._cand.variant == "warp_row":
             self._grid = min(cdiv(d.rows, _WARPS_PER_BLOCK), _MAX_GRID)
             self._block = 32 * _WARPS_PER_BLOCK
@@ -116,6 +129,11 @@ class _RowsPlan(Plan):
         if d.causal:
             valid = np.arange(d.q_len) + (d.dim - d.q_len) + 1
             self._mask = np.arange(d.dim)[None, :] >= valid[:, None]
+
+    def _kernels(self) -> Any:
+        """The compiled kernels when this plan's inputs are small enough and numba is there
+        (gpuplan.host_jit), else None."""
+        return None if self._small is None else host_jit.extra(_HOST_KERNELS)
 
     def _host_blocks(self, rows_fn: Any, *arrays: np.ndarray) -> None:
         """rows_fn(*row slices) over cache-sized blocks of rows (whole groups of q_len rows
@@ -137,6 +155,10 @@ class SoftmaxPlan(_RowsPlan):
     spec = FORWARD
 
     def _run_numpy(self, stream: Stream, ws: Workspace, args: Any) -> None:
+        k = self._kernels()
+        if k is not None:
+            k.softmax_forward(args.x, args.y, *self._small)
+            return
         with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
             self._host_blocks(self._forward_rows, args.x, args.y)
 
@@ -185,6 +207,10 @@ class SoftmaxBackwardPlan(_RowsPlan):
     _direction = "backward"
 
     def _run_numpy(self, stream: Stream, ws: Workspace, args: Any) -> None:
+        k = self._kernels()
+        if k is not None:
+            k.softmax_backward(args.y, args.dy, args.dx, *self._small)
+            return
         self._host_blocks(self._backward_rows, args.y, args.dy, args.dx)
 
     def _backward_rows(self, y: np.ndarray, dy: np.ndarray, dx_out: np.ndarray) -> None:
@@ -235,11 +261,14 @@ def _desc(plan_cls: type[Plan], a: Any, scale: float, causal: bool) -> Any:
     if causal and a.ndim < 2:
         raise InvalidProblem(describe(plan_cls.op, "x", "rank >= 2 ([..., Lq, Lk]) when causal",
                                       f"shape {tuple(a.shape)}"))
-    return SoftmaxDescriptor(math.prod(a.shape[:-1]), a.shape[-1], scale, causal,
-                             a.shape[-2] if causal else 0, a.dtype)
+    return interned(SoftmaxDescriptor, math.prod(a.shape[:-1]), a.shape[-1], scale, causal,
+                    a.shape[-2] if causal else 0, a.dtype)
 
 
 def _forward(plan_cls: type[Plan], x: Any, scale: float, causal: bool) -> Any:
+    if x.ndim == 2 and x.flags.c_contiguous:  # already [rows, dim]: the common case, in line
+        return call(plan_cls, interned(SoftmaxDescriptor, *x.shape, scale, causal,
+                                       x.shape[0] if causal else 0, x.dtype), like=x, x=x)
     y = call(plan_cls, _desc(plan_cls, x, scale, causal), like=x, x=_rows(x))
     return y.reshape(x.shape)
 

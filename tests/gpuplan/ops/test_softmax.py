@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 
@@ -239,3 +241,105 @@ def test_device_skus():
     plan = gp.SoftmaxBackwardPlan.select(s, gp.SoftmaxBackwardDescriptor(4, 50257),
                                          gp.PlanPreference(deterministic=True))
     assert plan.sku().variant == "block_row" and not plan.precision_guarantee().bit_stable
+
+
+# -- the compiled kernels of small host inputs (gpuplan.ops.softmax.host_kernels) -------------
+
+_SMALL_SHAPES = [(1, 1), (8, 8), (7, 33), (3, 1365), (64, 64)]  # up to SMALL elements
+
+
+def _small_kernels():
+    pytest.importorskip("numba")
+    import os
+
+    from gpuplan import host_jit
+    from gpuplan.ops.softmax import plans
+
+    if os.environ.get("GPUPLAN_HOST_JIT", "").strip().lower() in host_jit._OFF:
+        pytest.skip("GPUPLAN_HOST_JIT turns the compiled kernels off")
+    k = host_jit.extra(plans._HOST_KERNELS)
+    assert k is not None, "numba is installed: the softmax kernels must load"
+    return k
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("rows,dim", _SMALL_SHAPES)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("log", [False, True], ids=["softmax", "log_softmax"])
+def test_small_host_inputs_run_the_kernels_against_float64(dtype, rows, dim, causal, log):
+    """Inputs of up to SMALL elements take the compiled kernels (one float64 evaluation
+    rounded once): within a few units of the dtype's rounding of the float64 reference."""
+    from gpuplan.ops.softmax.plans import SMALL
+
+    _small_kernels()
+    assert rows * dim <= SMALL
+    q_len = rows if causal else 0
+    desc = gp.SoftmaxDescriptor(rows, dim, 0.7, causal, q_len, dtype)
+    fwd = gp.LogSoftmaxPlan if log else gp.SoftmaxPlan
+    plan = fwd.select(gp.Stream.host(), desc)
+    assert plan._kernels() is not None
+    x = random((rows, dim), dtype, seed=11, low=-6, high=6)
+    mask = causal_mask(rows, q_len, dim) if causal else None
+    y = np.full((rows, dim), 7, dtype)
+    plan.run(gp.Stream.host(), None, gp.SoftmaxArgs(x, y))
+    ref = ref_softmax(x, 0.7, mask, log)
+    eps = np.finfo(dtype).eps
+    if mask is not None:
+        np.testing.assert_array_equal(y[mask], -np.inf if log else 0.0)
+    keep = np.isfinite(ref)
+    np.testing.assert_allclose(y[keep], ref[keep], rtol=4 * eps, atol=(64 if log else 2) * eps)
+    dy = random((rows, dim), dtype, seed=12)
+    yr = ref.astype(dtype)
+    dx = np.full((rows, dim), 7, dtype)
+    bwd = gp.LogSoftmaxBackwardPlan if log else gp.SoftmaxBackwardPlan
+    bwd.select(gp.Stream.host(), desc).run(gp.Stream.host(), None,
+                                            gp.SoftmaxBackwardArgs(yr, dy, dx))
+    want = softmax_backward_reference(yr, dy, 0.7, log, mask)
+    np.testing.assert_allclose(dx, want, rtol=8 * eps, atol=8 * eps * np.abs(want).max())
+    if mask is not None:
+        np.testing.assert_array_equal(dx[mask], 0.0)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("causal", [False, True])
+def test_small_kernels_give_the_numpy_path_special_rows(dtype, causal):
+    """NaN, +-inf, all -inf and fully masked rows come out as from the NumPy passes."""
+    from gpuplan import host_jit
+
+    _small_kernels()
+    inf, nan = np.inf, np.nan
+    x = np.array([[0, -inf, 1000, 999], [-inf, 3, -inf, -inf], [-inf] * 4, [1, nan, 2, 3],
+                  [1, inf, 2, 3], [inf, inf, 1, 2], [-inf, -inf, -inf, 5], [1, 2, 3, 4]], dtype)
+    q_len = 8 if causal else 0  # with 4 keys, the first 3 queries see none (fully masked)
+    desc = gp.SoftmaxDescriptor(8, 4, 1.0, causal, q_len, dtype)
+    dy = random((8, 4), dtype, seed=13)
+    for fwd, bwd in ((gp.SoftmaxPlan, gp.SoftmaxBackwardPlan),
+                     (gp.LogSoftmaxPlan, gp.LogSoftmaxBackwardPlan)):
+        def run(plan_cls, args):
+            return gp.execute(plan_cls, desc, args, like=x)
+
+        with warnings.catch_warnings():  # neither path may warn
+            warnings.simplefilter("error")
+            y = np.empty_like(x)
+            run(fwd, gp.SoftmaxArgs(x, y))
+            dx = np.empty_like(x)
+            run(bwd, gp.SoftmaxBackwardArgs(np.nan_to_num(y, neginf=-30), dy, dx))
+        with host_jit.numpy_only(), warnings.catch_warnings():
+            warnings.simplefilter("error")
+            y_np, dx_np = np.empty_like(x), np.empty_like(x)
+            run(fwd, gp.SoftmaxArgs(x, y_np))
+            run(bwd, gp.SoftmaxBackwardArgs(np.nan_to_num(y_np, neginf=-30), dy, dx_np))
+        for got, want in ((y, y_np), (dx, dx_np)):
+            np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+            np.testing.assert_array_equal(np.isinf(got), np.isinf(want))
+            fin = np.isfinite(want)
+            np.testing.assert_allclose(got[fin], want[fin], rtol=1e-6, atol=1e-6)
+
+
+def test_large_inputs_keep_the_numpy_passes():
+    from gpuplan.ops.softmax.plans import SMALL
+
+    big = gp.SoftmaxPlan.select(gp.Stream.host(), gp.SoftmaxDescriptor(2, SMALL // 2 + 1))
+    half = gp.SoftmaxPlan.select(gp.Stream.host(), gp.SoftmaxDescriptor(
+        2, 8, dtype=gp.bfloat16))
+    assert big._small is None and half._small is None
