@@ -29,8 +29,8 @@ def test_sequence_parallel_rows_under_mpiexec():
     """At tp = the world, sequence parallelism keeps fewer activation bytes per rank."""
     import dist
 
-    rows = memory.sequence_parallel_activations(dist.init(), n_layer=1, n_embd=32, batch=2,
-                                                block=16)
+    rows = memory.sequence_parallel_activations(dist.init(), n_layer=1, n_embd=16, batch=1,
+                                                block=8)
     assert [(r["model"], r["sequence_parallel"]) for r in rows] == [
         ("gpt", False), ("gpt", True), ("llama", False), ("llama", True)]
     for off, on in (rows[0:2], rows[2:4]):
