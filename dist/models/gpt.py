@@ -59,9 +59,10 @@ class ParallelGPT(GPTLayers, ParallelModel):
     """The parts of `nn.GPT` with tensor-parallel layers substituted and its blocks split into
     pipeline stages, data-parallel on top; run by nn.GPT's own forward (`GPTLayers`).
 
-    ``ParallelGPT(config, mesh)`` (or ``tp=``/``pp=``/``dp=`` communicators; None = size
-    1) builds the dense `nn.GPT` from ``config.seed`` on the host and holds this rank's
-    stage of its parts, with this rank's parallel layers (exact shards) substituted, so any
+    ``ParallelGPT(config, mesh, num_micro_batches=..., schedule=..., device=..., dtype=...,
+    sequence_parallel=...)`` (or ``tp=``/``pp=``/``dp=`` communicators; None = size 1)
+    builds the dense `nn.GPT` from ``config.seed`` on the host and holds this rank's stage
+    of its parts, with this rank's parallel layers (exact shards) substituted, so any
     layout holds exactly the single-process model's weights. Parameter names are the dense
     ones (the last stage's copy of a tied embedding is ``head.weight``); each parameter's
     ``shard_spec`` says where it sits in the dense model.

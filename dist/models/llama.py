@@ -60,9 +60,9 @@ class ParallelLlama(LlamaLayers, ParallelModel):
     its blocks split into pipeline stages, data-parallel on top; run by nn.Llama's own
     forward (`LlamaLayers`). The protocol is `dist.ParallelGPT`'s
     (`dist.models.parallel.ParallelModel`): ``ParallelLlama(config, mesh,
-    num_micro_batches=..., schedule=..., device=..., dtype=...)``, ``train_step``,
-    ``forward``, ``parameters``, ``shard_specs``; `dist.clip_grad_norm_`, `dist.evaluate`,
-    `dist.gather_dense_state_dict` take it. Parameter names are nn.Llama's."""
+    num_micro_batches=..., schedule=..., device=..., dtype=..., sequence_parallel=...)``,
+    ``train_step``, ``forward``, ``parameters``, ``shard_specs``; `dist.clip_grad_norm_`,
+    `dist.evaluate`, `dist.gather_dense_state_dict` take it. Parameter names are nn.Llama's."""
 
     embedding_name, blocks_name, head_name = "embed_tokens", "layers", "lm_head"
 
