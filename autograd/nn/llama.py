@@ -21,15 +21,6 @@ from autograd.nn.module import Module, ModuleList
 from autograd.tensor import Tensor
 
 
-def repeat_kv(x: Tensor, groups: int) -> Tensor:
-    """``[B, Hkv, T, D]`` -> ``[B, Hkv * groups, T, D]``, head ``h`` the K/V head
-    ``h // groups`` (transformers' repeat_kv); its gradient sums each group's copies."""
-    if groups == 1:
-        return x
-    B, H, T, D = x.shape
-    return x.unsqueeze(2).expand(B, H, groups, T, D).reshape(B, H * groups, T, D)
-
-
 class LlamaAttention(Module):
     """``o_proj(concat_h softmax(q_h k_g(h)^T / sqrt(Dh) + causal mask) v_g(h))`` with
     ``q = rope(x @ Wq)`` (n_head heads), ``k = rope(x @ Wk)``, ``v = x @ Wv`` (n_kv_head
@@ -39,8 +30,9 @@ class LlamaAttention(Module):
 
     RoPE runs while the heads are split out of the projections' ``[B, T, H Dh]`` into
     ``[B, H, T, Dh]`` (one pass, `rope_split_heads`: the layout the fused attention takes);
-    positions start at ``offset``. K/V heads are repeated to the query heads before the
-    fused attention, which takes as many K/V heads as query heads. A tensor-parallel shard
+    positions start at ``offset``. The fused attention reads each query head's K/V head in
+    place (grouped-query attention, ``enable_gqa``): K/V are never repeated per query
+    head, and their gradients are summed over each group in the plans. A tensor-parallel shard
     (``first_head`` set by the sharding) drops, in training, the attention entries one
     process drops for its heads (`head_sharded_attention`), so the layouts agree."""
 
@@ -60,7 +52,7 @@ class LlamaAttention(Module):
                 cache: generation.LayerKV | None = None) -> Tensor:
         """``x [B, T, C]`` at positions ``offset ..`` -> ``[B, T, C]``. With ``cache``
         (generation: ``offset`` is its length), the keys and values of the earlier positions
-        come from it, these are appended to it (``Hkv`` heads, before any repeat)."""
+        come from it, these are appended to it (``Hkv`` heads)."""
         q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
         B, T = q.shape[:2]  # a sequence-parallel q_proj's output spans the whole sequence
         H, Hkv = q.shape[-1] // self.head_dim, k.shape[-1] // self.head_dim
@@ -69,13 +61,15 @@ class LlamaAttention(Module):
         (v,) = split_heads(v, 1, Hkv)
         if cache is not None:
             k, v = cache.update(k, v)  # causal masks align to the last key
-        k, v = repeat_kv(k, H // Hkv), repeat_kv(v, H // Hkv)
+        # Grouped-query attention in the fused plans: query head h reads K/V head
+        # h // (H / Hkv) in place, K/V are never repeated per query head.
         p = self.attn_dropout if self.training else 0.0
         if p > 0.0 and H != self.n_head:
             y = head_sharded_attention(q, k, v, dropout_p=p, is_causal=True,
                                        total_heads=self.n_head, first_head=self.first_head)
         else:
-            y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
+            y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True,
+                                               enable_gqa=Hkv != H)
         return self.o_proj(y.transpose(1, 2).reshape(B, T, H * self.head_dim))
 
 
