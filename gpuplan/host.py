@@ -62,6 +62,10 @@ except ImportError:  # pragma: no cover - another NumPy layout: np.errstate belo
     _FP_STATE = _make_fp_state = None
 
 
+#: the quiet error state derived from each error state (the dict holds both: their ids stay).
+_QUIET: dict[Any, Any] = {}
+
+
 def fp_quiet() -> Any:
     """Ignore float overflow, invalid and divide-by-zero in this thread (the other settings,
     underflow included, as they are) until `fp_restore` gets the token returned."""
@@ -69,7 +73,14 @@ def fp_quiet() -> Any:
         state = np.errstate(over="ignore", invalid="ignore", divide="ignore")
         state.__enter__()
         return state
-    return _FP_STATE.set(_make_fp_state(over="ignore", invalid="ignore", divide="ignore"))
+    state = _FP_STATE.get()
+    quiet = _QUIET.get(state)
+    if quiet is None:  # once per error state in use (the default one, a user's errstate)
+        if len(_QUIET) >= 64:
+            _QUIET.clear()
+        quiet = _QUIET[state] = _make_fp_state(over="ignore", invalid="ignore",
+                                               divide="ignore")
+    return _FP_STATE.set(quiet)
 
 
 def fp_restore(token: Any) -> None:

@@ -21,6 +21,7 @@ from autograd.function import Function
 from autograd.functions import shape as _shape
 from autograd.tensor_base import TensorBase, new_tensor
 from gpuplan.dtypes import FLOAT_DTYPES, as_dtype, bfloat16, float16, float32, int64
+from gpuplan.ops.binary import binary as binary_arrays
 from gpuplan.ops.binary.table import BINARY_DTYPES, BINARY_OPS, dtype_kind
 
 if TYPE_CHECKING:
@@ -46,7 +47,9 @@ class Binary(Function):
             ctx.save_for_backward(a, b)
         else:
             ctx.shapes = (tuple(a.shape), tuple(b.shape))
-        return F.binary(name, a, b)
+        # The family function itself: a and b are tensors' arrays, the inputs the
+        # functional API's guard (gpuplan.functional) is there to vet.
+        return binary_arrays(name, a, b)
 
     @staticmethod
     def backward(ctx, dc):
