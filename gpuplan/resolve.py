@@ -215,8 +215,10 @@ _SIDE = {"cpu": "host (NumPy)", "cuda": "device (CuPy)", "emulated": "emulated-d
 def _check_side(op: str, name: str, a: Any, stream: Any) -> None:
     """InvalidProblem unless `a` is an array living where the plan's stream runs."""
     from gpuplan import backend
-    if not hasattr(a, "shape") or not hasattr(a, "dtype"):
-        raise InvalidProblem(describe(op, name, "an array", type(a).__name__))
+    if not isinstance(a, (np.ndarray, np.generic)) and not backend.is_device_array(a):
+        # (an object with shape and dtype that is no array would fail deep inside a plan)
+        raise InvalidProblem(describe(op, name, "an array (NumPy, CuPy or emulated-device)",
+                                      type(a).__name__))
     where = backend.device_of(a)
     if where != stream.kind:
         raise InvalidProblem(describe(op, name, f"a {_SIDE[stream.kind]} array to match the "

@@ -49,6 +49,30 @@ class _Required:
 
 
 _REQUIRED = _Required()
+#: The largest extent any descriptor takes: element counts and byte offsets stay int64.
+_EXTENT_MAX = 2**62
+
+
+class _NotGiven:
+    """The default of a required Args field that follows an optional one (see OpSpec.args)."""
+
+    def __repr__(self) -> str:
+        return "<not given>"
+
+
+_NOT_GIVEN = _NotGiven()
+
+
+def _require(cls_name: str, names: tuple[str, ...]) -> Callable[[Any], None]:
+    """An Args ``__post_init__`` refusing a required argument left out."""
+
+    def post_init(self: Any) -> None:
+        for n in names:
+            if getattr(self, n) is _NOT_GIVEN:
+                raise InvalidProblem(describe(cls_name, n, "a value (a required argument)",
+                                              "none"))
+
+    return post_init
 #: the default of a field or scalar the caller must pass.
 REQUIRED = _REQUIRED
 
@@ -91,6 +115,8 @@ class Extent(Field):
             raise InvalidProblem(describe(op, self.name, f"an extent >= {self.min}", value))
         if self.max is not None and value > self.max:
             raise Unsupported(describe(op, self.name, f"an extent <= {self.max}", value))
+        if value > _EXTENT_MAX:  # sizes and offsets are int64 everywhere below
+            raise Unsupported(describe(op, self.name, "an extent <= 2**62", value))
 
 
 @dataclass(frozen=True)
@@ -338,27 +364,32 @@ class OpSpec:
         return cls
 
     def args(self, name: str, doc: str = "", module: str | None = None) -> type:
-        """A dataclass of the operands, then the scalars. Optional operands and scalars with
-        a default keep it when every later argument has one too (Python's rule); an
-        optional operand before a required one is passed explicitly (None when absent)."""
+        """A dataclass of the operands, then the scalars, in that order (positional calls
+        keep their meaning). Optional operands are optional (default None) and scalars keep
+        their defaults. A required argument after one with a default (``AdamWArgs``' ``lr``
+        after the optional ``param_lowp``) defaults to a marker, and constructing the class
+        without it raises InvalidProblem naming it, so ``AdamWArgs(p, g, m, v, lr=...,
+        step=...)`` needs no ``param_lowp``."""
         entries = [(o.name, None if o.present is not None else _REQUIRED)
                    for o in self.operands] + [(s.name, s.default) for s in self.scalars]
-        specs, defaults_ok = [], True
-        for arg, default in reversed(entries):
-            defaults_ok = defaults_ok and default is not _REQUIRED
-            specs.append(_dc_field(arg, default if defaults_ok else _REQUIRED))
-        cls = dataclasses.make_dataclass(
-            name, specs[::-1], slots=True,
-            namespace={"__doc__": doc or f"Arguments of {self.op}."})
+        specs, marked, seen_default = [], [], False
+        for arg, default in entries:
+            if default is _REQUIRED and seen_default:
+                specs.append(_dc_field(arg, _NOT_GIVEN))
+                marked.append(arg)
+                continue
+            seen_default = seen_default or default is not _REQUIRED
+            specs.append(_dc_field(arg, default))
+        namespace: dict[str, Any] = {"__doc__": doc or f"Arguments of {self.op}."}
+        if marked:
+            namespace["__post_init__"] = _require(name, tuple(marked))
+        cls = dataclasses.make_dataclass(name, specs, slots=True, namespace=namespace)
         cls.__module__ = module or _caller_module()
         if self.args_cls is None:
             self.args_cls = cls
             #: every optional operand has a default (None): ``args_cls(**kw)`` needs no
             #: `_absent` merge when kw holds the required ones.
-            fields = specs[::-1]
-            self.args_take_any = all(
-                entries[i][1] is _REQUIRED or (len(fields[i]) == 3 and fields[i][2].default is None)
-                for i in range(len(self.operands)))
+            self.args_take_any = True
         return cls
 
     # -- checks ----------------------------------------------------------------------------

@@ -66,10 +66,12 @@ def test_generated_classes_follow_the_declaration():
     assert d == AxpyDescriptor(2, 3, False, np.float32) and hash(d) == hash(AxpyDescriptor(2, 3))
     with pytest.raises(AttributeError):
         d.rows = 4  # frozen
-    a = AxpyArgs(1, 2, None, 3)  # an optional operand before a required one: passed
+    a = AxpyArgs(1, 2, None, 3)  # positional calls keep the declared order
     assert (a.x, a.idx, a.bias, a.y, a.alpha) == (1, 2, None, 3, 1.0)
-    with pytest.raises(TypeError):
-        AxpyArgs(1, 2, y=3)
+    b = AxpyArgs(1, 2, y=3)  # the optional operand before a required one may be left out
+    assert (b.x, b.idx, b.bias, b.y, b.alpha) == (1, 2, None, 3, 1.0)
+    with pytest.raises(gp.InvalidProblem, match="AxpyArgs: argument 'y': expected a value"):
+        AxpyArgs(1, 2)
 
 
 @pytest.mark.parametrize("field, value, error, words", [
