@@ -83,3 +83,17 @@ def test_an_object_that_is_no_array_is_named(call):
     z = np.zeros(3, np.float32)
     with pytest.raises(gp.GpuPlanError, match="_LooksLikeAnArray|an array|dtype"):
         call(_LooksLikeAnArray(), z)
+
+
+@pytest.mark.parametrize("a, b, bias, word", [
+    (np.ones((2, 2), np.int32), np.ones((2, 2), np.int32), None,
+     "matmul: argument 'a': expected dtype f32 or f64 or f16 or bf16, given i32"),
+    (np.ones((2, 2), np.float32), np.ones((2, 2), np.float64), None,
+     "matmul: argument 'b': expected dtype f32 like 'a', given f64"),
+    (np.ones((2, 2), np.float32), np.ones((2, 2), np.float32), np.ones(2, np.float16),
+     "matmul: argument 'bias': expected dtype f32 like 'a', given f16"),
+], ids=["int", "mixed", "bias"])
+def test_matmul_dtype_errors_name_matmul(a, b, bias, word):
+    with pytest.raises(gp.Unsupported) as exc:
+        gp.functional.matmul(a, b, bias=bias)
+    assert str(exc.value) == word

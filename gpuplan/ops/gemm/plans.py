@@ -319,6 +319,9 @@ def _matmul_problem(a_shape: tuple, b_shape: tuple, dtype: Any, trans_a: bool, t
     """The GEMM descriptor of matmul on these shapes, and the views to pass it. The rank,
     batch-axis and contraction errors are raised here: once per problem shape."""
     op = "matmul"
+    if as_dtype(dtype) not in FLOAT_DTYPES:  # named here, not as the GEMM descriptor's field
+        raise Unsupported(describe(op, "a", "dtype " + " or ".join(sn(t) for t in FLOAT_DTYPES),
+                                   sn(as_dtype(dtype))))
     for name, shape in (("a", a_shape), ("b", b_shape)):
         if len(shape) < 2:
             raise InvalidProblem(describe(op, name, "an array of rank >= 2",
@@ -368,6 +371,10 @@ def matmul(a: Any, b: Any, *, trans_a: bool = False, trans_b: bool = False, alph
             tuple(a.shape), tuple(b.shape), a.dtype, bool(trans_a), bool(trans_b),
             bias is not None, epilogue, save_preact)
     desc, a_view, b_view, out_shape = problem
+    for name, x in (("b", b), ("bias", bias)):  # named as matmul's, not the plan's (gemm)
+        if x is not None and x.dtype != a.dtype:
+            raise Unsupported(describe("matmul", name, f"dtype {sn(as_dtype(a.dtype))} like "
+                                                       f"'a'", sn(as_dtype(x.dtype))))
     if not a.flags.c_contiguous:
         a = backend.ascontiguous(a)
     if not b.flags.c_contiguous:
