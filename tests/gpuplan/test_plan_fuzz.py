@@ -97,3 +97,11 @@ def test_matmul_dtype_errors_name_matmul(a, b, bias, word):
     with pytest.raises(gp.Unsupported) as exc:
         gp.functional.matmul(a, b, bias=bias)
     assert str(exc.value) == word
+
+
+def test_a_negative_extent_is_named_not_numpys_message():
+    with pytest.raises(gp.InvalidProblem, match=r"dropout_mask: argument 'shape': expected "
+                                                r"extents >= 0, given \(-3,\)"):
+        gp.functional.dropout_mask((-3,), 0.5, seed=1)
+    with pytest.raises(gp.InvalidProblem, match="expected an extent >= 0, given -3"):
+        gp.SoftmaxPlan.select(gp.Stream.host(), gp.SoftmaxDescriptor(-3, 4))

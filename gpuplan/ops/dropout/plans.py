@@ -278,6 +278,8 @@ def dropout_backward(dy: Any, p: float, seed: int, offset: int = 0) -> Any:
 def dropout_mask(shape: Any, p: float, seed: int, offset: int = 0, device: str = "cpu") -> Any:
     """The keep mask (bool, `shape`, on 'cpu', 'cuda' or 'emulated') that dropout applies."""
     shape = (int(shape),) if isinstance(shape, (int, np.integer)) else tuple(int(s) for s in shape)
+    if any(s < 0 for s in shape):
+        raise InvalidProblem(describe("dropout_mask", "shape", "extents >= 0", shape))
     mask = backend.empty(shape, np.bool_, device)
     flat = mask.reshape(-1)
     call(DropoutMaskPlan, DropoutMaskDescriptor(flat.size, p), like=mask, mask=flat, seed=seed,
