@@ -195,6 +195,30 @@ def check_model_fits(ns: argparse.Namespace, vocab_size: int) -> None:
                          f"{need / 2**30:.3g} GiB per rank for weights, gradients and AdamW "
                          f"moments over --tp {ns.tp} x --pp {ns.pp}, before activations; "
                          f"{where} {have / 2**30:.3g} GiB")
+    acts = activation_bytes_lower_bound(ns, vocab_size)
+    if have and need + acts > have:
+        raise ValueError(f"the activations do not fit: --batch-size {ns.batch_size} x "
+                         f"--block-size {ns.block_size} over --dp {ns.dp} and "
+                         f"--micro-batches {ns.micro_batches} keep at least "
+                         f"{acts / 2**30:.3g} GiB per rank for backward (--recompute "
+                         f"{getattr(ns, 'recompute', 'none')}), besides {need / 2**30:.3g} GiB "
+                         f"of weights, gradients and AdamW moments; {where} "
+                         f"{have / 2**30:.3g} GiB (fewer or shorter sequences, more "
+                         f"--micro-batches, or --recompute block)")
+
+
+def activation_bytes_lower_bound(ns: argparse.Namespace, vocab_size: int) -> float:
+    """A lower bound on the bytes a rank keeps for backward: per token of the micro-batches
+    in flight, 4 float32 values per channel and layer of this stage (one with --recompute
+    block; 21 were counted at 8 layers, benchmarks' 'Memory per rank'), over tp, plus the
+    logits' vocabulary block twice. Meant to refuse what cannot fit, never what can."""
+    tokens = ns.batch_size // max(1, ns.dp) // max(1, ns.micro_batches) * ns.block_size
+    in_flight = ns.micro_batches if ns.pp > 1 and ns.schedule == "gpipe" else \
+        min(ns.pp, ns.micro_batches)
+    per_layer = 1 if getattr(ns, "recompute", "none") == "block" else 4
+    layers = ns.n_layer / ns.pp
+    per_token = 4.0 * (per_layer * ns.n_embd * layers / ns.tp + 2 * vocab_size / ns.tp)
+    return tokens * in_flight * per_token
 
 
 def _rank_memory(ns: argparse.Namespace) -> tuple[float | None, str]:

@@ -46,3 +46,18 @@ def test_options_that_cannot_combine_are_one_line(tmp_path):
     assert res.returncode == 2 and _errors(res) == [
         "train.py: error: --recompute block: implemented for --model gpt only, given --model "
         "llama"], res.stderr
+
+
+def test_activations_that_cannot_fit_are_refused_up_front(tmp_path):
+    """A lower bound of the bytes kept for backward, with the weights, over this rank's
+    memory: refused before anything runs, naming the options (before: accepted, then minutes
+    of silence or an out-of-memory kill)."""
+    res = run(1, "--block-size", "1000000", "--batch-size", "64", "--steps", "1",
+              "--n-layer", "2", "--n-head", "2", "--n-embd", "16", "--out", str(tmp_path / "o"))
+    assert res.returncode == 2, res.stderr[-2000:]
+    (line,) = _errors(res)
+    assert line.startswith("train.py: error: the activations do not fit: --batch-size 64 x "
+                           "--block-size 1000000 over --dp 1 and --micro-batches 1 keep at "
+                           "least ")
+    assert "(fewer or shorter sequences, more --micro-batches, or --recompute block)" in line
+    assert not (tmp_path / "o").exists()
