@@ -13,7 +13,8 @@ from dist.trainer import main
 
 def _ns(**options) -> argparse.Namespace:
     base = dict(n_layer=1, n_head=1, n_embd=16, block_size=16, dropout=0.0, attn_dropout=None,
-                seed=0, activation="gelu", tp=1, pp=1, device="cpu")
+                seed=0, activation="gelu", tp=1, pp=1, dp=1, batch_size=8, micro_batches=1,
+                schedule="1f1b", device="cpu")
     return argparse.Namespace(**{**base, **options})
 
 
@@ -30,6 +31,16 @@ def test_a_model_no_rank_can_hold_is_refused_with_an_estimate():
                                          r"\(--n-layer 4, --n-embd 65536.* GiB per rank"):
         main.check_model_fits(_ns(n_layer=4, n_embd=65536), 256)
     main.check_model_fits(_ns(), 256)  # a small one passes
+
+
+def test_the_activation_bound_grows_with_tokens_and_shrinks_with_recompute_and_tp():
+    small = main.activation_bytes_lower_bound(_ns(), 256)
+    assert small == 8 * 16 * 4.0 * (4 * 16 + 2 * 256)
+    assert main.activation_bytes_lower_bound(_ns(block_size=32), 256) == 2 * small
+    assert main.activation_bytes_lower_bound(_ns(recompute="block"), 256) < small
+    assert main.activation_bytes_lower_bound(_ns(tp=2), 256) == small / 2
+    with pytest.raises(ValueError, match="the activations do not fit"):
+        main.check_model_fits(_ns(block_size=2**22, batch_size=2**12), 256)
 
 
 def test_run_metadata_is_checked_field_by_field():
