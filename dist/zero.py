@@ -34,6 +34,7 @@ import gpuplan as gp
 from autograd.inplace import record_writes
 from autograd.nn import Parameter
 from autograd.optim import AdamW
+from autograd.optim.optimizer import Optimizer
 from autograd.tensor import Tensor
 from dist.communicator import Communicator
 from gpuplan.dtypes import HALF_DTYPES, float32
@@ -180,15 +181,9 @@ class ZeroRedundancyOptimizer:
                 values = gp.functional.cast(gp.backend.ascontiguous(values), p.data.dtype)
             p.data[...] = values
 
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        for group in self.param_groups:
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                if set_to_none:
-                    p.grad = None
-                else:
-                    p.grad.data[...] = 0
+    #: The replicated optimizer's (over the public param_groups): .grad set to None, or
+    #: zeroed in place and recorded as a write.
+    zero_grad = Optimizer.zero_grad
 
     # -- accounting -----------------------------------------------------------------------------
 
