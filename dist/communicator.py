@@ -314,6 +314,9 @@ class Communicator:
         `send is recv` means in place (MPI.IN_PLACE for the collectives that take it). The
         MPI call runs under the watchdog as `op` with `peer` (NCCL calls only enqueue work).
         """
+        if not trace.enabled():  # the common case: no span, no byte count
+            self._exchange_now(op, peer, send, recv, mpi_fn, nccl_fn)
+            return
         probe = recv if recv is not None else send
         with trace.span(op, "comm", bytes=int(probe.nbytes), peer=peer):
             self._exchange_now(op, peer, send, recv, mpi_fn, nccl_fn)

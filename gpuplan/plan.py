@@ -102,6 +102,16 @@ class Candidate:
     min_compute_capability: int = 0  # e.g. 80 for mma.sync / cp.async kernels
 
 
+def elementwise_candidates(dtype: Any, stream: Any) -> list[Candidate]:
+    """An elementwise family's SKUs: the NumPy one on the host, else the NVRTC "map" kernel
+    (deterministic, bit-stable; halves computed in their accumulator type)."""
+    if stream.is_host:
+        return [host_candidate(dtype)]
+    d = as_dtype(dtype)
+    acc = "f32" if d.itemsize <= 2 else short_name(d)
+    return [Candidate("map", BackendKind.NVRTC, True, True, short_name(d), acc)]
+
+
 def host_candidate(dtype: Any, variant: str = "numpy") -> Candidate:
     """The NumPy reference SKU: deterministic and bit-stable, accumulating as the kernels do."""
     d = as_dtype(dtype)

@@ -64,15 +64,19 @@ _NOT_GIVEN = _NotGiven()
 
 
 def _require(cls_name: str, names: tuple[str, ...]) -> Callable[[Any], None]:
-    """An Args ``__post_init__`` refusing a required argument left out."""
+    """An Args ``__post_init__`` refusing a required argument left out. Generated as one
+    ``is`` test per name (Args are built on every plan call: no loop, no getattr)."""
+    test = " or ".join(f"self.{n} is _NOT_GIVEN" for n in names)  # names: identifiers
+    scope = {"_NOT_GIVEN": _NOT_GIVEN, "_refuse": _refuse}
+    exec(f"def post_init(self):\n    if {test}:\n        _refuse(self, {cls_name!r}, "
+         f"{names!r})\n", scope)
+    return scope["post_init"]
 
-    def post_init(self: Any) -> None:
-        for n in names:
-            if getattr(self, n) is _NOT_GIVEN:
-                raise InvalidProblem(describe(cls_name, n, "a value (a required argument)",
-                                              "none"))
 
-    return post_init
+def _refuse(args: Any, cls_name: str, names: tuple[str, ...]) -> None:
+    for n in names:
+        if getattr(args, n) is _NOT_GIVEN:
+            raise InvalidProblem(describe(cls_name, n, "a value (a required argument)", "none"))
 #: the default of a field or scalar the caller must pass.
 REQUIRED = _REQUIRED
 

@@ -31,14 +31,13 @@ import numpy as np
 
 from gpuplan import backend
 from gpuplan.dtypes import FLOAT_DTYPES, accumulator, as_dtype, cuda_name
-from gpuplan.dtypes import short_name as sn
 from gpuplan.errors import InvalidProblem, describe
 from gpuplan.execute import call
 from gpuplan.host_pool import for_blocks
 from gpuplan.nvrtc import CudaModule, cdiv, launch
 from gpuplan.ops.activation import host as gelu_host
 from gpuplan.ops.activation.host import run_blocks32 as _run_blocks32
-from gpuplan.plan import BackendKind, Candidate, Plan, host_candidate
+from gpuplan.plan import Candidate, Plan, elementwise_candidates
 from gpuplan.spec import Choice, DType, Extent, In, OpSpec, Out, Scalar
 from gpuplan.stream import Stream, Workspace
 
@@ -199,10 +198,7 @@ class _ActivationPlan(Plan):
 
     @classmethod
     def _candidates(cls, desc: Any, stream: Stream) -> list[Candidate]:
-        d = as_dtype(desc.dtype)
-        if stream.is_host:
-            return [host_candidate(d)]
-        return [Candidate("map", BackendKind.NVRTC, True, True, sn(d), sn(accumulator(d)))]
+        return elementwise_candidates(desc.dtype, stream)
 
     def _prepare(self) -> None:
         d = self.desc

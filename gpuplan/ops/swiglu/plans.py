@@ -22,12 +22,11 @@ import numpy as np
 
 from gpuplan import backend
 from gpuplan.dtypes import FLOAT_DTYPES, accumulator, as_dtype, cuda_name
-from gpuplan.dtypes import short_name as sn
 from gpuplan.errors import InvalidProblem, describe
 from gpuplan.execute import call
 from gpuplan.host_pool import for_blocks
 from gpuplan.nvrtc import CudaModule, cdiv, launch
-from gpuplan.plan import BackendKind, Candidate, Plan, host_candidate
+from gpuplan.plan import Candidate, Plan, elementwise_candidates
 from gpuplan.spec import DType, Extent, In, OpSpec, Out
 from gpuplan.stream import Stream, Workspace
 
@@ -74,10 +73,7 @@ class _SwigluPlan(Plan):
 
     @classmethod
     def _candidates(cls, desc: Any, stream: Stream) -> list[Candidate]:
-        d = as_dtype(desc.dtype)
-        if stream.is_host:
-            return [host_candidate(d)]
-        return [Candidate("map", BackendKind.NVRTC, True, True, sn(d), sn(accumulator(d)))]
+        return elementwise_candidates(desc.dtype, stream)
 
     def _prepare(self) -> None:
         d = self.desc
