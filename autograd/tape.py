@@ -11,6 +11,13 @@ gradients through and stay until their own tape's backward.
 Before a node's backward runs, the arrays its forward saved are checked against in-place
 writes made since (autograd.inplace: one integer comparison when there were none); under
 detect_anomaly the gradients it returns are checked for inf/nan (autograd.anomaly).
+
+A leaf may carry post-accumulate hooks (`Tensor.register_post_accumulate_grad_hook`): each
+runs once per backward, with the leaf, when its ``.grad`` is final for that backward: after
+the last node of the walk that reads the leaf has run (a leaf given as a root with no reader:
+right after its root gradient is added), and only when the leaf received a gradient in it.
+Data parallelism starts a gradient bucket's reduction from them (dist.overlap). With no hook
+registered anywhere the walk does no extra work.
 """
 
 from __future__ import annotations
@@ -26,6 +33,54 @@ if TYPE_CHECKING:
     from autograd.tensor import Tensor
 
 _sequence = inplace.clock  # node numbers and in-place writes share one clock
+
+#: Attribute (in a leaf's __dict__) holding its post-accumulate hooks: {key: hook}.
+HOOKS_ATTR = "_post_accumulate_grad_hooks"
+_hooked_leaves = 0  # leaves with at least one hook: 0 keeps run_backward's walk as it was
+
+
+class RemovableHandle:
+    """What `register_post_accumulate_grad_hook` returns: ``remove()`` unregisters the hook
+    (a second call does nothing)."""
+
+    __slots__ = ("_tensor", "_key")
+
+    def __init__(self, tensor: Any, key: int) -> None:
+        self._tensor, self._key = tensor, key
+
+    def remove(self) -> None:
+        global _hooked_leaves
+        t, self._tensor = self._tensor, None
+        if t is None:
+            return
+        hooks = t.__dict__.get(HOOKS_ATTR)
+        if hooks is not None and hooks.pop(self._key, None) is not None and not hooks:
+            del t.__dict__[HOOKS_ATTR]
+            _hooked_leaves -= 1
+
+
+_hook_keys = iter(range(1 << 62))
+
+
+def register_post_accumulate_grad_hook(t: Any, hook: Any) -> RemovableHandle:
+    """Run ``hook(t)`` after each backward that accumulated a gradient into leaf `t`, once
+    its ``.grad`` holds every contribution of that backward (see the module docstring)."""
+    global _hooked_leaves
+    if not callable(hook):
+        raise TypeError(f"register_post_accumulate_grad_hook: hook: expected a callable, "
+                        f"given {type(hook).__name__}")
+    if t._node is not None or not t.requires_grad:
+        raise RuntimeError("register_post_accumulate_grad_hook: expected a leaf tensor that "
+                           "requires grad, given "
+                           + ("a non-leaf" if t._node is not None
+                              else "a tensor with requires_grad=False"))
+    hooks = t.__dict__.get(HOOKS_ATTR)
+    if hooks is None:
+        hooks = t.__dict__[HOOKS_ATTR] = {}
+        _hooked_leaves += 1
+    key = next(_hook_keys)
+    hooks[key] = hook
+    return RemovableHandle(t, key)
 
 
 class Node:
@@ -206,6 +261,11 @@ def run_backward(roots: list[tuple[Tensor, Any]], retain: bool = False,
     """Back-propagate from each (tensor, grad) root; frees the owner tape's nodes it runs."""
     delivered: set[int] = set()
     start: list[Node] = []
+    hooked: dict[int, tuple] = {}  # id(leaf) -> (leaf, its .grad before this backward)
+    if _hooked_leaves:
+        for t, _ in roots:
+            if t._node is None and HOOKS_ATTR in t.__dict__:
+                hooked[id(t)] = (t, t.grad)
     for t, grad in roots:
         g = _root_grad(t, grad)
         delivered.add(id(g))
@@ -222,10 +282,50 @@ def run_backward(roots: list[tuple[Tensor, Any]], retain: bool = False,
         node.grads[k] = g if node.grads[k] is None else gp.functional.binary(
             "add", node.grads[k], g)
         start.append(node)
-    for node in _reachable(start):
+    nodes = _reachable(start)
+    if not _hooked_leaves:
+        for node in nodes:
+            _run_node(node, delivered)
+            if not retain and node.tape is owner:
+                node.free()
+        return
+    fire_at = _last_readers(nodes, hooked)
+    _fire(fire_at.pop(-1, ()), hooked)  # root leaves that no node reads
+    for i, node in enumerate(nodes):
         _run_node(node, delivered)
         if not retain and node.tape is owner:
             node.free()
+        if i in fire_at:
+            _fire(fire_at.pop(i), hooked)
+
+
+def _last_readers(nodes: list[Node], hooked: dict[int, tuple]) -> dict[int, list]:
+    """{position in `nodes` of the last node reading a hooked leaf: [those leaves]}, -1 for
+    hooked root leaves that no node reads; records each newly met hooked leaf's current
+    .grad in `hooked` (to tell whether this backward gave it a gradient)."""
+    last: dict[int, int] = {key: -1 for key in hooked}
+    for i, node in enumerate(nodes):
+        for p in node.parents:
+            if p is not None and type(p) is not tuple and HOOKS_ATTR in p.__dict__:
+                key = id(p)
+                if key not in hooked:
+                    hooked[key] = (p, p.grad)
+                last[key] = i
+    fire_at: dict[int, list] = {}
+    for key, i in last.items():
+        fire_at.setdefault(i, []).append(key)
+    return fire_at
+
+
+def _fire(keys: Any, hooked: dict[int, tuple]) -> None:
+    """Run the hooks of the leaves `keys` that received a gradient in this backward (every
+    accumulation makes a new .grad tensor, so an unchanged .grad means none came)."""
+    for key in keys:
+        leaf, before = hooked[key]
+        if leaf.grad is before:
+            continue
+        for hook in list(leaf.__dict__.get(HOOKS_ATTR, {}).values()):
+            hook(leaf)
 
 
 _FREED = ("backward: the graph reaches an op whose saved arrays were freed by an earlier "

@@ -19,7 +19,7 @@ from autograd.functions import reduce as _reduce
 from autograd.functions import select as _select
 from autograd.functions import shape as _shape
 from autograd.functions import write as _write
-from autograd.tape import run_backward
+from autograd.tape import RemovableHandle, register_post_accumulate_grad_hook, run_backward
 from autograd.tensor_base import TensorBase, set_tensor_class
 from gpuplan.dtypes import as_dtype
 
@@ -114,6 +114,13 @@ class Tensor(TensorBase):
             run_backward([(self, grad)], retain=retain)
             return
         self._node.tape.backward(self, grad, retain=retain)
+
+    def register_post_accumulate_grad_hook(self, hook: Any) -> RemovableHandle:
+        """Run ``hook(self)`` (a leaf that requires grad) at the end of its part of every
+        backward that gives it a gradient, when ``.grad`` holds all of that backward's
+        contributions (f16/bf16 leaves: the rounded f32 running sum, autograd.tape); returns
+        a handle whose ``remove()`` unregisters it. As torch's method of the same name."""
+        return register_post_accumulate_grad_hook(self, hook)
 
     # -- arithmetic --------------------------------------------------------------------------
 
