@@ -1,4 +1,4 @@
-"""dist: multi-process parallelism over mpi4py (communicators, mesh, TP, DP, pipelines).
+"""dist: multi-process parallelism over mpi4py (communicators, mesh, TP, DP, CP, pipelines).
 
 `import dist` touches neither MPI nor CUDA; the autograd-based layers load on first use.
 """
@@ -43,6 +43,7 @@ _LAZY = {
     "evaluate": "dist.training",
     "gather_dense_state_dict": "dist.training",
     "ZeroRedundancyOptimizer": "dist.zero",
+    "ring_attention": "dist.context_parallel",
 }
 
 __all__ = [
