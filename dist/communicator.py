@@ -12,8 +12,15 @@ from dist import trace
 from dist.cuda_aware import cuda_aware_mpi
 from dist.mpi_wait import POLLING_MODES, poll_until, resolve_wait
 from dist.nccl_backend import NcclTransport
-from dist.staging import PinnedBufferCache, stage_to_device, stage_to_host, sync_current_stream
-from dist.watchdog import watched
+from dist.staging import (
+    PinnedBufferCache,
+    copy_to_device,
+    stage_to_device,
+    stage_to_host,
+    stage_to_new_host,
+    sync_current_stream,
+)
+from dist.watchdog import unwatch_request, watch_request, watched
 from gpuplan import backend
 from gpuplan.dtypes import HALF_DTYPES, as_dtype, float32
 from gpuplan.errors import InvalidProblem, Unsupported, describe
@@ -75,6 +82,81 @@ class PendingSend:
                 watched("isend", self._comm, self._dest, Request.Waitall, self._requests)
 
 
+class _ReducePlan:
+    """An all-reduce's flat buffers and how its result reaches `out` (finish)."""
+
+    __slots__ = ("out", "send", "recv", "op", "size", "direct", "done")
+
+    def __init__(self, out: Any, send: Any, recv: Any, op: str, size: int, direct: bool,
+                 done: bool = False) -> None:
+        self.out, self.send, self.recv, self.op = out, send, recv, op
+        self.size, self.direct, self.done = size, direct, done
+
+    def finish(self) -> Any:
+        """After the exchange: the mean's division, the copy (and cast) into out."""
+        if self.done:
+            return self.out
+        recv = self.recv
+        if self.op == "mean":
+            recv /= self.size
+        return self.out if self.direct else _assign(self.out, recv.reshape(self.out.shape))
+
+
+class PendingCollective:
+    """A non-blocking collective in flight (`Communicator.iall_reduce`). ``wait()`` waits
+    for its MPI request under the watchdog (as the op, with how long ago it was issued),
+    copies a host-staged result back to the device, applies what follows the exchange
+    (the mean's division, the cast into out) and returns the result; a second ``wait()``
+    returns it again. ``test()``: whether ``wait()`` would return at once. While one is
+    outstanding the watchdog lists it (dist.watchdog.outstanding_requests)."""
+
+    def __init__(self, comm: Any, op: str, peer: int | None, finish: Callable[[], Any],
+                 requests: list[Any] | None = None, buffers: list[Any] | None = None,
+                 finish_device: Callable[[], None] | None = None,
+                 trace_start: float | None = None, nbytes: int = 0) -> None:
+        self._comm, self.op, self._peer = comm, op, peer
+        self._finish, self._requests, self._buffers = finish, requests or [], buffers or []
+        self._finish_device = finish_device
+        self._trace_start, self._nbytes = trace_start, nbytes
+        self._result: Any = None
+        self._done = False
+        self._token = watch_request(op, comm, peer) if self._requests else None
+
+    @property
+    def done(self) -> bool:
+        return self._done
+
+    def test(self) -> bool:
+        """True when the exchange has completed (MPI_Testall; no wait)."""
+        return self._done or not self._requests or bool(_mpi().Request.Testall(
+            self._requests))
+
+    def wait(self) -> Any:
+        if self._done:
+            return self._result
+        if self._requests:
+            Request = _mpi().Request
+            mode = getattr(self._comm, "wait_mode", "spin")
+            what = f"{self.op} request"
+            try:
+                if mode in POLLING_MODES:
+                    watched(what, self._comm, self._peer, poll_until,
+                            lambda: Request.Testall(self._requests), mode)
+                else:
+                    watched(what, self._comm, self._peer, Request.Waitall, self._requests)
+            finally:
+                unwatch_request(self._token)
+        if self._finish_device is not None:
+            self._finish_device()
+        self._result = self._finish()
+        self._done = True
+        self._requests, self._buffers, self._finish_device = [], [], None
+        if self._trace_start is not None:
+            trace.record(self.op, self._trace_start, "comm", tid=trace.REQUEST_TID,
+                         bytes=self._nbytes, nonblocking=True)
+        return self._result
+
+
 class Communicator:
     """A group of processes over an mpi4py communicator; methods follow MPI's names.
 
@@ -132,10 +214,41 @@ class Communicator:
 
     def all_reduce(self, x: Any, op: str = "sum", *, out: Any = None) -> Any:
         """out = op over ranks of x (elementwise); op "sum", "max" or "mean"."""
-        work = self._reduce_dtype("all_reduce", x, op)
-        out = self._check_out("all_reduce", x, out, x.shape)
+        plan = self._all_reduce_plan("all_reduce", x, op, out)
+        if plan.done:
+            return plan.out
+        mpi_op = self._mpi_op(op)
+        self._exchange("all_reduce", None, plan.send, plan.recv,
+                       lambda s, r: self._wait(self.mpi_comm.Allreduce,
+                                               self.mpi_comm.Iallreduce, s, r, op=mpi_op),
+                       lambda s, r: self._nccl.all_reduce(s, r, _nccl_op(op)))
+        return plan.finish()
+
+    def iall_reduce(self, x: Any, op: str = "sum", *, out: Any = None) -> PendingCollective:
+        """Start `all_reduce` (MPI_Iallreduce) and return at once; the request's ``wait()``
+        finishes it and returns out (`out` is not to be read, nor x written, before).
+
+        Host buffers go to MPI as they are; device buffers are copied to host memory now
+        (without CUDA-aware MPI, as the blocking call stages them) and back at ``wait()``;
+        with NCCL the collective is enqueued on the current stream (ordered after the work
+        that made x, and before what follows ``wait()``: the host does not wait for it).
+        The same elements are summed as by `all_reduce`, f16/bf16 in float32 and "mean"
+        divided the same way. ``wait()`` runs under the watchdog; a trace span
+        ``all_reduce`` (its bytes, ``nonblocking``) covers issue to completion."""
+        plan = self._all_reduce_plan("iall_reduce", x, op, out)
+        if plan.done:
+            return PendingCollective(self, "all_reduce", None, plan.finish)
+        return self._start("all_reduce", plan, self.mpi_comm.Iallreduce,
+                           lambda s, r: self._nccl.all_reduce(s, r, _nccl_op(op)),
+                           op=self._mpi_op(op))
+
+    def _all_reduce_plan(self, name: str, x: Any, op: str, out: Any) -> _ReducePlan:
+        """The flat send/recv buffers of an all-reduce of x into out (shared by the blocking
+        and the non-blocking call, so both reduce the same elements the same way)."""
+        work = self._reduce_dtype(name, x, op)
+        out = self._check_out(name, x, out, x.shape)
         if self.size == 1 or x.size == 0:
-            return _assign(out, x)
+            return _ReducePlan(_assign(out, x), None, None, op, 1, True, done=True)
         xp = backend.array_namespace(x)
         in_place = out is x and x.dtype == work and x.flags.c_contiguous
         if in_place:
@@ -145,14 +258,39 @@ class Communicator:
         direct = in_place or (out.dtype == work and out.flags.c_contiguous)
         if not in_place:
             recv = out.reshape(-1) if direct else xp.empty(x.size, dtype=work)
-        mpi_op = self._mpi_op(op)
-        self._exchange("all_reduce", None, send, recv,
-                       lambda s, r: self._wait(self.mpi_comm.Allreduce,
-                                               self.mpi_comm.Iallreduce, s, r, op=mpi_op),
-                       lambda s, r: self._nccl.all_reduce(s, r, _nccl_op(op)))
-        if op == "mean":
-            recv /= self.size
-        return out if direct else _assign(out, recv.reshape(x.shape))
+        return _ReducePlan(out, send, recv, op, self.size, direct)
+
+    def _start(self, name: str, plan: _ReducePlan, mpi_start: Callable[..., Any],
+               nccl_fn: Callable[[Any, Any], Any], **kwargs: Any) -> PendingCollective:
+        """Post a non-blocking collective on plan's flat buffers (see iall_reduce)."""
+        send, recv = plan.send, plan.recv
+        in_place = send is recv
+        t0 = trace.now() if trace.enabled() else None
+        nbytes = int(recv.nbytes)
+        finish_device = None
+        if backend.is_device_array(recv) and self._nccl is not None:
+            nccl_fn(send, recv)  # stream-ordered: wait() has nothing left to wait for
+            requests, keep = [], []
+        else:
+            if backend.is_device_array(recv) and self._mpi_sees_device:
+                sync_current_stream()  # MPI reads device memory the stream must have made
+                host_send, host_recv = send, recv
+            elif backend.is_device_array(recv):
+                # Host-staged: fresh host copies (the pinned cache serves blocking calls
+                # only: a buffer of an outstanding request must not be handed out again).
+                host_send = stage_to_new_host(send)
+                host_recv = host_send if in_place else np.empty(recv.shape, recv.dtype)
+                device_recv = recv
+
+                def finish_device() -> None:
+                    copy_to_device(host_recv, device_recv)
+            else:
+                host_send, host_recv = send, recv
+            mpi_send = _mpi().IN_PLACE if in_place else host_send
+            requests = [mpi_start(mpi_send, host_recv, **kwargs)]
+            keep = [host_send, host_recv]
+        return PendingCollective(self, name, None, plan.finish, requests, keep, finish_device,
+                                 t0, nbytes)
 
     def all_gather(self, x: Any, *, axis: int = 0, out: Any = None) -> Any:
         """Concatenation along `axis` of every rank's x (same shape on every rank)."""

@@ -25,7 +25,8 @@ class PinnedBufferCache:
 
     A collective needs at most two live buffers at once (send and receive), so callers ask
     for distinct `slot`s; the same slot and size returns the same memory, which is only
-    safe because every staged call is blocking (it returns after MPI and the copies end).
+    safe because every call staged through it is blocking (it returns after MPI and the
+    copies end): non-blocking ones stage through fresh copies (`stage_to_new_host`).
     """
 
     def __init__(self, max_entries: int = 8) -> None:
@@ -84,3 +85,20 @@ def stage_to_device(host: np.ndarray, a: Any) -> None:
     if a.nbytes:
         device_bytes(a).set(host)
         sync_current_stream()
+
+
+def stage_to_new_host(a: Any) -> np.ndarray:
+    """A fresh host copy of a C-contiguous device array, made now (for a non-blocking call,
+    whose buffer must stay its own until the call completes, so not a cached one)."""
+    sync_current_stream()
+    host = backend.to_host(a)
+    if backend.device_of(a) != "cuda":  # the emulated device's to_host may be a view
+        host = np.array(host, copy=True)
+    return host
+
+
+def copy_to_device(host: np.ndarray, a: Any) -> None:
+    """Copy a host array into the C-contiguous device array `a` (same dtype and size) and
+    wait for the copy."""
+    if a.nbytes:
+        stage_to_device(np.ascontiguousarray(host).reshape(-1).view(np.uint8), a)

@@ -3,7 +3,8 @@
 When tracing is on (`start`), the runtime records a complete event ("ph": "X") for each phase
 of a step: ``forward`` and ``backward`` per micro-batch (with its stage), every collective and
 point-to-point transfer by its name (``all_reduce``, ``all_gather``, ``reduce_scatter``,
-``broadcast``, ``send``, ``recv``, with its bytes and peer), ``optimizer``, ``checkpoint``,
+``broadcast``, ``send``, ``recv``, with its bytes and peer; a non-blocking ``all_reduce``
+from its issue to the end of its wait, on a thread of its own), ``optimizer``, ``checkpoint``,
 ``evaluate`` and the whole ``step``. `write` gathers every rank's events to rank 0 and writes
 one JSON file, one ``pid`` per rank (named "rank r (dp, pp, tp)"), that Perfetto
 (ui.perfetto.dev) and chrome://tracing open.
@@ -28,6 +29,10 @@ _events: list[dict[str, Any]] | None = None  # None: tracing is off
 _t0 = 0.0
 _pid = 0
 _NULL = contextlib.nullcontext()
+#: The trace thread of non-blocking collectives (issue to completion): their spans overlap
+#: the compute spans of thread 0 (a request issued in backward completes after it), and
+#: complete events on one thread must nest.
+REQUEST_TID = 1
 
 
 def enabled() -> bool:
@@ -74,11 +79,13 @@ def now() -> float:
     return _now_us()
 
 
-def record(name: str, start_us: float, cat: str = "compute", **args: Any) -> None:
-    """Record `name` from `start_us` (a `now()`) to now, when tracing is on."""
+def record(name: str, start_us: float, cat: str = "compute", *, tid: int = 0,
+           **args: Any) -> None:
+    """Record `name` from `start_us` (a `now()`) to now, when tracing is on (on trace
+    thread `tid`: 0, or REQUEST_TID for a non-blocking collective)."""
     if _events is not None:
         _events.append({"name": name, "cat": cat, "ph": "X", "ts": round(start_us, 3),
-                        "dur": round(_now_us() - start_us, 3), "pid": _pid, "tid": 0,
+                        "dur": round(_now_us() - start_us, 3), "pid": _pid, "tid": tid,
                         "args": args})
 
 
@@ -109,6 +116,9 @@ def write(path: str | os.PathLike, comm: Any = None, label: str | None = None,
                        "args": {"name": label}})
         events.append({"name": "process_sort_index", "ph": "M", "pid": rank, "tid": 0,
                        "args": {"sort_index": rank}})
+        if any(e.get("tid") == REQUEST_TID for e in part):
+            events.append({"name": "thread_name", "ph": "M", "pid": rank,
+                           "tid": REQUEST_TID, "args": {"name": "non-blocking collectives"}})
         events.extend(part)
     path = Path(path)
     atomic_write(path, (json.dumps({"traceEvents": events, "displayTimeUnit": "ms"}) + "\n")

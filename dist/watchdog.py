@@ -16,6 +16,10 @@ allgather, gather), MPICH's non-blocking collectives are slower than its blockin
 small messages (Iallreduce+Wait about 2 to 4 us above Allreduce on 2 ranks here), and a
 Python Test loop holds the GIL and a core while it spins.
 
+Non-blocking MPI collectives (Communicator.iall_reduce) are noted when issued
+(`watch_request`) and their wait runs under `watched` like a blocking call; a report names
+the requests still outstanding, the usual cause of a peer stuck in a later call.
+
 NCCL collectives do not block: they enqueue a kernel and return, and a hang shows up at a
 later stream synchronization. `watch_device_work` puts each one under the same deadline, as
 PyTorch's NCCL watchdog does: the transport records a CUDA event after the collective and
@@ -122,6 +126,30 @@ def device_work() -> list[tuple[float, str, Any, Any]]:
         return [w[:4] for w in _DEVICE_WORK]
 
 
+#: Non-blocking MPI requests issued and not yet waited: token -> (issued, op, comm, peer).
+_REQUESTS: dict[int, tuple[float, str, Any, Any]] = {}
+_request_tokens = itertools.count()
+
+
+def watch_request(op: str, comm: Any, peer: int | None) -> int:
+    """Note a non-blocking request just issued (e.g. an MPI_Iallreduce); returns the token
+    for `unwatch_request`. Its wait runs under `watched`, which bounds it; meanwhile the
+    watchdog's report of any call that times out counts the requests still outstanding."""
+    token = next(_request_tokens)
+    _REQUESTS[token] = (_monotonic(), op, comm, peer)
+    return token
+
+
+def unwatch_request(token: int | None) -> None:
+    if token is not None:
+        _REQUESTS.pop(token, None)
+
+
+def outstanding_requests() -> list[tuple[float, str, Any, Any]]:
+    """The (issued, op, communicator, peer) of every non-blocking request not yet waited."""
+    return list(_REQUESTS.values())
+
+
 def armed_calls() -> list[tuple[float, str, Any, Any]]:
     """The (start, op, communicator, peer) of every watched call in progress."""
     return list(_ARMED.values())
@@ -222,6 +250,12 @@ class Watchdog:
         if label == "world":
             label = f"world ({self.size} ranks)"
         at = f" (at {where})" if where else ""
+        pending = outstanding_requests()
+        if pending:
+            first = min(pending, key=lambda r: r[0])
+            at += (f"; {len(pending)} non-blocking request{'s' if len(pending) > 1 else ''} "
+                   f"outstanding (oldest: {first[1]}, issued {_monotonic() - first[0]:.2f} s "
+                   f"ago)")
         return (f"[rank {self.rank}/{self.size}] watchdog: {what} on {label or 'MPI'} waited "
                 f"{waited:.2f} s, over the {self.timeout:g} s timeout (${ENV_TIMEOUT} or "
                 f"train.py --timeout); aborting the MPI job{at}")
