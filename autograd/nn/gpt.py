@@ -10,13 +10,13 @@ from typing import Any
 import numpy as np
 
 import gpuplan as gp
-from autograd.checkpoint import checkpoint
 from autograd.functions.attention import head_sharded_attention, split_heads
 from autograd.nn import functional as F
 from autograd.nn import generation, gpt2_io
 from autograd.nn.gpt_config import ACTIVATION_APPROXIMATE, GPTConfig
 from autograd.nn.layers import GELU, Dropout, Embedding, LayerNorm, Linear
 from autograd.nn.module import Module, ModuleList
+from autograd.nn.recompute import RecomputeLayers, recomputed
 from autograd.tensor import Tensor
 
 
@@ -105,7 +105,7 @@ class Block(Module):
         self.attn = CausalSelfAttention(cfg)
         self.ln_2 = LayerNorm(cfg.n_embd, bias=cfg.bias, dtype=cfg.dtype)
         self.mlp = MLP(cfg)
-        self.recompute_attention = False  # GPTLayers.set_recompute("attention")
+        self.recompute_attention = False  # set_recompute("attention") (RecomputeLayers)
 
     def forward(self, x: Tensor) -> Tensor:
         s, m = self.residual_branches(x)
@@ -121,7 +121,7 @@ class Block(Module):
             h = self.ln_1(x)
         else:
             x, h = add_norm(x, residual, self.ln_1)
-        a = checkpoint(self.attn, h) if self.recompute_attention else self.attn(h)
+        a = recomputed(self.recompute_attention, self.attn, h)
         s, h = add_norm(x, a, self.ln_2)
         return s, self.mlp(h)
 
@@ -130,9 +130,6 @@ class Block(Module):
         s, h = add_norm(x, self.attn(self.ln_1(x), cache), self.ln_2)
         return s + self.mlp(h)
 
-
-#: `GPTLayers.set_recompute` modes (train.py --recompute).
-RECOMPUTE_MODES = ("none", "attention", "block")
 
 _POSITIONS: dict[tuple[int, str], Any] = {}
 
@@ -146,29 +143,16 @@ def _positions(T: int, device: str) -> Any:
     return pos
 
 
-class GPTLayers:
+class GPTLayers(RecomputeLayers):
     """The forward pass over a GPT's parts, for every model built of them: `nn.GPT`, and
     `dist.ParallelGPT` (the same parts with parallel layers substituted, a pipeline stage's
     share of them). It reads ``config``, ``wte``, ``wpe``, ``drop``, ``blocks``, ``ln_f`` and
     ``head``; a stage without the first (last) layers never runs `embed` (`logits`).
+    Activation recomputation (`set_recompute`) is `RecomputeLayers`'.
     """
 
     config: GPTConfig
-    #: Activation recomputation (`set_recompute`): "none", "attention" or "block".
-    recompute: str = "none"
-
-    def set_recompute(self, mode: str) -> None:
-        """Recompute activations in backward instead of keeping them (`ag.checkpoint`):
-        "block" keeps only each block's input (every block re-run in backward), "attention"
-        each attention sub-layer's input (qkv, attention and proj re-run), "none" keeps all.
-        Gradients are the same bits in every mode; only memory and time change."""
-        if mode not in RECOMPUTE_MODES:
-            raise ValueError(f"set_recompute: argument 'mode': expected one of "
-                             f"{', '.join(RECOMPUTE_MODES)}, given {mode!r}")
-        self.recompute = mode
-        for block in self.blocks:
-            if hasattr(block, "recompute_attention"):
-                block.recompute_attention = mode == "attention"
+    blocks_name = "blocks"
 
     def embed(self, idx: Any) -> Tensor:
         """``drop(wte[idx] + wpe[0:T])`` ``[B, T, C]`` for token ids ``idx [B, T]`` (int32 or
@@ -200,17 +184,13 @@ class GPTLayers:
         if first:
             x = self.embed(x)
         pending = None  # m of the last block run: its output is x + pending, not yet added
-        whole = self.recompute == "block"
         for block in self.blocks:
             if hasattr(block, "residual_branches"):
-                if whole:
-                    x, pending = checkpoint(block.residual_branches, x, pending)
-                else:
-                    x, pending = block.residual_branches(x, pending)
+                x, pending = self.run_block(block.residual_branches, x, pending)
                 continue
             if pending is not None:
                 x, pending = x + pending, None
-            x = block(x)
+            x = self.run_block(block, x)
         if last:
             return self.logits(x, pending)
         return x if pending is None else x + pending

@@ -18,6 +18,7 @@ from autograd.nn import generation, llama_io
 from autograd.nn.layers import Embedding, Linear, RMSNorm
 from autograd.nn.llama_config import LlamaConfig
 from autograd.nn.module import Module, ModuleList
+from autograd.nn.recompute import RecomputeLayers, recomputed
 from autograd.tensor import Tensor
 
 
@@ -88,7 +89,9 @@ class LlamaMLP(Module):
 
 
 class LlamaBlock(Module):
-    """``h = x + self_attn(input_layernorm(x))``, then ``h + mlp(post_attention_layernorm(h))``."""
+    """``h = x + self_attn(input_layernorm(x))``, then ``h + mlp(post_attention_layernorm(h))``;
+    with ``recompute_attention`` (set_recompute("attention")) the attention sub-layer is
+    recomputed in backward (not when a generation cache is given: it appends to the cache)."""
 
     def __init__(self, cfg: LlamaConfig) -> None:
         super().__init__()
@@ -96,20 +99,29 @@ class LlamaBlock(Module):
         self.self_attn = LlamaAttention(cfg)
         self.post_attention_layernorm = RMSNorm(cfg.n_embd, eps=cfg.norm_eps, dtype=cfg.dtype)
         self.mlp = LlamaMLP(cfg)
+        self.recompute_attention = False  # set_recompute("attention") (RecomputeLayers)
 
     def forward(self, x: Tensor, offset: int = 0,
                 cache: generation.LayerKV | None = None) -> Tensor:
-        h = x + self.self_attn(self.input_layernorm(x), offset, cache)
+        h = self.input_layernorm(x)
+        if cache is None:
+            a = recomputed(self.recompute_attention, self.self_attn, h, offset)
+        else:
+            a = self.self_attn(h, offset, cache)
+        h = x + a
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
-class LlamaLayers:
+class LlamaLayers(RecomputeLayers):
     """The forward pass over a Llama's parts, for every model built of them: `nn.Llama`, and
     `dist.ParallelLlama` (the same parts with parallel layers substituted, a pipeline stage's
     share of them). It reads ``config``, ``embed_tokens``, ``layers``, ``norm`` and
-    ``lm_head``; a stage without the first (last) layers never runs `embed` (`logits`)."""
+    ``lm_head``; a stage without the first (last) layers never runs `embed` (`logits`).
+    Activation recomputation (`set_recompute`: "none", "attention", "block") is
+    `RecomputeLayers`', as GPT's."""
 
     config: LlamaConfig
+    blocks_name = "layers"
 
     def embed(self, idx: Any) -> Tensor:
         """``embed_tokens[idx]`` ``[B, T, C]`` for token ids ``idx [B, T]`` (int32 or int64,
@@ -130,12 +142,13 @@ class LlamaLayers:
 
     def forward_stage(self, x: Any, first: bool = True, last: bool = True) -> Tensor:
         """A contiguous part of the forward pass: `embed` first when ``first`` (``x`` is then
-        the token ids), every block of ``layers`` in order, `logits` last when ``last``.
-        ``forward_stage(idx)`` is the logits of ``forward(idx)``."""
+        the token ids), every block of ``layers`` in order (each recomputed in backward in
+        "block" mode), `logits` last when ``last``. ``forward_stage(idx)`` is the logits of
+        ``forward(idx)``."""
         if first:
             x = self.embed(x)
         for block in self.layers:
-            x = block(x)
+            x = self.run_block(block, x)
         return self.logits(x) if last else x
 
 

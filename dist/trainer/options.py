@@ -353,9 +353,6 @@ def validate(ns: argparse.Namespace, world_size: int) -> None:
     if getattr(ns, "zero", 0) and getattr(ns, "cuda_graph", False):
         raise OptionError("--zero 1 and --cuda-graph: the captured step runs the replicated "
                           "optimizer; use one or the other")
-    if getattr(ns, "recompute", "none") != "none" and getattr(ns, "model", "gpt") != "gpt":
-        raise OptionError(f"--recompute {ns.recompute}: implemented for --model gpt only, "
-                          f"given --model {ns.model}")
     if ns.micro_batches is None:
         ns.micro_batches = 2 * ns.pp if ns.pp > 1 else 1
     per_rank, rem = divmod(ns.batch_size, ns.dp)

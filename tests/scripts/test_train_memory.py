@@ -41,11 +41,6 @@ def test_options_that_cannot_combine_are_one_line(tmp_path):
     assert res.returncode == 2 and _errors(res) == [
         "train.py: error: --zero 1 and --cuda-graph: the captured step runs the replicated "
         "optimizer; use one or the other"], res.stderr
-    res = run(1, *TINY, "--steps", "1", "--model", "llama", "--recompute", "block", "--out",
-              str(tmp_path / "b"))
-    assert res.returncode == 2 and _errors(res) == [
-        "train.py: error: --recompute block: implemented for --model gpt only, given --model "
-        "llama"], res.stderr
 
 
 def test_activations_that_cannot_fit_are_refused_up_front(tmp_path):
