@@ -38,8 +38,15 @@ def grad_norm(model: Any) -> float:
     counted = [p.grad for p in model.parameters() if p.grad is not None
                and not p.shard_spec.duplicate and (p.shard_spec.tensor_parallel
                                                    or tp_rank == 0)]
-    norm = np.array([optim.get_total_norm(counted)], np.float64)
-    for comm in (model.tp_comm, model.pp_comm):
+    return model_parallel_norm(model, optim.get_total_norm(counted))
+
+
+def model_parallel_norm(model: Any, local: float) -> float:
+    """The global norm from this rank's norm `local` of the gradients it counts: the scaled
+    L2 norm of the tensor-parallel group's norms, then of the pipeline group's (`grad_norm`);
+    `local` itself for a model without those groups (or None). The same on every rank."""
+    norm = np.array([local], np.float64)
+    for comm in (getattr(model, "tp_comm", None), getattr(model, "pp_comm", None)):
         if comm is not None and comm.size > 1:
             norm = gp.functional.global_l2_norm([comm.all_gather(norm)]).reshape(1)
     return float(norm[0])
@@ -84,4 +91,5 @@ def gather_dense_state_dict(model: Any,
     return consolidate(model.config, [x for part in parts for x in part])
 
 
-__all__ = ["clip_grad_norm_", "evaluate", "gather_dense_state_dict", "grad_norm"]
+__all__ = ["clip_grad_norm_", "evaluate", "gather_dense_state_dict", "grad_norm",
+           "model_parallel_norm"]

@@ -23,7 +23,14 @@ from autograd.tape import Tape
 from autograd.tensor import Tensor
 from dist import trace
 from dist.communicator import Communicator
-from dist.data_parallel import allreduce_gradients, average_over
+from dist.context_parallel import check_length, gather_sequence, take_local
+from dist.context_parallel_layers import PositionDropout
+from dist.data_parallel import (
+    DEFAULT_BUCKET_BYTES,
+    OverlappedGradReducer,
+    allreduce_gradients,
+    average_over,
+)
 from dist.models.sharding import ShardSpec
 from dist.pipeline.runner import PipelineParallel, split_rows
 from dist.tensor_parallel.layers import (
@@ -133,7 +140,10 @@ class ParallelModel(Module):
       loss over ``idx [B, T]`` (this data-parallel rank's batch) in ``num_micro_batches``
       micro-batches with the pipeline ``schedule``; leaves in ``.grad`` the gradient of
       the global-batch mean loss (replicated copies summed, averaged over ``dp``) and
-      returns the global-batch loss on every rank.
+      returns the global-batch loss on every rank. With data parallelism the average
+      starts during the last micro-batch's backward, bucket by bucket as gradients become
+      final (``overlap_grad_reduce=True``, the default; False: after the backward), with
+      the same result bit for bit at dp=2.
     * ``shard_specs()``: local parameter name -> `ShardSpec`.
 
     ``sequence_parallel=True`` (Megatron-LM's sequence parallelism, with ``tp > 1``): between
@@ -160,15 +170,17 @@ class ParallelModel(Module):
                  pp: Communicator | None = None, dp: Communicator | None = None,
                  num_micro_batches: int = 1, schedule: str = "1f1b",
                  device: str = "cpu", dtype: Any = None,
-                 sequence_parallel: bool = False) -> None:
+                 sequence_parallel: bool = False, overlap_grad_reduce: bool = True,
+                 cp: Communicator | None = None) -> None:
         if mesh is not None:
-            tp, pp, dp = mesh.tp, mesh.pp, mesh.dp
-        tp, pp, dp = (c if c is not None and c.size > 1 else None for c in (tp, pp, dp))
+            tp, pp, dp, cp = mesh.tp, mesh.pp, mesh.dp, getattr(mesh, "cp", None)
+        tp, pp, dp, cp = (c if c is not None and c.size > 1 else None
+                          for c in (tp, pp, dp, cp))
         num_stages = 1 if pp is None else pp.size
         self.check_layout(config, 1 if tp is None else tp.size, num_stages)
         super().__init__()
         self.config = config
-        self.tp_comm, self.pp_comm, self.dp_comm = tp, pp, dp
+        self.tp_comm, self.pp_comm, self.dp_comm, self.cp_comm = tp, pp, dp, cp
         # With one TP rank there is no sequence to split: the option changes nothing.
         self.sequence_parallel = bool(sequence_parallel) and tp is not None
         self.tp_config = TensorParallelConfig(comm=tp,
@@ -180,10 +192,17 @@ class ParallelModel(Module):
         self._hold_stage(self.dense_model(config))  # drawn from config.seed on the host
         if self.sequence_parallel:
             self._shard_sequence()
+        if cp is not None:
+            self._shard_context()
         modules = dict(self.named_modules())
         for name, p in self.named_parameters():
             p.shard_spec = self._shard_spec(name, modules[name.rpartition(".")[0]])
         self.replica_groups = self._replica_groups()
+        #: Start the data-parallel gradient reduction during the last micro-batch's backward
+        #: (`dist.OverlappedGradReducer`; the same result as after it, bit for bit at dp=2).
+        self.overlap_grad_reduce = bool(overlap_grad_reduce)
+        self.grad_bucket_bytes = DEFAULT_BUCKET_BYTES  # read when the reducer is made
+        self._grad_reducer = None
         stage = ModelStage(partial(self.forward_stage, first=self.is_first_stage,
                                    last=self.is_last_stage))
         self.pipe = PipelineParallel(
@@ -221,6 +240,17 @@ class ParallelModel(Module):
             for name, child in list(module.named_children()):
                 if isinstance(child, Dropout):
                     setattr(module, name, SequenceParallelDropout(child.p, self.tp_comm))
+
+    def _shard_context(self) -> None:
+        """Context parallelism's substitutions (`dist.context_parallel_layers`): every
+        dropout draws its tokens' entries of the whole tensor's mask (`PositionDropout`,
+        in place of sequence parallelism's if any). A model adds its own: its attention as
+        ring attention over ``cp_comm`` (GPT also its position embedding)."""
+        sp = self.tp_comm if self.sequence_parallel else None
+        for module in list(self.modules()):
+            for name, child in list(module.named_children()):
+                if isinstance(child, (Dropout, SequenceParallelDropout)):
+                    setattr(module, name, PositionDropout(child.p, self.cp_comm, sp))
 
     # -- layout ---------------------------------------------------------------------------
 
@@ -273,6 +303,10 @@ class ParallelModel(Module):
                     if not p.shard_spec.tensor_parallel
                     and not isinstance(modules[name.rpartition(".")[0]], RowParallelLinear)]
             groups.append((seen, self.tp_comm))
+        if self.cp_comm is not None:
+            # The cp ranks see different tokens of the same sequences: each holds its
+            # tokens' part of every parameter's gradient (its loss: their share of the mean).
+            groups.append((list(self.parameters()), self.cp_comm))
         return groups + self._tied_copy_groups()
 
     def _tied_copy_groups(self) -> list[tuple[list[Parameter], Communicator]]:
@@ -323,25 +357,73 @@ class ParallelModel(Module):
 
     def loss_fn(self, logits: Tensor, targets: Any) -> Tensor:
         """Mean cross-entropy of this TP rank's logits block ``[B, T, V_r]`` against the
-        token ids ``targets [B, T]`` (host or device), identical on every TP rank."""
+        token ids ``targets [B, T]`` (host or device), identical on every TP rank. With
+        context parallelism, logits of this cp rank's slice of the sequences (what
+        `train_step` runs) give its share of that mean (`context_loss_fn`)."""
+        if self.cp_comm is not None and logits.shape[1] != targets.shape[1]:
+            return self.context_loss_fn(logits, targets)
         return vocab_parallel_cross_entropy(logits.reshape(-1, logits.shape[-1]),
                                             self.input_array(targets).reshape(-1),
                                             self.tp_config)
 
+    def context_loss_fn(self, logits: Tensor, targets: Any) -> Tensor:
+        """This cp rank's share of the mean cross-entropy of whole sequences: the sum over
+        its tokens' logits ``[B, T_local, V_r]`` against their targets (taken from the whole
+        ``targets [B, T]``), over the count of the whole batch's targets (those not -100);
+        the shares of the cp group sum to `loss_fn` of the whole sequences."""
+        targets = self.input_array(targets)
+        xp = gp.backend.array_namespace(targets)
+        count = max(1, int(xp.count_nonzero(targets != -100)))
+        mine = take_local(targets, self.cp_comm, op=f"{type(self).__name__}.train_step",
+                          arg="targets")
+        total = vocab_parallel_cross_entropy(logits.reshape(-1, logits.shape[-1]),
+                                             mine.reshape(-1), self.tp_config,
+                                             reduction="sum")
+        return total * (1.0 / count)
+
     def train_step(self, idx: Any, targets: Any) -> float:
         idx, targets = self.input_array(idx), self.input_array(targets)
         self._check_sequence(idx, "train_step")
+        # Context parallelism: each cp rank runs its slice (loss_fn: its share of the mean).
+        idx = take_local(idx, self.cp_comm)
+        reducer = self.grad_reducer()
+        arm = None if reducer is None else reducer.arm
         if self.num_stages == 1:
-            loss = self._accumulate_micro_batches(idx, targets)
+            loss = self._accumulate_micro_batches(idx, targets, arm)
         else:
-            loss = self.pipe.train_step(idx, targets, self.loss_fn)
+            loss = self.pipe.train_step(idx, targets, self.loss_fn, before_last_backward=arm)
         self.finish_gradients()
+        if self.cp_comm is not None:
+            loss = float(self.cp_comm.all_reduce(np.array([loss], np.float64))[0])
         return average_over(self.dp_comm, loss)
 
-    def _accumulate_micro_batches(self, idx: Any, targets: Any) -> float:
+    def grad_reducer(self) -> OverlappedGradReducer | None:
+        """The reducer that overlaps the data-parallel gradient average with the last
+        backward (made at first use): None without data parallelism, with
+        ``overlap_grad_reduce`` False or with ``reduce_data_parallel`` False (then the hooks
+        come off the parameters). Replicated copies (`_replica_groups`) are left out: their
+        sums over their groups come first, then their average, the blocking way."""
+        wanted = (self.overlap_grad_reduce and self.dp_comm is not None
+                  and getattr(self, "reduce_data_parallel", True))
+        if not wanted:
+            if self._grad_reducer is not None:
+                self._grad_reducer.remove()
+                self._grad_reducer = None
+            return None
+        if self._grad_reducer is None:
+            replicas = {id(p) for params, _ in self.replica_groups for p in params}
+            self._grad_reducer = OverlappedGradReducer(
+                [p for p in self.parameters() if id(p) not in replicas], self.dp_comm,
+                bucket_bytes=self.grad_bucket_bytes)
+        return self._grad_reducer
+
+    def _accumulate_micro_batches(self, idx: Any, targets: Any,
+                                  before_last_backward: Callable[[], Any] | None = None
+                                  ) -> float:
         """One stage: forward and backward of each micro-batch in turn (what the pipeline
         runner's schedules do with one stage, without its machinery); ``.grad`` accumulates
-        the gradient of the mean micro-batch loss, which is returned."""
+        the gradient of the mean micro-batch loss, which is returned. `before_last_backward`
+        runs before the last micro-batch's backward (the reducer's arm)."""
         n = self.pipe.num_micro_batches
         losses = []
         for m, (x, y) in enumerate(zip(split_rows(idx, n, "x"),
@@ -351,28 +433,48 @@ class ParallelModel(Module):
                 losses.append(float(loss.item()))
                 scaled = loss * (1.0 / n)
             if scaled._node is not None:
+                if m == n - 1 and before_last_backward is not None:
+                    before_last_backward()
                 with trace.span("backward", stage=0, micro_batch=m):
                     tape.backward(scaled)
         return float(np.mean(losses))
 
+    #: False leaves the average over data parallel to the caller: ZeRO's reduce-scatter of
+    #: the gradients into the optimizer's slices (`ZeroRedundancyOptimizer.reduce_gradients`).
+    reduce_data_parallel = True
+
     def finish_gradients(self) -> None:
         """Sum the gradients of replicated copies over their groups (`_replica_groups`),
-        then average every gradient over data parallel."""
+        then average every gradient over data parallel (unless `reduce_data_parallel` is
+        False: then the caller reduces them, after these sums)."""
         for params, group in self.replica_groups:
             allreduce_gradients(params, group, average=False)
-        allreduce_gradients(self.parameters(), self.dp_comm, average=True)
+        if self.reduce_data_parallel:
+            allreduce_gradients(self.parameters(), self.dp_comm, average=True)
 
     def forward(self, idx: Any) -> Tensor | None:
         """Logits ``[B, T, V_r]`` (this TP rank's vocabulary block) on the last stage's ranks,
-        None on the others."""
+        None on the others. With context parallelism each cp rank runs its slice of ``idx``
+        and the logits are gathered over cp back into sequence order (not differentiable:
+        for evaluation and generation; `train_step` trains)."""
         idx = self.input_array(idx)
         self._check_sequence(idx, "forward")
-        return self.pipe.forward(idx)
+        if self.cp_comm is None:
+            return self.pipe.forward(idx)
+        logits = self.pipe.forward(take_local(idx, self.cp_comm))
+        return None if logits is None else Tensor(gather_sequence(logits.data, self.cp_comm))
 
     def _check_sequence(self, idx: Any, op: str) -> None:
-        """With sequence parallelism, InvalidProblem unless TP divides the sequence length."""
-        if self.sequence_parallel and idx.ndim == 2:
-            sequence_chunk(idx.shape[1], self.tp_comm, f"{type(self).__name__}.{op}", "idx")
+        """With sequence parallelism, InvalidProblem unless TP divides the sequence length
+        (of each cp rank's slice); with context parallelism, unless ``2 cp`` divides it."""
+        if idx.ndim != 2:
+            return
+        length = idx.shape[1]
+        if self.cp_comm is not None:
+            length = 2 * check_length(length, self.cp_comm.size,
+                                      f"{type(self).__name__}.{op}", "idx")
+        if self.sequence_parallel:
+            sequence_chunk(length, self.tp_comm, f"{type(self).__name__}.{op}", "idx")
 
     def input_array(self, x: Any) -> Any:
         """Token ids (host or device array, or Tensor) as an array on the model's device."""
