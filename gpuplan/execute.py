@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from gpuplan.plan import _NO_WORKSPACE, Plan, PlanPreference
+from gpuplan.plan import _NO_WORKSPACE, MISS, Plan, PlanPreference
 from gpuplan.stream import Stream, Workspace
 
 _PLANS: dict[tuple, Plan] = {}
@@ -54,6 +54,38 @@ def cached_plan(plan_cls: type[Plan], stream: Stream, desc: Any,
     return plan
 
 
+#: the families' own caches of host calls (`host_calls`), emptied with the plan cache.
+_HOST_CACHES: list[dict] = []
+
+
+def host_calls() -> dict:
+    """A new cache for a family's functional wrapper: a key of the family's choosing (the
+    fields of its descriptor, say) -> the host call of the plan selected for it
+    (`host_call`). `clear_plan_cache` empties it with the plans; the wrapper bounds it
+    (`remember_host_call`)."""
+    cache: dict = {}
+    _HOST_CACHES.append(cache)
+    return cache
+
+
+def host_call(plan_cls: type[Plan], desc: Any) -> Callable[..., Any] | None:
+    """The plan `call` runs for `desc` on the host (default preference) as one function of
+    the given operands in declaration order (Plan._host_call's ``by_position``): the call's
+    outputs, or MISS when the operands are not ones it runs as they are (the caller then
+    goes through `call`, which says what is wrong). None when the plan has none."""
+    fast = cached_plan(plan_cls, Stream.host(), desc)._host_call
+    return None if fast is None else fast[1]
+
+
+def remember_host_call(cache: dict, key: Any, plan_cls: type[Plan], desc: Any) -> None:
+    """cache[key] = host_call(plan_cls, desc), the cache bounded as the plan cache is."""
+    fast = host_call(plan_cls, desc)
+    if fast is not None:
+        if len(cache) >= _MAX_PLANS:
+            cache.clear()
+        cache[key] = fast
+
+
 def _workspace(plan: Plan, stream: Stream) -> Workspace | None:
     nbytes = plan._cand.workspace_bytes
     return Workspace.allocate(stream, nbytes) if nbytes else None
@@ -81,6 +113,11 @@ def call(plan_cls: type[Plan], desc: Any, *, like: Any, pref: PlanPreference | N
     plan = _PLANS.get((plan_cls, desc, pref, stream.key))
     if plan is None:
         plan = cached_plan(plan_cls, stream, desc, pref)
+    fast = plan._host_call
+    if fast is not None:  # the host call in straight-line code (Plan._host_call)
+        out = fast[0](operands)
+        if out is not MISS:
+            return out
     # The host check of the given operands when it is a short one (Resolved.host_rows):
     # passed, it is the call's whole check; failed, Resolved.check runs and says why.
     checked = False
@@ -174,3 +211,5 @@ def concurrently(like: Any, *calls: Callable[[], Any] | None, work: int | None =
 def clear_plan_cache() -> None:
     _PLANS.clear()
     _DESCRIPTORS.clear()
+    for cache in _HOST_CACHES:
+        cache.clear()

@@ -35,7 +35,7 @@ from gpuplan.errors import (
     describe,
 )
 from gpuplan.resolve import Resolved, check_alignment
-from gpuplan.spec import OpSpec
+from gpuplan.spec import _REQUIRED, OpSpec
 from gpuplan.stream import Stream, Workspace
 
 
@@ -149,6 +149,9 @@ class Plan:
         self._host_absent = r.host_absent
         self._direct = not (self._checks_args or candidate.workspace_bytes or r.empty)
         self._prepare()
+        #: `execute.call`'s whole host call when it comes down to the short check and
+        #: `_run_impl` (see `_host_call`): (by keywords, by position), else None.
+        self._host_call = _host_call(self) if host and self._direct else None
 
     def _prepare(self) -> None:
         """Derive per-plan launch constants from ``self.desc`` (once, at select)."""
@@ -296,6 +299,73 @@ def _namespace(kind: str) -> Any:
         xp = _NAMESPACES[kind] = backend._namespace_for(kind)
     return xp
 
+
+
+#: What a host call function returns when its operands are not the ones it runs on its own
+#: (a wrong or missing operand, an output passed in): the caller then takes the general
+#: path, which checks everything and raises the error naming the operand at fault.
+MISS = object()
+#: compiled host call sources (they depend on the operand names and counts only).
+_HOST_CODE: dict[str, Any] = {}
+
+
+def _host_call(plan: Plan) -> tuple[Any, Any] | None:
+    """A plan's host call, generated: straight-line code doing what `execute.call` does
+    for a host call whose operands pass the short check (Resolved.host_rows: every given
+    operand a NumPy array of its shape and dtype object, C-contiguous, aligned, writable):
+    allocate the outputs, build the args, `_run_impl`, return the outputs. Anything else
+    (another array type, a shape, dtype or layout off, an operand missing, unknown or
+    declared absent, an output passed) returns MISS. None when the plan's calls need more
+    than that (a cross-operand rule, a workspace, a scalar range or overlap rule, an empty
+    problem, a scalar without a default).
+
+    Returned twice: ``by_keywords(ops)`` (the keywords `execute.call` got) and
+    ``by_position(*given)`` (the given operands in declaration order, for a family's own
+    wrapper)."""
+    r = plan._resolved
+    rows = r.host_rows
+    if rows is None or r.host_absent:
+        return None
+    spec = plan.spec
+    if any(s.default is _REQUIRED for s in spec.scalars):
+        return None
+    given = [name for name, _, _ in rows]
+    allocs = {name for name, _, _ in plan._allocs}
+    if not given or any(o.name not in allocs and o.name not in given for o in spec.operands):
+        return None
+    scope: dict[str, Any] = {"ndarray": np.ndarray, "MISS": MISS, "empty": plan._empty,
+                             "run": plan._run_impl, "STREAM": plan._stream,
+                             "NOWS": _NO_WORKSPACE, "Args": spec.args_cls}
+    tests = []
+    for k, (name, shape, dtype) in enumerate(rows):
+        scope[f"S{k}"], scope[f"D{k}"] = shape, dtype
+        tests.append(f"type({name}) is ndarray and {name}.shape == S{k} and "
+                     f"{name}.dtype is D{k} and {name}.flags.carray")
+    lines = []
+    for k, (name, shape, dtype) in enumerate(plan._allocs):
+        scope[f"A{k}"], scope[f"E{k}"] = shape, dtype
+        lines.append(f"        {name} = empty(A{k}, E{k})")
+    fields = [o.name for o in spec.operands]
+    for k, s in enumerate(spec.scalars):
+        scope[f"V{k}"] = s.default
+        fields.append(f"V{k}")
+    outs = spec.outputs
+    ret = outs[0] if len(outs) == 1 else "(" + ", ".join(outs) + ",)"
+    params = ", ".join(given)
+    src = (f"def by_position({params}):\n"
+           f"    if ({' and '.join(tests)}):\n" + "\n".join(lines) + "\n"
+           f"        run(STREAM, NOWS, Args({', '.join(fields)}))\n"
+           f"        return {ret}\n"
+           f"    return MISS\n"
+           f"def by_keywords(ops):\n"
+           f"    if len(ops) == {len(given)}:\n"
+           f"        return by_position({', '.join(f'ops.get({n!r})' for n in given)})\n"
+           f"    return MISS\n")
+    code = _HOST_CODE.get(src)
+    if code is None:
+        code = _HOST_CODE[src] = compile(src, f"<host call {plan.op}>", "exec")
+    exec(code, scope)  # noqa: S102 - operand names are the spec's identifiers
+    return scope["by_keywords"], scope["by_position"]
 
 
 def _unavailable(cand: Candidate, stream: Stream) -> str | None:

@@ -28,14 +28,14 @@ from gpuplan import backend
 from gpuplan.dtypes import FLOAT_DTYPES, accumulator, as_dtype, cuda_name
 from gpuplan.dtypes import short_name as sn
 from gpuplan.errors import InvalidProblem, Unsupported, describe
-from gpuplan.execute import call, interned
+from gpuplan.execute import call, host_calls, interned, remember_host_call
 from gpuplan.host import fp_quiet, fp_restore
 from gpuplan.nvrtc import CudaModule, cdiv, launch
 from gpuplan.ops.binary import table
 from gpuplan.ops.binary.table import BINARY_OP_NAMES, BINARY_OPS, COMPARE_OPS, DIFFERENTIABLE_OPS
 from gpuplan.ops.broadcast import MAX_DIMS, broadcast_layout, dims_launch_args
 from gpuplan.ops.reduction.launch import SUM, launch_reduce, reduce_layout
-from gpuplan.plan import BackendKind, Candidate, Plan, host_candidate
+from gpuplan.plan import MISS, BackendKind, Candidate, Plan, host_candidate
 from gpuplan.spec import Choice, DType, Extent, In, OpSpec, Out, Shape
 from gpuplan.stream import Stream, Workspace
 
@@ -364,9 +364,24 @@ def _contiguous(a: Any) -> Any:
     return backend.ascontiguous(a)
 
 
+#: (op, a_shape, b_shape, dtype) -> the host call of its BinaryPlan (execute.host_call).
+_HOST = host_calls()
+
+
 def binary(name: str, a: Any, b: Any) -> Any:
     """c = a op b with NumPy broadcasting; c.dtype == a.dtype (b must match), bool for a
     comparison (lt, le, gt, ge, eq, ne)."""
+    if type(a) is np.ndarray and type(b) is np.ndarray:
+        # The host call of a descriptor seen before: it checks a and b itself (MISS: not
+        # ones it takes as they are; the general path below deals with them).
+        key = (name, a.shape, b.shape, a.dtype)
+        fast = _HOST.get(key)
+        if fast is not None:
+            c = fast(a, b)
+            if c is not MISS:
+                return c
+        elif name in _INDEX:
+            remember_host_call(_HOST, key, BinaryPlan, interned(BinaryDescriptor, *key))
     if type(a) is not np.ndarray or not a.flags.c_contiguous:
         a = _contiguous(a)
     if type(b) is not np.ndarray or not b.flags.c_contiguous:
