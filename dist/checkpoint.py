@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from autograd.nn import GPTConfig, LlamaConfig, Module
+from dist import zero_checkpoint
 from dist.checkpoint_files import (
     FORMAT,
     LATEST,
@@ -137,7 +138,8 @@ def save_checkpoint(directory: str | os.PathLike, module: Module,
 
     Each rank's shard holds its `module.state_dict()` bit-exactly (bf16 as its raw 16-bit
     pattern), with `optimizer`: its `state_dict()` (arrays as entries named
-    ``optimizer/<param index>/<key>``), with `rng` (default): the default dropout
+    ``optimizer/<param index>/<key>``; a `dist.ZeroRedundancyOptimizer`'s is this rank's
+    slice of the state, see dist.zero_checkpoint), with `rng` (default): the default dropout
     generator's (seed, offset), its host generator and the RNG tracker's states, so a
     resumed run draws the same masks; and the JSON `metadata` (rank 0's also goes into the
     manifest). `step` defaults to ``metadata["step"]`` (else 0); `keep`: how many committed
@@ -215,17 +217,21 @@ def _write_shard(path: Path, module: Module, comm: Any, step: int, metadata: Any
     if optimizer is not None:
         opt_state = optimizer.state_dict()
         names = {id(p): n for n, p in module.named_parameters()}
-        scalars: dict[str, dict[str, Any]] = {}
-        for index, entry in opt_state["state"].items():
-            for key, value in entry.items():
-                if hasattr(value, "shape"):
-                    state[f"{_OPT}{index}/{key}"] = value
-                else:
-                    scalars.setdefault(str(index), {})[key] = value
         # Parameter names by optimizer index: what resharding the moments needs.
         order = [names.get(id(p)) for g in optimizer.param_groups for p in g["params"]]
-        header["optimizer"] = {"param_groups": opt_state["param_groups"], "scalars": scalars,
-                               "names": order}
+        if "zero" in opt_state:  # a ZeroRedundancyOptimizer: this rank's slice, as it is
+            arrays, header["optimizer"] = zero_checkpoint.pack(opt_state, order)
+            state.update(arrays)
+        else:
+            scalars: dict[str, dict[str, Any]] = {}
+            for index, entry in opt_state["state"].items():
+                for key, value in entry.items():
+                    if hasattr(value, "shape"):
+                        state[f"{_OPT}{index}/{key}"] = value
+                    else:
+                        scalars.setdefault(str(index), {})[key] = value
+            header["optimizer"] = {"param_groups": opt_state["param_groups"],
+                                   "scalars": scalars, "names": order}
     if rng:
         header["rng"] = _rng_state()
     payload = pack_shard(header, state)
@@ -285,9 +291,12 @@ def load_checkpoint(directory: str | os.PathLike, module: Module,
     coordinates (`coordinates_of(module, comm, coordinates)`), parameter names (all of
     them, with `strict`) and shapes this rank expects. Then `module.load_state_dict`
     (values keep each parameter's device); with `optimizer`, its state (an error if the
-    shard has none); with `rng`, the RNG state saved with the shard. Returns this rank's
-    saved metadata. Any problem on any rank raises the same one-line CheckpointError on
-    every rank, its `fallback` the newest older committed checkpoint that verifies.
+    shard has none; a ZeRO shard goes as it is into the same rank of a ZeRO optimizer of
+    the same size, else the slices of the rank's data-parallel group are assembled into
+    the replicated state, dist.zero_checkpoint); with `rng`, the RNG state saved with the
+    shard. Returns this rank's saved metadata. Any problem on any rank raises the same
+    one-line CheckpointError on every rank, its `fallback` the newest older committed
+    checkpoint that verifies.
 
     With `reshard`, a checkpoint written by another layout (world size, or tp x pp x dp)
     is assembled and cut for this one instead (dist.reshard: model and optimizer state, the
@@ -363,6 +372,14 @@ def _load_own_shard(step_dir: Path, manifest: dict[str, Any], module: Module, co
     module.load_state_dict(state, strict=strict)
     if optimizer is not None:
         saved = header["optimizer"]
+        if zero_checkpoint.is_sharded(saved):
+            if zero_checkpoint.accepts(optimizer, saved):  # its own slice: bit for bit
+                optimizer.load_state_dict(zero_checkpoint.unpack(opt_arrays, saved, str(path)))
+                saved = None
+            else:  # another size, or no ZeRO: the data-parallel group's slices laid end to end
+                opt_arrays, saved = zero_checkpoint.replicated_from_group(step_dir, manifest,
+                                                                          comm.rank)
+    if optimizer is not None and saved is not None:
         entries: dict[int, dict[str, Any]] = {}
         for key, value in opt_arrays.items():
             index, name = key[len(_OPT):].split("/", 1)

@@ -6,7 +6,9 @@ dense name, axis, indices; see dist.models.sharding) and, with an optimizer, whi
 each optimizer index is (dist.checkpoint.layout_record). AdamW's moments (and f32 master
 weights) have their parameter's shape, so they are assembled and cut with the parameter's
 spec. Reading is done by each process on its own, from the files: no collective moves
-weights; the shards of data-parallel replicas other than the first are not read.
+weights; the shards of data-parallel replicas other than the first are not read, except for
+the optimizer state of a ZeRO run, which is sliced over the data-parallel ranks: the slices of
+each group are laid end to end into the replicated state first (dist.zero_checkpoint).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from dist.models.configs import (
     saved_kind,
 )
 from dist.models.sharding import ShardSpec, dense_shapes
+from dist.zero_checkpoint import is_sharded, replicated_from_group
 from gpuplan.dtypes import FLOAT_DTYPES, as_dtype
 
 _OPT = "optimizer/"
@@ -136,6 +139,14 @@ def read_dense_checkpoint(path: str | os.PathLike, optimizer: bool = False) -> D
         by_local = _specs_of(step_dir, rank, specs, state)
         pieces += [(state[n], spec) for n, spec in by_local.items()]
         if optimizer:
+            saved = header.get("optimizer")
+            if is_sharded(saved):  # ZeRO: the slices of this shard's data-parallel group
+                if saved["zero"].get("rank") != 0:
+                    continue  # (collected with the group's first rank)
+                arrays, saved = replicated_from_group(step_dir, manifest, rank)
+                state = {**{k: v for k, v in state.items() if not k.startswith(_OPT)},
+                         **arrays}
+                header = {**header, "optimizer": saved}
             _collect_optimizer(step_dir, rank, state, header, by_local, opt_pieces, scalars,
                                groups, group_of)
     if config is None:
