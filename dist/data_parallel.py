@@ -1,7 +1,9 @@
-"""Data parallelism: bucketed, averaged gradient all-reduce and a DataParallel wrapper."""
+"""Data parallelism: bucketed, averaged gradient all-reduce, blocking (`allreduce_gradients`)
+or overlapped with backward (`OverlappedGradReducer`), and a DataParallel wrapper."""
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterable
 from typing import Any
 
@@ -46,9 +48,16 @@ def allreduce_gradients(parameters: Iterable[Parameter], comm: Communicator | No
     on every rank is left alone; one with a .grad on some rank only counts as zero on the
     others (and gets a .grad). Every rank must pass the same parameters in the same order.
     f16/bf16 gradients are reduced in float32.
+
+    Parameters whose reduction an `OverlappedGradReducer` over `comm` has started (during
+    the last backward) are finished by it (waited, written back); the others go the
+    blocking way.
     """
     params = [p for p in parameters if p.requires_grad]
     if comm is None or comm.size == 1 or not params:
+        return
+    params = _finish_overlapped(params, comm)
+    if not params:
         return
     has_grad = np.array([p.grad is not None for p in params], np.int32)
     has_grad = comm.all_reduce(has_grad, "max")
@@ -73,6 +82,138 @@ def allreduce_gradients(parameters: Iterable[Parameter], comm: Communicator | No
                 p.grad.data[...] = values
             offset += n
     record_writes(written, "dist.allreduce_gradients")
+
+
+class OverlappedGradReducer:
+    """The gradient all-reduce of `allreduce_gradients`, started during backward.
+
+    The parameters are put in buckets of about `bucket_bytes` in reverse order (one dtype
+    and device each), the order in which backward finishes their gradients. Each parameter
+    gets a post-accumulate gradient hook (`Tensor.register_post_accumulate_grad_hook`);
+    after `arm()`, the backward that follows starts a bucket's non-blocking all-reduce
+    (`Communicator.iall_reduce`) as soon as the gradients of all its parameters are final
+    and every earlier bucket has started, so all ranks post the same buckets in the same
+    order. `finish()` (which `allreduce_gradients` over the same communicator calls) starts
+    the buckets the backward left, waits for all of them and writes the results into
+    ``.grad``. Arm it only before the backward of the last micro-batch of a step: a later
+    change to a gradient that has been sent is lost.
+
+    The result is `allreduce_gradients`'s, bit for bit at two ranks (each element is the
+    same sum of the same values, f16/bf16 in float32, then the same division; with more
+    ranks MPI may add the ranks' values in another order for another message size): a
+    parameter with a gradient on some rank only counts as zero on the others, and one with
+    none on any rank keeps ``.grad`` None (one small all-reduce of flags in `finish`).
+    """
+
+    def __init__(self, parameters: Iterable[Parameter], comm: Communicator,
+                 average: bool = True, bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> None:
+        seen: set[int] = set()
+        self.params = [p for p in parameters if p.requires_grad
+                       and not (id(p) in seen or seen.add(id(p)))]
+        self.comm, self.average = comm, average
+        self.buckets = _buckets(self.params[::-1], bucket_bytes)
+        self._bucket_of = {id(p): i for i, b in enumerate(self.buckets) for p in b}
+        self._handles = [p.register_post_accumulate_grad_hook(self._on_final)
+                         for p in self.params]
+        self.armed = False
+        self._final = [0] * len(self.buckets)
+        self._seen: set[int] = set()
+        self._started: list[tuple[list[Parameter], list[bool], Any]] = []
+        _REDUCERS.add(self)
+
+    @property
+    def pending(self) -> bool:
+        """Armed, or with reductions started and not yet finished."""
+        return self.armed or bool(self._started)
+
+    def started_buckets(self) -> int:
+        """How many buckets have been started since `arm()` (or the last `finish`)."""
+        return len(self._started)
+
+    def arm(self) -> None:
+        """Start buckets from the hooks of the next backward (a second call before
+        `finish` does nothing)."""
+        if self.armed:
+            return
+        if self._started:
+            raise RuntimeError("OverlappedGradReducer.arm: the previous step's reduction is "
+                               "not finished; call finish() (or allreduce_gradients) first")
+        self._final = [0] * len(self.buckets)
+        self._seen = set()
+        self.armed = True
+
+    def _on_final(self, p: Parameter) -> None:
+        key = id(p)
+        if not self.armed or key in self._seen:
+            return
+        self._seen.add(key)
+        self._final[self._bucket_of[key]] += 1
+        nxt = len(self._started)
+        while nxt < len(self.buckets) and self._final[nxt] == len(self.buckets[nxt]):
+            self._start(nxt)
+            nxt += 1
+
+    def _start(self, i: int) -> None:
+        bucket = self.buckets[i]
+        xp = backend.array_namespace(bucket[0].data)
+        dtype = as_dtype(bucket[0].dtype)
+        had = [p.grad is not None for p in bucket]
+        flat = xp.concatenate([
+            (p.grad.data if p.grad is not None else xp.zeros(p.shape, dtype)).reshape(-1)
+            .astype(dtype, copy=False) for p in bucket])
+        request = self.comm.iall_reduce(flat, "mean" if self.average else "sum", out=flat)
+        self._started.append((bucket, had, request))
+
+    def finish(self) -> None:
+        """Start the buckets not started yet, wait for all and write ``.grad``."""
+        self.armed = False
+        for i in range(len(self._started), len(self.buckets)):
+            self._start(i)
+        started, self._started = self._started, []
+        flags = np.array([h for _, had, _ in started for h in had], np.int32)
+        flags = self.comm.all_reduce(flags, "max")
+        written = []
+        k = 0
+        for bucket, _, request in started:
+            flat = request.wait()
+            offset = 0
+            for p in bucket:
+                n = int(np.prod(p.shape, dtype=np.int64))
+                if flags[k]:
+                    values = flat[offset:offset + n].reshape(p.shape)
+                    if p.grad is None:
+                        p.grad = Tensor(values.copy())
+                    else:
+                        p.grad.data[...] = values
+                        written.append(p.grad)
+                offset += n
+                k += 1
+        record_writes(written, "dist.allreduce_gradients")
+
+    def remove(self) -> None:
+        """Finish what is pending, then take the hooks off the parameters."""
+        if self.pending:
+            self.finish()
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+        _REDUCERS.discard(self)
+
+
+_REDUCERS: weakref.WeakSet[OverlappedGradReducer] = weakref.WeakSet()
+
+
+def _finish_overlapped(params: list[Parameter], comm: Communicator) -> list[Parameter]:
+    """Finish every pending reducer over `comm` that holds some of `params`; the params
+    left for the blocking path."""
+    ids = {id(p) for p in params}
+    done: set[int] = set()
+    for reducer in list(_REDUCERS):
+        if reducer.comm is comm and reducer.pending and any(id(p) in ids
+                                                            for p in reducer.params):
+            reducer.finish()
+            done.update(id(p) for p in reducer.params)
+    return [p for p in params if id(p) not in done] if done else params
 
 
 def average_over(comm: Communicator | None, value: float) -> float:

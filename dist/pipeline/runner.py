@@ -86,12 +86,14 @@ class _StageRun:
     """One stage executing its action list for one step (train or forward only)."""
 
     def __init__(self, pipe: PipelineParallel, index: int, transport: Any, inputs: list,
-                 targets: list | None, loss_fn: Callable | None) -> None:
+                 targets: list | None, loss_fn: Callable | None,
+                 before_last_backward: Callable[[], Any] | None = None) -> None:
         self.module, self.index, self.transport = pipe._local[index], index, transport
         self.last = index == pipe.num_stages() - 1
         self.train = loss_fn is not None
         self.m_total = pipe.num_micro_batches
         self.inputs_0, self.targets, self.loss_fn = inputs, targets, loss_fn
+        self.before_last_backward = before_last_backward
         self.x: dict[int, Tensor] = {}
         self.out: dict[int, Tensor] = {}
         self.tapes: dict[int, Tape] = {}
@@ -156,6 +158,8 @@ class _StageRun:
         self.peak_live = max(self.peak_live, len(self.tapes))
 
     def _backward(self, m: int) -> None:
+        if m == self.m_total - 1 and self.before_last_backward is not None:
+            self.before_last_backward()
         with trace.span("backward", stage=self.index, micro_batch=m):
             self._backward_now(m)
 
@@ -249,9 +253,12 @@ class PipelineParallel(Module):
         parts = [run.results[m] for m in range(self.num_micro_batches)]
         return Tensor(backend.concatenate(parts, axis=0))
 
-    def train_step(self, x: Any, target: Any, loss_fn: Callable[[Tensor, Any], Tensor]) -> float:
-        """Forward and backward over the micro-batches; returns the mean micro-batch loss."""
-        runs = self._execute(x, target, loss_fn)
+    def train_step(self, x: Any, target: Any, loss_fn: Callable[[Tensor, Any], Tensor],
+                   before_last_backward: Callable[[], Any] | None = None) -> float:
+        """Forward and backward over the micro-batches; returns the mean micro-batch loss.
+        `before_last_backward()` runs on each stage here right before its backward of the
+        last micro-batch (e.g. `OverlappedGradReducer.arm`)."""
+        runs = self._execute(x, target, loss_fn, before_last_backward)
         self.peak_live_activations = {i: r.peak_live for i, r in runs.items()}
         last = runs.get(self.last_rank)
         mean = None if last is None else float(np.mean(last.loss_values))
@@ -259,7 +266,9 @@ class PipelineParallel(Module):
             mean = self.comm.bcast_object(mean, root=self.last_rank)
         return mean
 
-    def _execute(self, x: Any, target: Any, loss_fn: Callable | None) -> dict[int, _StageRun]:
+    def _execute(self, x: Any, target: Any, loss_fn: Callable | None,
+                 before_last_backward: Callable[[], Any] | None = None
+                 ) -> dict[int, _StageRun]:
         m_total = self.num_micro_batches
         owned = sorted(self._local)
         inputs = split_rows(_data(x), m_total, "x") if 0 in owned else []
@@ -271,7 +280,8 @@ class PipelineParallel(Module):
             keep = ("recv_act", "forward", "send_act")
             schedule = [[a for a in acts if a.kind in keep] for acts in schedule]
         transport = _LocalTransport() if self.comm is None else _MpiTransport(self.comm)
-        runs = {i: _StageRun(self, i, transport, inputs, targets, loss_fn) for i in owned}
+        runs = {i: _StageRun(self, i, transport, inputs, targets, loss_fn, before_last_backward)
+                for i in owned}
         programs = {i: runs[i].program(schedule[i]) for i in owned}
         while programs:
             before = sum(r.done for r in runs.values())
