@@ -269,13 +269,14 @@ class Trainer:
         groups = [{"params": decay, "weight_decay": ns.weight_decay},
                   {"params": no_decay, "weight_decay": 0.0}]
         if getattr(ns, "zero", 0):
-            from dist.zero import Consolidated, ZeroRedundancyOptimizer
+            from dist.zero import ZeroRedundancyOptimizer
 
-            self.opt = ZeroRedundancyOptimizer(groups, optimizer_class=optim.AdamW,
-                                               comm=self.mesh.dp, lr=ns.lr)
-            # Checkpoints hold the replicated optimizer's state (consolidated): they resume
-            # with or without --zero, in any layout (dist.reshard).
-            self.opt_state = Consolidated(self.opt)
+            self.opt = self.opt_state = ZeroRedundancyOptimizer(
+                groups, optimizer_class=optim.AdamW, comm=self.mesh.dp, lr=ns.lr)
+            # The gradients are reduce-scattered into the optimizer's slices (after the
+            # model's replica sums) instead of all-reduced; checkpoints hold each dp rank's
+            # slice of the state, which resumes with or without --zero, in any layout.
+            self.model.reduce_data_parallel = False
         else:
             self.opt = self.opt_state = optim.AdamW(groups, lr=ns.lr)
         if getattr(ns, "recompute", "none") != "none":
@@ -505,7 +506,10 @@ class Trainer:
                 loss, gnorm = graphed.forward_backward(x, y)
             else:
                 loss = self.model.train_step(x, y)
-                gnorm = dist.grad_norm(self.model)
+                zero = getattr(ns, "zero", 0)
+                if zero:  # the average over dp: a reduce-scatter into the slices
+                    self.opt.reduce_gradients()
+                gnorm = self.opt.grad_norm(self.model) if zero else dist.grad_norm(self.model)
             lr = self.sched.get_last_lr()[0]
             verdict = self.nonfinite(step + 1, loss, gnorm)
             if verdict not in (None, "skip"):
@@ -513,7 +517,9 @@ class Trainer:
             if verdict is None and graphed is not None:
                 graphed.optimizer_step()  # (clipped in the graph; gradients stay static)
             elif verdict is None:
-                if ns.clip > 0:
+                if ns.clip > 0 and getattr(ns, "zero", 0):
+                    self.opt.clip_grads_with_norm_(ns.clip, gnorm)
+                elif ns.clip > 0:
                     optim.clip_grads_with_norm_(self.model.parameters(), ns.clip, gnorm)
                 with dist.trace.span("optimizer"):
                     self.opt.step()
