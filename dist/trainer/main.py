@@ -413,6 +413,18 @@ class Trainer:
                   for i in range(self.ns.eval_batches)]
         return float(np.mean(losses))
 
+    def activation_bytes(self, stop: int) -> int:
+        """The activations a rank keeps for backward at their peak (dist.memory: one
+        micro-batch's forward of step 1's batch, the random state put back); 0 when no
+        step runs."""
+        from dist import memory
+
+        if self.start >= stop:
+            return 0
+        x, y = global_batch(self.corpus.train, self.ns, [self.ns.seed, self.start],
+                            self.mesh.dp_rank)
+        return memory.activation_bytes(self.model, x, y)
+
     def fail(self, message: str) -> int:
         if getattr(self, "prog", None) is not None:
             self.prog.close()
@@ -423,6 +435,7 @@ class Trainer:
     def run(self) -> int:
         import dist
         from autograd import optim
+        from dist import memory
 
         ns, rank = self.ns, self.world.rank
         np.seterr(over="ignore", invalid="ignore")  # non-finite values: see nonfinite()
@@ -494,6 +507,7 @@ class Trainer:
         if rank == 0 and self.start < stop:  # within seconds: the first step is the slow one
             prog.line(f"step {self.start + 1}: compiling and warming up (kernels compile on "
                       f"first use; the ETA starts after this step)")
+        acts = self.activation_bytes(stop)
         if getattr(ns, "trace", None):
             dist.trace.start(self.world)
         for step in range(self.start, stop):
@@ -523,25 +537,32 @@ class Trainer:
                     optim.clip_grads_with_norm_(self.model.parameters(), ns.clip, gnorm)
                 with dist.trace.span("optimizer"):
                     self.opt.step()
+            logged = (step + 1) % ns.eval_interval == 0 or step + 1 == stop or step == 0
+            grads = memory.gradient_bytes(self.model.parameters()) if logged else 0
             if graphed is None:
                 self.opt.zero_grad()
             self.sched.step()
             steps_since += 1
             prog.step(step + 1, loss, tokens / (time.perf_counter() - t0))
             dist.trace.record("step", t_trace, step=step + 1)
-            if (step + 1) % ns.eval_interval == 0 or step + 1 == stop or step == 0:
+            if logged:
                 with dist.trace.span("evaluate"):
                     val = self.evaluate()
+                mem = memory.MemoryReport.measure(self.model, self.opt, grads, acts,
+                                                  self.device).most_over(self.world)
                 dt = (time.perf_counter() - t_mark) / steps_since
                 rec = {"step": step + 1, "train_loss": loss, "val_loss": val, "lr": lr,
                        "grad_norm": gnorm, "step_time_s": dt, "tokens_per_s": tokens / dt,
                        "mfu": (None if self.peak is None
                                else self.flops_token * tokens / dt / self.peak),
                        "memory_mib": float(self.world.all_reduce(
-                           np.array([progress_mod.memory_mib(self.device)]), "max")[0])}
+                           np.array([progress_mod.memory_mib(self.device)]), "max")[0]),
+                       **mem.metrics()}
                 self.history.append(rec)
                 if rank == 0:
                     log.append(rec)
+                    if step == self.start:  # this run's first record: the memory at start
+                        prog.line(mem.line())
                     prog.line(progress_mod.format_record(rec, ns.steps, prog.eta(step + 1)))
                 if not self.save(step + 1):
                     return self.fail(f"step {step + 1}: a parameter is not finite; no "

@@ -1,5 +1,6 @@
 """scripts/train.py --model llama end to end: under mpiexec -n 2 (tensor-parallel with a K/V
-head replicated on both ranks, and pipeline-parallel) its losses equal the one-process run's,
+head replicated on both ranks, and pipeline-parallel with --recompute block) its losses equal
+the one-process run's,
 its checkpoint resumes in another layout, and a mismatched model option is one line (the
 option checks themselves: tests/dist/trainer/test_options_llama.py)."""
 
@@ -24,7 +25,8 @@ def test_llama_runs_under_mpiexec_match_one_process_and_resume_in_another_layout
     jobs = [(1, [*LLAMA, *mqa, *steps, "--out", str(tmp_path / "one-mqa")]),
             (2, [*LLAMA, *mqa, *steps, "--tp", "2", "--out", str(tmp_path / "tp2")]),
             (1, [*LLAMA, *gqa, *steps, "--out", str(tmp_path / "one-gqa")]),
-            (2, [*LLAMA, *gqa, *steps, "--pp", "2", "--out", str(tmp_path / "pp2")])]
+            (2, [*LLAMA, *gqa, *steps, "--pp", "2", "--recompute", "block", "--out",
+                 str(tmp_path / "pp2")])]
     results = run_many(jobs, timeout=240)
     for (_, args), res in zip(jobs, results, strict=True):
         assert res.returncode == 0, (args, res.stderr[-3000:])

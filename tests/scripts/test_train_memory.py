@@ -1,11 +1,13 @@
 """train.py --zero 1 and --recompute: the same losses, bit for bit, as the plain run at dp=2
 with dropout on; a ZeRO checkpoint resumes without ZeRO (and the reverse) on the same curve;
+the memory per rank each run reports (its first line, metrics.jsonl) shows what each saves;
 the options that cannot combine are one line each."""
 
 from __future__ import annotations
 
 import json
 
+from dist.memory import format_bytes
 from tests.scripts.test_train import TINY, _errors, run, run_many
 
 STEPS = ["--steps", "4", "--eval-interval", "2", "--dropout", "0.1", "--dp", "2", "--tp", "1",
@@ -17,6 +19,37 @@ def _history(out) -> list[tuple]:
     return [(h["step"], h["train_loss"], h["val_loss"]) for h in hist]
 
 
+def _memory(out) -> dict[str, int]:
+    """The memory fields of the first metrics.jsonl record, those of every later one."""
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    mem = [{k: v for k, v in r.items() if k.startswith("memory_") and k != "memory_mib"}
+           for r in records]
+    assert all(m == mem[0] for m in mem), mem
+    return mem[0]
+
+
+def _check_memory(tmp_path, results) -> None:
+    """Per rank (the largest over the ranks): the f32 parameters and gradients, AdamW's two
+    moments, halved by ZeRO at dp=2; fewer activations kept with --recompute; the line
+    printed at start says the same."""
+    mem = {name: _memory(tmp_path / name) for name in ("plain", "zero", "block", "attn")}
+    n = json.loads((tmp_path / "plain" / "metrics.json").read_text())["params"]
+    plain = mem["plain"]
+    assert plain["memory_params_bytes"] == plain["memory_grads_bytes"] == 4 * n
+    assert plain["memory_optimizer_bytes"] == 8 * n
+    assert plain["memory_pool_used_bytes"] is None  # the host: no CuPy pool
+    for name in ("zero", "attn"):
+        assert 4 * n <= mem[name]["memory_optimizer_bytes"] <= 4 * n + 16, name
+    assert mem["block"]["memory_optimizer_bytes"] == 8 * n
+    assert mem["block"]["memory_activations_bytes"] < mem["attn"]["memory_activations_bytes"] \
+        < plain["memory_activations_bytes"]
+    line = next(x for x in results[0].stdout.splitlines() if x.startswith("memory/rank: "))
+    text = format_bytes
+    assert line == (f"memory/rank: params {text(4 * n)}, grads {text(4 * n)}, optimizer "
+                    f"{text(8 * n)}, activations (peak) "
+                    f"{text(plain['memory_activations_bytes'])}"), line
+
+
 def test_zero_and_recompute_train_the_same_bits_and_resume_across(tmp_path):
     jobs = [(2, [*TINY, *STEPS, "--out", str(tmp_path / name), *extra]) for name, extra in
             [("plain", []), ("zero", ["--zero", "1"]), ("block", ["--recompute", "block"]),
@@ -25,6 +58,7 @@ def test_zero_and_recompute_train_the_same_bits_and_resume_across(tmp_path):
     results = run_many(jobs, timeout=240)
     for (_, args), res in zip(jobs, results, strict=True):
         assert res.returncode == 0, (args, res.stderr[-3000:])
+    _check_memory(tmp_path, results)
     plain = _history(tmp_path / "plain")
     assert len(plain) == 3 and plain[0][1] != plain[-1][1]
     for name in ("zero", "block", "attn"):
