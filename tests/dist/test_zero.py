@@ -188,10 +188,10 @@ def _local_grads(params, step: int, rank: int) -> None:
             p.grad = ag.tensor(gp.asarray(g, device=p.device))
 
 
-def _replicated_and_zero(comm, dtype, rank: int, steps: int = STEPS):
+def _replicated_and_zero(comm, dtype, rank: int, steps: int = STEPS, device: str = "cpu"):
     """(replicated weights, ZeRO weights, replicated norms, ZeRO norms, the two
     optimizers): all-reduce + clip + AdamW against reduce-scatter + clip + ZeRO's step."""
-    ref, mine = _params(dtype), _params(dtype)
+    ref, mine = _params(dtype, device), _params(dtype, device)
     plain = optim.AdamW(_groups(ref), lr=1e-2)
     zero = dist.ZeroRedundancyOptimizer(_groups(mine), comm=comm, lr=1e-2)
     want, got = [], []
@@ -210,8 +210,9 @@ def _replicated_and_zero(comm, dtype, rank: int, steps: int = STEPS):
     return ref, mine, want, got, plain, zero
 
 
-def test_one_process_reduce_and_clip_equal_the_replicated_optimizer():
-    ref, mine, want, got, plain, zero = _replicated_and_zero(None, np.float32, 0)
+def test_one_process_reduce_and_clip_equal_the_replicated_optimizer(device):
+    ref, mine, want, got, plain, zero = _replicated_and_zero(None, np.float32, 0,
+                                                             device=device)
     assert got == want and min(want) > MAX_NORM  # the clipping acted at every step
     assert _bits(mine) == _bits(ref)
     assert _state_bits(zero.consolidated_state_dict()) == _state_bits(plain.state_dict())
@@ -312,3 +313,15 @@ def test_the_reduced_slices_are_needed_and_bucket_bytes_checked():
     zero.zero_grad()  # drops the slices too
     with pytest.raises(RuntimeError, match="clip_grads_with_norm_: expected"):
         zero.clip_grads_with_norm_(1.0, 2.0)
+
+
+@pytest.mark.mpi
+def test_device_slices_reduce_and_clip_to_rounding(world, device):
+    """On a device (CuPy, or the emulated device through the host-staged path) the norm is
+    the slices' (not summed per parameter as on the host): equal to rounding."""
+    ref, mine, want, got, _, _ = _replicated_and_zero(world, np.float32, world.rank,
+                                                      steps=3, device=device)
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+    for p, q in zip(mine, ref, strict=True):
+        np.testing.assert_allclose(gp.to_host(p.data), gp.to_host(q.data), rtol=1e-5,
+                                   atol=1e-6)
