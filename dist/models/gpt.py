@@ -39,6 +39,7 @@ import numpy as np
 import gpuplan as gp
 from autograd.nn import GPT, GPTConfig, Module
 from autograd.nn.gpt import GPTLayers
+from dist.context_parallel_layers import ContextParallelPositions, RingSelfAttention
 from dist.models.parallel import ModelStage, ParallelModel, VocabParallelHead, divisible
 from dist.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
 from dist.tensor_parallel.sequence import SequenceShardEmbedding
@@ -110,6 +111,18 @@ class ParallelGPT(GPTLayers, ParallelModel):
         super()._shard_sequence()
         if self.is_first_stage:
             self.wpe = SequenceShardEmbedding.from_dense(self.wpe, self.tp_comm)
+
+    def _shard_context(self) -> None:
+        """Context parallelism: dropouts by global position (ParallelModel's), each block's
+        attention as ring attention over cp (`RingSelfAttention`), and ``wpe`` looked up at
+        the global positions of this rank's tokens (its gradient then summed over cp, and
+        over TP with sequence parallelism: `_replica_groups`)."""
+        super()._shard_context()
+        for block in self.blocks:
+            block.attn = RingSelfAttention(block.attn, self.cp_comm)
+        if self.is_first_stage:
+            sp = self.tp_comm if self.sequence_parallel else None
+            self.wpe = ContextParallelPositions(self.wpe.weight, self.cp_comm, sp)
 
     def dense_columns(self, name: str, owner: ColumnParallelLinear) -> np.ndarray:
         cols = super().dense_columns(name, owner)

@@ -36,6 +36,7 @@ import gpuplan as gp
 from autograd.nn import Llama, LlamaConfig, Module, Parameter
 from autograd.nn.llama import LlamaLayers
 from dist.communicator import Communicator
+from dist.context_parallel_layers import RingLlamaAttention
 from dist.models.parallel import ParallelModel, divisible
 from dist.models.sharding import ShardSpec
 from dist.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
@@ -104,6 +105,14 @@ class ParallelLlama(LlamaLayers, ParallelModel):
             for lin in (mlp.gate_proj, mlp.up_proj))
         mlp.down_proj = RowParallelLinear.from_dense(mlp.down_proj, config=tp,
                                                      input_is_parallel=True)
+
+    def _shard_context(self) -> None:
+        """Context parallelism: each layer's attention on this rank's slice of the sequences
+        (RoPE from each chunk's global offset), ring attention over cp
+        (`RingLlamaAttention`); no dropout (refused with cp)."""
+        super()._shard_context()
+        for block in self.layers:
+            block.self_attn = RingLlamaAttention(block.self_attn, self.cp_comm)
 
     def dense_columns(self, name: str, owner: ColumnParallelLinear) -> np.ndarray:
         cols = super().dense_columns(name, owner)
