@@ -25,7 +25,12 @@ from dist import trace
 from dist.communicator import Communicator
 from dist.context_parallel import check_length, gather_sequence, take_local
 from dist.context_parallel_layers import PositionDropout
-from dist.data_parallel import allreduce_gradients, average_over
+from dist.data_parallel import (
+    DEFAULT_BUCKET_BYTES,
+    OverlappedGradReducer,
+    allreduce_gradients,
+    average_over,
+)
 from dist.models.sharding import ShardSpec
 from dist.pipeline.runner import PipelineParallel, split_rows
 from dist.tensor_parallel.layers import (
@@ -135,7 +140,10 @@ class ParallelModel(Module):
       loss over ``idx [B, T]`` (this data-parallel rank's batch) in ``num_micro_batches``
       micro-batches with the pipeline ``schedule``; leaves in ``.grad`` the gradient of
       the global-batch mean loss (replicated copies summed, averaged over ``dp``) and
-      returns the global-batch loss on every rank.
+      returns the global-batch loss on every rank. With data parallelism the average
+      starts during the last micro-batch's backward, bucket by bucket as gradients become
+      final (``overlap_grad_reduce=True``, the default; False: after the backward), with
+      the same result bit for bit at dp=2.
     * ``shard_specs()``: local parameter name -> `ShardSpec`.
 
     ``sequence_parallel=True`` (Megatron-LM's sequence parallelism, with ``tp > 1``): between
@@ -162,7 +170,8 @@ class ParallelModel(Module):
                  pp: Communicator | None = None, dp: Communicator | None = None,
                  num_micro_batches: int = 1, schedule: str = "1f1b",
                  device: str = "cpu", dtype: Any = None,
-                 sequence_parallel: bool = False, cp: Communicator | None = None) -> None:
+                 sequence_parallel: bool = False, overlap_grad_reduce: bool = True,
+                 cp: Communicator | None = None) -> None:
         if mesh is not None:
             tp, pp, dp, cp = mesh.tp, mesh.pp, mesh.dp, getattr(mesh, "cp", None)
         tp, pp, dp, cp = (c if c is not None and c.size > 1 else None
@@ -189,6 +198,11 @@ class ParallelModel(Module):
         for name, p in self.named_parameters():
             p.shard_spec = self._shard_spec(name, modules[name.rpartition(".")[0]])
         self.replica_groups = self._replica_groups()
+        #: Start the data-parallel gradient reduction during the last micro-batch's backward
+        #: (`dist.OverlappedGradReducer`; the same result as after it, bit for bit at dp=2).
+        self.overlap_grad_reduce = bool(overlap_grad_reduce)
+        self.grad_bucket_bytes = DEFAULT_BUCKET_BYTES  # read when the reducer is made
+        self._grad_reducer = None
         stage = ModelStage(partial(self.forward_stage, first=self.is_first_stage,
                                    last=self.is_last_stage))
         self.pipe = PipelineParallel(
@@ -372,19 +386,44 @@ class ParallelModel(Module):
         self._check_sequence(idx, "train_step")
         # Context parallelism: each cp rank runs its slice (loss_fn: its share of the mean).
         idx = take_local(idx, self.cp_comm)
+        reducer = self.grad_reducer()
+        arm = None if reducer is None else reducer.arm
         if self.num_stages == 1:
-            loss = self._accumulate_micro_batches(idx, targets)
+            loss = self._accumulate_micro_batches(idx, targets, arm)
         else:
-            loss = self.pipe.train_step(idx, targets, self.loss_fn)
+            loss = self.pipe.train_step(idx, targets, self.loss_fn, before_last_backward=arm)
         self.finish_gradients()
         if self.cp_comm is not None:
             loss = float(self.cp_comm.all_reduce(np.array([loss], np.float64))[0])
         return average_over(self.dp_comm, loss)
 
-    def _accumulate_micro_batches(self, idx: Any, targets: Any) -> float:
+    def grad_reducer(self) -> OverlappedGradReducer | None:
+        """The reducer that overlaps the data-parallel gradient average with the last
+        backward (made at first use): None without data parallelism, with
+        ``overlap_grad_reduce`` False or with ``reduce_data_parallel`` False (then the hooks
+        come off the parameters). Replicated copies (`_replica_groups`) are left out: their
+        sums over their groups come first, then their average, the blocking way."""
+        wanted = (self.overlap_grad_reduce and self.dp_comm is not None
+                  and getattr(self, "reduce_data_parallel", True))
+        if not wanted:
+            if self._grad_reducer is not None:
+                self._grad_reducer.remove()
+                self._grad_reducer = None
+            return None
+        if self._grad_reducer is None:
+            replicas = {id(p) for params, _ in self.replica_groups for p in params}
+            self._grad_reducer = OverlappedGradReducer(
+                [p for p in self.parameters() if id(p) not in replicas], self.dp_comm,
+                bucket_bytes=self.grad_bucket_bytes)
+        return self._grad_reducer
+
+    def _accumulate_micro_batches(self, idx: Any, targets: Any,
+                                  before_last_backward: Callable[[], Any] | None = None
+                                  ) -> float:
         """One stage: forward and backward of each micro-batch in turn (what the pipeline
         runner's schedules do with one stage, without its machinery); ``.grad`` accumulates
-        the gradient of the mean micro-batch loss, which is returned."""
+        the gradient of the mean micro-batch loss, which is returned. `before_last_backward`
+        runs before the last micro-batch's backward (the reducer's arm)."""
         n = self.pipe.num_micro_batches
         losses = []
         for m, (x, y) in enumerate(zip(split_rows(idx, n, "x"),
@@ -394,16 +433,24 @@ class ParallelModel(Module):
                 losses.append(float(loss.item()))
                 scaled = loss * (1.0 / n)
             if scaled._node is not None:
+                if m == n - 1 and before_last_backward is not None:
+                    before_last_backward()
                 with trace.span("backward", stage=0, micro_batch=m):
                     tape.backward(scaled)
         return float(np.mean(losses))
 
+    #: False leaves the average over data parallel to the caller: ZeRO's reduce-scatter of
+    #: the gradients into the optimizer's slices (`ZeroRedundancyOptimizer.reduce_gradients`).
+    reduce_data_parallel = True
+
     def finish_gradients(self) -> None:
         """Sum the gradients of replicated copies over their groups (`_replica_groups`),
-        then average every gradient over data parallel."""
+        then average every gradient over data parallel (unless `reduce_data_parallel` is
+        False: then the caller reduces them, after these sums)."""
         for params, group in self.replica_groups:
             allreduce_gradients(params, group, average=False)
-        allreduce_gradients(self.parameters(), self.dp_comm, average=True)
+        if self.reduce_data_parallel:
+            allreduce_gradients(self.parameters(), self.dp_comm, average=True)
 
     def forward(self, idx: Any) -> Tensor | None:
         """Logits ``[B, T, V_r]`` (this TP rank's vocabulary block) on the last stage's ranks,
