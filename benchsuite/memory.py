@@ -7,10 +7,12 @@
 Optimizer state: after one AdamW step of the same GPT (f32 or bf16 parameters) on every
 rank, the bytes the replicated optimizer holds (its moments, and its f32 master weights for
 bf16 parameters) against the bytes ZeRO-1 holds on this rank (its slices of the weights and
-the moments), the largest over the ranks. Activations (one process): the bytes of the arrays
-the tape keeps for backward at the end of one forward (`ctx.saved` of every recorded op, each
-array once), for --recompute none, attention and block. These are counts of the arrays the
-runtime allocates, not a process's peak memory.
+the moments), the largest over the ranks. Activations (one process, a GPT and a Llama): the
+bytes of the arrays the tape keeps for backward at the end of one forward (`ctx.saved` of
+every recorded op, each array once, the parameters left out: `dist.memory.kept_bytes`, what
+train.py reports), and the peak of the host arrays allocated during that forward and its
+backward above what was live before (tracemalloc, as below: transients and the gradients
+included), for --recompute none, attention and block.
 
 Sequence parallelism (under mpiexec, tp = the world): per rank, a tensor-parallel GPT and
 Llama with and without ``sequence_parallel`` (dropout 0.1, f32, host arrays): the bytes the
@@ -74,35 +76,46 @@ def optimizer_state(comm: Any, dtype_name: str, n_layer: int, n_embd: int) -> di
             "zero_max_rank": most, "ratio": most / replicated}
 
 
-def activation_bytes(n_layer: int, n_embd: int, batch: int) -> dict[str, int]:
+def _model(name: str, n_layer: int, n_embd: int) -> Any:
+    from autograd import nn
+
+    shape = dict(vocab_size=512, block_size=128, n_layer=n_layer, n_head=4, n_embd=n_embd,
+                 dtype=np.float32, seed=0)
+    if name == "gpt":
+        return nn.GPT(nn.GPTConfig(**shape))
+    return nn.Llama(nn.LlamaConfig(**shape, n_kv_head=2))
+
+
+def activation_bytes(n_layer: int, n_embd: int, batch: int) -> list[dict]:
+    """Per model (GPT, Llama) and --recompute mode: the bytes kept for backward after one
+    forward (the parameters left out) and the peak of the host arrays during that forward and
+    its backward above what was live before (see the module docstring)."""
+    import gc
+    import tracemalloc
+
     import autograd as ag
+    from dist.memory import kept_bytes
 
-    model = _gpt(n_layer, n_embd, np.float32)
     idx = np.random.default_rng(1).integers(0, 512, (batch, 128))
-    out = {}
-    for mode in ("none", "attention", "block"):
-        model.set_recompute(mode)
-        with ag.Tape() as tape:
-            model.loss(idx, idx)
-        seen: dict[int, int] = {}
-        for node in tape.nodes:
-            for a in getattr(node.ctx, "saved", ()) or ():
-                if hasattr(a, "nbytes"):
-                    seen[id(a)] = int(a.nbytes)
-        out[mode] = sum(seen.values())
-    return out
-
-
-def _kept_bytes(tape: Any, skip: Any = ()) -> int:
-    """Bytes of the arrays the tape's ops keep for backward, each once, but those of `skip`
-    (e.g. the parameters' arrays)."""
-    leave = {id(a) for a in skip}
-    seen: dict[int, int] = {}
-    for node in tape.nodes:
-        for a in getattr(node.ctx, "saved", ()) or ():
-            if hasattr(a, "nbytes") and id(a) not in leave:
-                seen[id(a)] = int(a.nbytes)
-    return sum(seen.values())
+    rows = []
+    for name in ("gpt", "llama"):
+        model = _model(name, n_layer, n_embd)
+        for mode in ("none", "attention", "block"):
+            model.set_recompute(mode)
+            model.zero_grad()
+            gc.collect()
+            tracemalloc.start()
+            base = tracemalloc.get_traced_memory()[0]
+            tracemalloc.reset_peak()
+            with ag.Tape() as tape:
+                loss = model.loss(idx, idx)
+            kept = kept_bytes(tape, [p.data for p in model.parameters()])
+            tape.backward(loss)
+            peak = tracemalloc.get_traced_memory()[1] - base
+            tracemalloc.stop()
+            rows.append({"model": name, "mode": mode, "kept": kept, "peak": peak})
+            del tape, loss
+    return rows
 
 
 def sequence_parallel_activations(comm: Any, n_layer: int, n_embd: int, batch: int,
@@ -114,6 +127,7 @@ def sequence_parallel_activations(comm: Any, n_layer: int, n_embd: int, batch: i
 
     import autograd as ag
     from autograd import nn
+    from dist.memory import kept_bytes
     from dist.models import ParallelGPT, ParallelLlama
 
     shape = dict(vocab_size=512, block_size=block, n_layer=n_layer, n_head=8, n_embd=n_embd,
@@ -131,7 +145,7 @@ def sequence_parallel_activations(comm: Any, n_layer: int, n_embd: int, batch: i
             tracemalloc.reset_peak()
             with ag.Tape() as tape:
                 loss = model.loss_fn(model.forward_stage(idx), idx)
-            kept = _kept_bytes(tape, [p.data for p in model.parameters()])
+            kept = kept_bytes(tape, [p.data for p in model.parameters()])
             tape.backward(loss)
             peak = tracemalloc.get_traced_memory()[1] - base
             tracemalloc.stop()
@@ -183,9 +197,14 @@ def main(argv: list[str] | None = None) -> int:
                       f"peak {r['peak'] / 2**20:8.2f} MiB ({r['peak'] / off['peak']:.3f} x)")
     if comm is None:
         acts = activation_bytes(ns.n_layer, ns.n_embd, ns.batch)
-        print(f"# bytes kept for backward after one forward, batch {ns.batch} x 128, f32")
-        for mode, n in acts.items():
-            print(f"--recompute {mode:<9} {n / 2**20:8.2f} MiB  {n / acts['none']:.3f} x none")
+        print(f"# activations, one process, n_layer={ns.n_layer} n_embd={ns.n_embd}, batch "
+              f"{ns.batch} x 128, f32: kept for backward after one forward (parameters left "
+              f"out) / peak of the host arrays during forward+backward")
+        for r in acts:
+            none = next(o for o in acts if o["model"] == r["model"] and o["mode"] == "none")
+            print(f"{r['model']:<6} --recompute {r['mode']:<9} kept {r['kept'] / 2**20:8.2f} "
+                  f"MiB ({r['kept'] / none['kept']:.3f} x none)  peak {r['peak'] / 2**20:8.2f} "
+                  f"MiB ({r['peak'] / none['peak']:.3f} x none)")
     return 0
 
 
