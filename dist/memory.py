@@ -29,6 +29,7 @@ import gpuplan as gp
 from autograd import random as ag_random
 from autograd.tape import Tape
 from autograd.tensor import Tensor
+from dist.context_parallel import take_local
 from dist.pipeline.schedules import get_schedule
 from dist.tensor_parallel.random import get_rng_tracker
 
@@ -95,6 +96,8 @@ def activation_bytes(model: Any, idx: Any, targets: Any) -> int:
     calls it). The random state is put back: training draws what it would have."""
     rows = idx.shape[0] // model.pipe.num_micro_batches
     idx, targets = model.input_array(idx[:rows]), model.input_array(targets[:rows])
+    # Context parallelism: the rank runs its slice of the sequences (loss_fn: its share).
+    idx = take_local(idx, getattr(model, "cp_comm", None))
     if model.is_first_stage:
         x = idx
     else:
