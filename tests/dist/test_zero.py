@@ -240,21 +240,25 @@ def test_reduce_scattered_gradients_step_as_the_all_reduced_ones(world, dtype):
 
 
 @pytest.mark.mpi
-def test_a_parallel_model_reduce_scattered_and_clipped_equals_the_replicated_run(world):
-    """dist.ParallelGPT at dp=2 (and dp=2 x tp=2 with sequence parallelism, whose norm
-    weights' gradients are summed over tp before the dp reduction): with
+@pytest.mark.parametrize("other", ["tp", "pp"])
+def test_a_parallel_model_reduce_scattered_and_clipped_equals_the_replicated_run(world, other):
+    """dist.ParallelGPT at dp=2 (and at 4 ranks dp=2 x tp=2 with sequence parallelism, whose
+    norm weights' gradients are summed over tp before the dp reduction, or dp=2 x pp=2, whose
+    tied embedding copies are summed over the two end stages first): with
     reduce_data_parallel off, reduce_gradients + clip_grad_norm_(max, model) + ZeRO's step give
     the norms and weights of train_step + dist.clip_grad_norm_ + AdamW, bit for bit."""
     from dist.models import ParallelGPT
 
-    if world.size not in (2, 4):
-        pytest.skip("needs 2 or 4 ranks")
+    if world.size not in (2, 4) or (world.size == 2 and other == "pp"):
+        pytest.skip("needs 2 or 4 ranks (dp=2 x pp=2: 4)")
     cfg = nn.GPTConfig(vocab_size=16, block_size=8, n_layer=2, n_head=2, n_embd=8, seed=3,
                        dtype=np.float64)
-    mesh = dist.ProcessMesh(dp=2, pp=1, tp=world.size // 2, world=world)
+    split = {other: world.size // 2}
+    mesh = dist.ProcessMesh(dp=2, pp=split.get("pp", 1), tp=split.get("tp", 1), world=world)
     runs = []
     for use_zero in (False, True):
-        model = ParallelGPT(cfg, mesh, sequence_parallel=world.size == 4)
+        model = ParallelGPT(cfg, mesh, sequence_parallel=mesh.tp.size > 1,
+                            num_micro_batches=2)
         groups = [{"params": [p for p in model.parameters() if p.ndim >= 2],
                    "weight_decay": 0.1},
                   {"params": [p for p in model.parameters() if p.ndim < 2],
