@@ -107,8 +107,9 @@ def activation_bytes(model: Any, idx: Any, targets: Any) -> int:
         x = Tensor(gp.asarray(np.zeros((rows, length, width), weight.dtype),
                               device=model.device), requires_grad=True)
     default, tracker = ag_random.default_generator.get_state(), get_rng_tracker().get_states()
+    tape = Tape()
     try:
-        with Tape() as tape:
+        with tape:
             out = model.forward_stage(x, first=model.is_first_stage, last=model.is_last_stage)
             if model.is_last_stage:
                 model.loss_fn(out, targets)
@@ -116,6 +117,9 @@ def activation_bytes(model: Any, idx: Any, targets: Any) -> int:
     finally:
         ag_random.default_generator.set_state(default)
         get_rng_tracker().set_states(tracker)
+        for node in tape.nodes:  # now, not at the next cycle collection (nodes and tape
+            node.free()          # refer to each other): the first step reuses the memory
+        tape.nodes = []
     return kept * micro_batches_in_flight(model)
 
 
