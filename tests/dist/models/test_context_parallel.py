@@ -163,6 +163,30 @@ def test_context_parallel_with_recomputation_gives_the_same_gradients(world, mod
 
 
 @pytest.mark.mpi
+def test_context_parallel_on_the_emulated_device_matches_the_host(world):
+    """Ring attention's blocks, merges and host-staged messages, and RoPE per chunk, on the
+    emulated device against the same model (Llama, grouped-query) on the host (float64)."""
+    import gpuplan as gp
+
+    if world.size != 2:
+        pytest.skip("cp2 only (the emulated device is slow; tests/dist/test_context_parallel.py "
+                    "runs the ring on it at every world size)")
+    config_cls, _, parallel_cls, cfg = MODELS["llama"]
+    mesh = dist.ProcessMesh(cp=world.size, world=world)
+    x, y = batch()
+    runs = []
+    for device in ("cpu", "emulated"):
+        model = parallel_cls(config_cls(**cfg), mesh, device=device)
+        runs.append((model.train_step(x, y), dict(model.named_parameters())))
+    (loss, host), (got, emulated) = runs
+    assert got == pytest.approx(loss, rel=1e-10)
+    for pname, p in emulated.items():
+        assert gp.device_of(p.data) == "emulated"
+        np.testing.assert_allclose(gp.to_host(p.grad.data), host[pname].grad.numpy(), **TOL,
+                                   err_msg=pname)
+
+
+@pytest.mark.mpi
 def test_context_parallel_refusals(world):
     config_cls, _, parallel_cls, cfg = MODELS["gpt"]
     mesh = dist.ProcessMesh(cp=world.size, world=world)
