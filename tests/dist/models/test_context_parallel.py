@@ -163,6 +163,34 @@ def test_context_parallel_with_recomputation_gives_the_same_gradients(world, mod
 
 
 @pytest.mark.mpi
+def test_dp2xcp2_with_zero_equals_one_process(world):
+    """ZeRO-1 over dp (its reduce-scatter after the model's sums over cp): the dense
+    model's losses and clipped gradient norms over 3 steps."""
+    from dist.zero import ZeroRedundancyOptimizer
+
+    if world.size != 4:
+        pytest.skip("dp2xcp2 needs 4 ranks")
+    config_cls, _, parallel_cls, cfg = MODELS["gpt"]
+    mesh = dist.ProcessMesh(dp=2, cp=2, world=world)
+    x, y = batch()
+    model = parallel_cls(config_cls(**cfg), mesh)
+    model.reduce_data_parallel = False
+    opt = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=optim.AdamW,
+                                  comm=mesh.dp, lr=LR)
+    losses, norms = [], []
+    for _ in range(STEPS):
+        opt.zero_grad()
+        losses.append(model.train_step(rows_of(x, mesh.dp_rank, 2), rows_of(y, mesh.dp_rank, 2)))
+        opt.reduce_gradients()
+        norms.append(opt.grad_norm(model))
+        opt.clip_grads_with_norm_(CLIP, norms[-1])
+        opt.step()
+    want_losses, want_norms, _ = dense_steps("gpt", x, y, 2, 0.0)
+    np.testing.assert_allclose(losses, want_losses, rtol=1e-9)
+    np.testing.assert_allclose(norms, want_norms, rtol=1e-9)
+
+
+@pytest.mark.mpi
 def test_context_parallel_on_the_emulated_device_matches_the_host(world):
     """Ring attention's blocks, merges and host-staged messages, and RoPE per chunk, on the
     emulated device against the same model (Llama, grouped-query) on the host (float64)."""
