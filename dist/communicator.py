@@ -12,6 +12,7 @@ from dist import trace
 from dist.cuda_aware import cuda_aware_mpi
 from dist.mpi_wait import POLLING_MODES, poll_until, resolve_wait
 from dist.nccl_backend import NcclTransport
+from dist.requests import PendingCollective, PendingRecv, PendingSend, encode_header
 from dist.staging import (
     PinnedBufferCache,
     copy_to_device,
@@ -20,7 +21,7 @@ from dist.staging import (
     stage_to_new_host,
     sync_current_stream,
 )
-from dist.watchdog import unwatch_request, watch_request, watched
+from dist.watchdog import watched
 from gpuplan import backend
 from gpuplan.dtypes import HALF_DTYPES, as_dtype, float32
 from gpuplan.errors import InvalidProblem, Unsupported, describe
@@ -55,33 +56,6 @@ def resolve_backend(requested: str | None = None) -> str:
     return choice
 
 
-class PendingSend:
-    """A non-blocking send in flight; keeps its buffers alive until `wait()` (which the
-    watchdog bounds like any blocking call; comm and dest name it in its message)."""
-
-    def __init__(self, requests: list[Any], buffers: list[Any], comm: Any = None,
-                 dest: int | None = None) -> None:
-        self._requests = requests
-        self._buffers = buffers
-        self._comm, self._dest = comm, dest
-
-    def wait(self) -> None:
-        if self._requests:
-            with trace.span("send_wait", "comm", peer=self._dest):
-                self._wait_now()
-        self._requests, self._buffers = [], []
-
-    def _wait_now(self) -> None:
-        if self._requests:
-            Request = _mpi().Request
-            mode = getattr(self._comm, "wait_mode", "spin")
-            if mode in POLLING_MODES:
-                watched("isend", self._comm, self._dest, poll_until,
-                        lambda: Request.Testall(self._requests), mode)
-            else:
-                watched("isend", self._comm, self._dest, Request.Waitall, self._requests)
-
-
 class _ReducePlan:
     """An all-reduce's flat buffers and how its result reaches `out` (finish)."""
 
@@ -100,61 +74,6 @@ class _ReducePlan:
         if self.op == "mean":
             recv /= self.size
         return self.out if self.direct else _assign(self.out, recv.reshape(self.out.shape))
-
-
-class PendingCollective:
-    """A non-blocking collective in flight (`Communicator.iall_reduce`). ``wait()`` waits
-    for its MPI request under the watchdog (as the op, with how long ago it was issued),
-    copies a host-staged result back to the device, applies what follows the exchange
-    (the mean's division, the cast into out) and returns the result; a second ``wait()``
-    returns it again. ``test()``: whether ``wait()`` would return at once. While one is
-    outstanding the watchdog lists it (dist.watchdog.outstanding_requests)."""
-
-    def __init__(self, comm: Any, op: str, peer: int | None, finish: Callable[[], Any],
-                 requests: list[Any] | None = None, buffers: list[Any] | None = None,
-                 finish_device: Callable[[], None] | None = None,
-                 trace_start: float | None = None, nbytes: int = 0) -> None:
-        self._comm, self.op, self._peer = comm, op, peer
-        self._finish, self._requests, self._buffers = finish, requests or [], buffers or []
-        self._finish_device = finish_device
-        self._trace_start, self._nbytes = trace_start, nbytes
-        self._result: Any = None
-        self._done = False
-        self._token = watch_request(op, comm, peer) if self._requests else None
-
-    @property
-    def done(self) -> bool:
-        return self._done
-
-    def test(self) -> bool:
-        """True when the exchange has completed (MPI_Testall; no wait)."""
-        return self._done or not self._requests or bool(_mpi().Request.Testall(
-            self._requests))
-
-    def wait(self) -> Any:
-        if self._done:
-            return self._result
-        if self._requests:
-            Request = _mpi().Request
-            mode = getattr(self._comm, "wait_mode", "spin")
-            what = f"{self.op} request"
-            try:
-                if mode in POLLING_MODES:
-                    watched(what, self._comm, self._peer, poll_until,
-                            lambda: Request.Testall(self._requests), mode)
-                else:
-                    watched(what, self._comm, self._peer, Request.Waitall, self._requests)
-            finally:
-                unwatch_request(self._token)
-        if self._finish_device is not None:
-            self._finish_device()
-        self._result = self._finish()
-        self._done = True
-        self._requests, self._buffers, self._finish_device = [], [], None
-        if self._trace_start is not None:
-            trace.record(self.op, self._trace_start, "comm", tid=trace.REQUEST_TID,
-                         bytes=self._nbytes, nonblocking=True)
-        return self._result
 
 
 class Communicator:
@@ -392,11 +311,13 @@ class Communicator:
         return PendingSend([self.mpi_comm.Isend(buf, dest=dest, tag=tag)], [buf], self, dest)
 
     def isend_array(self, x: Any, dest: int, tag: int = 0) -> PendingSend:
-        """isend of a header (shape, dtype, device) then the data, for recv_array."""
-        header = (tuple(x.shape), as_dtype(x.dtype).name, backend.device_of(x))
-        first = self.mpi_comm.isend(header, dest=dest, tag=tag)
+        """isend of a fixed-size header (shape, dtype, device) then the data, for
+        recv_array / irecv_array (dist.requests)."""
+        self._check_rank("isend_array", "dest", dest)
+        header = encode_header(x)
+        first = self.mpi_comm.Isend(header, dest=dest, tag=tag)
         data = self.isend(x, dest, tag)
-        return PendingSend([first] + data._requests, data._buffers, self, dest)
+        return PendingSend([first] + data._requests, [header] + data._buffers, self, dest)
 
     def send_array(self, x: Any, dest: int, tag: int = 0) -> None:
         self.isend_array(x, dest, tag).wait()
@@ -404,15 +325,15 @@ class Communicator:
     def recv_array(self, source: int, tag: int = 0, device: str | None = None) -> Any:
         """Receive what send_array/isend_array sent, on `device` (default: the sender's)."""
         self._check_rank("recv_array", "source", source)
-        if self.wait_mode in POLLING_MODES:  # a matched probe: the header's size is unknown
-            message = watched("recv_array", self, source, poll_until,
-                              lambda: self.mpi_comm.improbe(source, tag), self.wait_mode)
-            shape, dtype, sender_device = message.recv()
-        else:
-            shape, dtype, sender_device = watched("recv_array", self, source,
-                                                  self.mpi_comm.recv, None, source, tag)
-        out = backend.empty(shape, as_dtype(dtype), device or sender_device)
-        return self.recv(out, source, tag)
+        return PendingRecv(self, source, tag, device).wait()
+
+    def irecv_array(self, source: int, tag: int = 0, device: str | None = None) -> PendingRecv:
+        """Post the receive of what send_array/isend_array sends, before it is needed; the
+        request's ``wait()`` returns the array (`recv_array` = ``irecv_array().wait()``).
+        Its data's receive is posted once the header is in: call ``progress()`` now and
+        then (the pipeline runner does between actions)."""
+        self._check_rank("irecv_array", "source", source)
+        return PendingRecv(self, source, tag, device)
 
     # ---- small Python objects ----------------------------------------------------------
 

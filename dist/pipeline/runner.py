@@ -13,9 +13,10 @@ from autograd.nn import Module
 from autograd.tape import Tape
 from autograd.tensor import Tensor
 from dist import trace
-from dist.communicator import Communicator, PendingSend
+from dist.communicator import Communicator
 from dist.pipeline.schedules import Action, get_schedule
 from dist.pipeline.stage import PipelineStage
+from dist.requests import PendingRecv, PendingSend
 from gpuplan import backend
 from gpuplan.errors import InvalidProblem, describe
 
@@ -31,6 +32,12 @@ class _LocalTransport:
     def ready(self, src: int, dst: int, kind: str) -> bool:
         return bool(self.queues[(src, dst, kind)])
 
+    def post(self, src: int, dst: int, kind: str, m: int) -> None:
+        pass  # a local message is there or not: nothing to post
+
+    def progress(self) -> None:
+        pass
+
     def send(self, src: int, dst: int, kind: str, m: int, array: Any) -> None:
         self.queues[(src, dst, kind)].append((m, array))
 
@@ -43,11 +50,15 @@ class _LocalTransport:
 
 
 class _MpiTransport:
-    """Point-to-point over a Communicator: non-blocking sends, blocking receives."""
+    """Point-to-point over a Communicator: non-blocking sends; receives posted ahead
+    (`post`: Communicator.irecv_array, its data's receive posted by `progress` once the
+    header is in) and waited at use."""
 
     def __init__(self, comm: Communicator) -> None:
         self.comm = comm
         self.pending: list[PendingSend] = []
+        self.posted: dict[tuple[int, str, int], PendingRecv] = {}
+        self._unfinished: list[PendingRecv] = []
 
     def ready(self, src: int, dst: int, kind: str) -> bool:
         return True  # recv blocks until the message is there
@@ -59,8 +70,25 @@ class _MpiTransport:
     def send(self, src: int, dst: int, kind: str, m: int, array: Any) -> None:
         self.pending.append(self.comm.isend_array(array, dst, self._tag(kind, m)))
 
+    def post(self, src: int, dst: int, kind: str, m: int) -> None:
+        """Post the receive of `kind` for micro-batch m from stage `src` now."""
+        key = (src, kind, m)
+        if key not in self.posted:
+            self.posted[key] = request = self.comm.irecv_array(src, self._tag(kind, m))
+            self._unfinished.append(request)
+
+    def progress(self) -> None:
+        """Post the data receives whose headers have come (no wait)."""
+        if self._unfinished:
+            self._unfinished = [r for r in self._unfinished if not r.progress()]
+
     def recv(self, src: int, dst: int, kind: str, m: int) -> Any:
-        return self.comm.recv_array(src, self._tag(kind, m))
+        request = self.posted.pop((src, kind, m), None)
+        if request is None:
+            return self.comm.recv_array(src, self._tag(kind, m))
+        if request in self._unfinished:
+            self._unfinished.remove(request)
+        return request.wait()
 
     def finish(self) -> None:
         for p in self.pending:
@@ -129,6 +157,7 @@ class _StageRun:
             else:  # send_grad
                 self.transport.send(self.index, self.index - 1, "grad", m, self.grad_in.pop(m))
             self.done += 1
+            self.transport.progress()
 
     def _forward(self, m: int) -> None:
         with trace.span("forward", stage=self.index, micro_batch=m):
@@ -186,7 +215,10 @@ class PipelineParallel(Module):
     parameters' .grad (no optimizer step) and returns that mean as a float on every rank;
     afterwards `peak_live_activations[stage]` is the most micro-batches whose activations
     (tapes) that stage held at once in the step (counted, not derived from the schedule).
-    Messages: activations forward, gradients backward, as non-blocking sends.
+    Messages: activations forward, gradients backward, as non-blocking sends; across ranks
+    every receive of a step is posted at its start (MPI_Irecv of the header, then of the
+    data once the header is in, checked between actions) and waited where the schedule
+    uses it.
     """
 
     def __init__(self, stages: Sequence[Module | Callable[[], Module]],
@@ -282,6 +314,11 @@ class PipelineParallel(Module):
         transport = _LocalTransport() if self.comm is None else _MpiTransport(self.comm)
         runs = {i: _StageRun(self, i, transport, inputs, targets, loss_fn, before_last_backward)
                 for i in owned}
+        for i in owned:  # every receive of the step, posted now, waited at use
+            for a in schedule[i]:
+                if a.kind in ("recv_act", "recv_grad"):
+                    src = i - 1 if a.kind == "recv_act" else i + 1
+                    transport.post(src, i, a.kind[5:], a.micro_batch)
         programs = {i: runs[i].program(schedule[i]) for i in owned}
         while programs:
             before = sum(r.done for r in runs.values())

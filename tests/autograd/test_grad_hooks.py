@@ -8,7 +8,8 @@ import pytest
 
 import autograd as ag
 import gpuplan as gp
-from autograd import nn, tape as tape_mod
+from autograd import nn
+from autograd import tape as tape_mod
 
 
 def leaf(values, device="cpu", dtype=np.float64):

@@ -98,3 +98,46 @@ def test_watchdog_report_names_outstanding_requests():
     finally:
         watchdog.unwatch_request(token)
     assert "outstanding" not in dog.describe("barrier", "world", None, 6.0)
+
+
+@mpi
+@pytest.mark.parametrize("shape", [(4, 3), (0, 5), ()])
+@pytest.mark.parametrize("dtype", [np.float64, gp.bfloat16])
+def test_irecv_array_posted_before_the_send(world, device, shape, dtype):
+    """Around a ring: every rank posts its receive, the ranks meet (so no send has been
+    made yet: progress() finds nothing), then each sends; wait() returns the array."""
+    right, left = (world.rank + 1) % world.size, (world.rank - 1) % world.size
+    request = world.irecv_array(left, tag=9)
+    assert not request.progress()
+    world.barrier()
+    x = on(device, rank_data(world.rank, shape, dtype, salt=4))
+    sent = world.isend_array(x, right, tag=9)
+    got = request.wait()
+    sent.wait()
+    assert got.shape == shape and got.dtype == dtype and gp.device_of(got) == device
+    np.testing.assert_array_equal(f64(got), f64(on(device, rank_data(left, shape, dtype, 4))))
+    assert request.progress() and request.wait() is got
+
+
+@mpi
+def test_pipeline_posts_every_receive_before_its_first_action(world, monkeypatch):
+    """Each stage posts all of a step's receives (irecv_array) before it runs anything,
+    waits each where its schedule uses it, and none is left posted."""
+    from autograd import nn
+    from dist import PipelineParallel, PipelineStage
+    from dist.pipeline import runner
+
+    n = world.size
+    stages = [lambda s=s: PipelineStage(s).add_layer(nn.Linear(4, 4, dtype=np.float64,
+                                                               seed=s)) for s in range(n)]
+    pipe = PipelineParallel(stages, num_micro_batches=3, comm=world)
+    log = []
+    real_post, real_forward = runner._MpiTransport.post, runner._StageRun._forward
+    monkeypatch.setattr(runner._MpiTransport, "post",
+                        lambda self, *a: (log.append("post"), real_post(self, *a))[1])
+    monkeypatch.setattr(runner._StageRun, "_forward",
+                        lambda self, m: (log.append("forward"), real_forward(self, m))[1])
+    x = np.ones((6, 4))
+    pipe.train_step(x, np.zeros(6), lambda out, t: (out * out).sum())
+    posts = 3 * ((world.rank > 0) + (world.rank < n - 1))
+    assert log == ["post"] * posts + ["forward"] * 3
