@@ -17,16 +17,22 @@ from gpuplan import backend
 from gpuplan.dtypes import as_dtype
 
 DEFAULT_BUCKET_BYTES = 25 * 1024 * 1024
+#: The overlapped reducer's first bucket (the last layers' gradients, final first): small, so
+#: that the first reduction starts early in backward (PyTorch DDP caps its first at 1 MiB too).
+DEFAULT_FIRST_BUCKET_BYTES = 1024 * 1024
 
 
-def _buckets(params: list[Parameter], bucket_bytes: int) -> list[list[Parameter]]:
+def _buckets(params: list[Parameter], bucket_bytes: int,
+             first_bytes: int | None = None) -> list[list[Parameter]]:
     """Consecutive runs of parameters with one dtype and device, each <= bucket_bytes
-    (a single larger parameter gets a bucket of its own)."""
+    (the first <= first_bytes when given; a single larger parameter gets a bucket of its
+    own)."""
     buckets: list[list[Parameter]] = []
     size = 0
     for p in params:
         current = buckets[-1] if buckets else None
-        fits = current is not None and size + p.data.nbytes <= bucket_bytes
+        cap = first_bytes if first_bytes is not None and len(buckets) == 1 else bucket_bytes
+        fits = current is not None and size + p.data.nbytes <= cap
         same = current is not None and (current[0].dtype, current[0].device) == (p.dtype,
                                                                                  p.device)
         if fits and same:
@@ -88,7 +94,8 @@ class OverlappedGradReducer:
     """The gradient all-reduce of `allreduce_gradients`, started during backward.
 
     The parameters are put in buckets of about `bucket_bytes` in reverse order (one dtype
-    and device each), the order in which backward finishes their gradients. Each parameter
+    and device each; the first of about `first_bucket_bytes`), the order in which backward
+    finishes their gradients. Each parameter
     gets a post-accumulate gradient hook (`Tensor.register_post_accumulate_grad_hook`);
     after `arm()`, the backward that follows starts a bucket's non-blocking all-reduce
     (`Communicator.iall_reduce`) as soon as the gradients of all its parameters are final
@@ -106,12 +113,14 @@ class OverlappedGradReducer:
     """
 
     def __init__(self, parameters: Iterable[Parameter], comm: Communicator,
-                 average: bool = True, bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> None:
+                 average: bool = True, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+                 first_bucket_bytes: int = DEFAULT_FIRST_BUCKET_BYTES) -> None:
         seen: set[int] = set()
         self.params = [p for p in parameters if p.requires_grad
                        and not (id(p) in seen or seen.add(id(p)))]
         self.comm, self.average = comm, average
-        self.buckets = _buckets(self.params[::-1], bucket_bytes)
+        self.buckets = _buckets(self.params[::-1], bucket_bytes,
+                                min(first_bucket_bytes, bucket_bytes))
         self._bucket_of = {id(p): i for i, b in enumerate(self.buckets) for p in b}
         self._handles = [p.register_post_accumulate_grad_hook(self._on_final)
                          for p in self.params]
@@ -119,6 +128,7 @@ class OverlappedGradReducer:
         self._final = [0] * len(self.buckets)
         self._seen: set[int] = set()
         self._started: list[tuple[list[Parameter], list[bool], Any]] = []
+        self._tested = 0  # started requests known to be complete
         _REDUCERS.add(self)
 
     @property
@@ -152,6 +162,16 @@ class OverlappedGradReducer:
         while nxt < len(self.buckets) and self._final[nxt] == len(self.buckets[nxt]):
             self._start(nxt)
             nxt += 1
+        self._progress()
+
+    def _progress(self) -> None:
+        """Test the oldest unfinished request: without an asynchronous progress thread MPI
+        moves a non-blocking collective only inside MPI calls, so backward pokes it at each
+        final gradient (one MPI_Test)."""
+        for _, _, request in self._started[self._tested:]:
+            if not request.test():
+                return
+            self._tested += 1
 
     def _start(self, i: int) -> None:
         bucket = self.buckets[i]
@@ -169,7 +189,7 @@ class OverlappedGradReducer:
         self.armed = False
         for i in range(len(self._started), len(self.buckets)):
             self._start(i)
-        started, self._started = self._started, []
+        started, self._started, self._tested = self._started, [], 0
         flags = np.array([h for _, had, _ in started for h in had], np.int32)
         flags = self.comm.all_reduce(flags, "max")
         written = []

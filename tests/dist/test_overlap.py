@@ -182,3 +182,14 @@ def test_allreduce_gradients_finishes_a_pending_reducer(world):
 def test_no_reducer_without_data_parallelism():
     model = ParallelGPT(nn.GPTConfig(**CFG), num_micro_batches=2)
     assert model.overlap_grad_reduce and model.grad_reducer() is None
+
+
+def test_reverse_buckets_with_a_small_first_one(world):
+    """Buckets follow backward's order (last parameter first); the first is capped at
+    first_bucket_bytes so the first reduction starts early."""
+    params = [nn.Parameter(np.zeros(n)) for n in (4, 4, 2, 2, 1, 3)]  # float64: 8 B each
+    reducer = OverlappedGradReducer(params, world, bucket_bytes=64, first_bucket_bytes=24)
+    try:
+        assert [[p.data.size for p in b] for b in reducer.buckets] == [[3], [1, 2, 2], [4, 4]]
+    finally:
+        reducer.remove()
