@@ -156,6 +156,14 @@ class Plan:
     def _prepare(self) -> None:
         """Derive per-plan launch constants from ``self.desc`` (once, at select)."""
 
+    def _host_producer(self) -> Any:
+        """Optionally, for the host call (`_host_call`): a function of the given operands
+        (declaration order) returning the outputs `_run_impl` would write into fresh ones,
+        allocated by itself (same shapes and dtypes, C-contiguous, overlapping no operand:
+        a NumPy ufunc without ``out=`` spares the host call its empty and its args). None
+        (the default): the host call allocates the outputs and runs `_run_impl`."""
+        return None
+
     # -- selection -------------------------------------------------------------------
     @classmethod
     def select(cls, stream: Stream, desc: Any, pref: PlanPreference | None = None) -> Plan:
@@ -341,21 +349,26 @@ def _host_call(plan: Plan) -> tuple[Any, Any] | None:
         scope[f"S{k}"], scope[f"D{k}"] = shape, dtype
         tests.append(f"type({name}) is ndarray and {name}.shape == S{k} and "
                      f"{name}.dtype is D{k} and {name}.flags.carray")
-    lines = []
-    for k, (name, shape, dtype) in enumerate(plan._allocs):
-        scope[f"A{k}"], scope[f"E{k}"] = shape, dtype
-        lines.append(f"        {name} = empty(A{k}, E{k})")
-    fields = [o.name for o in spec.operands]
-    for k, s in enumerate(spec.scalars):
-        scope[f"V{k}"] = s.default
-        fields.append(f"V{k}")
-    outs = spec.outputs
-    ret = outs[0] if len(outs) == 1 else "(" + ", ".join(outs) + ",)"
     params = ", ".join(given)
+    produce = plan._host_producer()
+    if produce is not None:
+        scope["produce"] = produce
+        body = f"        return produce({params})\n"
+    else:
+        lines = []
+        for k, (name, shape, dtype) in enumerate(plan._allocs):
+            scope[f"A{k}"], scope[f"E{k}"] = shape, dtype
+            lines.append(f"        {name} = empty(A{k}, E{k})\n")
+        fields = [o.name for o in spec.operands]
+        for k, s in enumerate(spec.scalars):
+            scope[f"V{k}"] = s.default
+            fields.append(f"V{k}")
+        outs = spec.outputs
+        ret = outs[0] if len(outs) == 1 else "(" + ", ".join(outs) + ",)"
+        body = ("".join(lines) + f"        run(STREAM, NOWS, Args({', '.join(fields)}))\n"
+                f"        return {ret}\n")
     src = (f"def by_position({params}):\n"
-           f"    if ({' and '.join(tests)}):\n" + "\n".join(lines) + "\n"
-           f"        run(STREAM, NOWS, Args({', '.join(fields)}))\n"
-           f"        return {ret}\n"
+           f"    if ({' and '.join(tests)}):\n" + body +
            f"    return MISS\n"
            f"def by_keywords(ops):\n"
            f"    if len(ops) == {len(given)}:\n"

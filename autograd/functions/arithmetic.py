@@ -32,6 +32,8 @@ _ROWS = {op.name: op for op in BINARY_OPS}
 _TAKES = frozenset((op.name, d) for op in BINARY_OPS for d in BINARY_DTYPES
                    if dtype_kind(d) in op.kinds)
 _BOOL = np.dtype(np.bool_)
+#: the ops whose gradient reads a and b (Binary saves them).
+_READS = frozenset(op.name for op in BINARY_OPS if op.reads_operands)
 
 
 class Binary(Function):
@@ -43,10 +45,10 @@ class Binary(Function):
     @staticmethod
     def forward(ctx, a, b, name):
         ctx.name = name
-        if _ROWS[name].reads_operands:
+        if name in _READS:
             ctx.save_for_backward(a, b)
         else:
-            ctx.shapes = (tuple(a.shape), tuple(b.shape))
+            ctx.shapes = (a.shape, b.shape)  # (array shapes are tuples)
         # The family function itself: a and b are tensors' arrays, the inputs the
         # functional API's guard (gpuplan.functional) is there to vet.
         return binary_arrays(name, a, b)

@@ -188,6 +188,30 @@ class BinaryPlan(_BroadcastPlan):
         self._grid = _grid(cdiv(self._n, pack) if self._cand.variant == "contiguous"
                            else self._n)
 
+    def _host_producer(self) -> Any:
+        """The ufunc itself, quiet, for same-shape operands (not 0-d: a ufunc gives those a
+        NumPy scalar) already in the accumulator dtype, when its result has c's dtype: it
+        allocates c (C-contiguous, as a and b are) and spares the host call np.empty."""
+        d, forward = self.desc, self._math.forward
+        if not (self._in_place and d.a_shape == d.b_shape and d.a_shape
+                and isinstance(forward, np.ufunc)):
+            return None
+        dt = as_dtype(d.dtype)
+        try:
+            if forward.resolve_dtypes((dt, dt, None))[-1] != self._resolved.dtypes["c"]:
+                return None
+        except TypeError:  # (no loop for these dtypes: the general path says so)
+            return None
+
+        def produce(a: Any, b: Any) -> Any:
+            token = fp_quiet()
+            try:
+                return forward(a, b)
+            finally:
+                fp_restore(token)
+
+        return produce
+
     def _run_numpy(self, stream: Stream, ws: Workspace, args: Any) -> None:
         token = fp_quiet()
         try:
