@@ -127,3 +127,17 @@ def test_pipeline_activations_count_the_micro_batches_in_flight(world, schedule)
     assert memory.micro_batches_in_flight(model) == live
     assert live == (4 if schedule == "gpipe" else min(4, world.size - world.rank))
     assert memory.activation_bytes(model, x, y) == per * live > 0
+
+
+@pytest.mark.gpu
+def test_the_cupy_pool_counts_what_is_allocated(accelerator):
+    if accelerator != "cuda":
+        pytest.skip("the CuPy pool exists on a GPU only (the emulated device has none)")
+    before = memory.pool_bytes("cuda")
+    a = gp.asarray(np.zeros(1 << 20, np.float32), device="cuda")
+    used, held = memory.pool_bytes("cuda")
+    assert used >= before[0] + a.nbytes and held >= used
+    model = ParallelGPT(nn.GPTConfig(**SHAPE), device="cuda")
+    report = memory.MemoryReport.measure(model, optim.AdamW(model.parameters()), 0, 0, "cuda")
+    assert report.params == 4 * _elements(model.parameters())
+    assert report.pool_used >= used and report.pool_held >= report.pool_used
