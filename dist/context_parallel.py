@@ -144,10 +144,17 @@ def _blocks(size: int, rank: int, src: int) -> list[tuple[int, slice, bool]]:
     return out
 
 
+def _accumulator(dtype: Any) -> Any:
+    """The dtype partial results and gradient sums are kept in: float32 for 16-bit inputs
+    (their blocks come from several ring steps), the inputs' own otherwise."""
+    dtype = np.dtype(dtype)
+    return np.dtype(np.float32) if dtype.itemsize < 4 else dtype
+
+
 def _merge(o: Any, lse: Any, o_blk: Any, lse_blk: Any) -> tuple[Any, Any]:
     """The log-sum-exp merge of two partial attention results over disjoint key sets."""
     if o is None:
-        return o_blk, lse_blk
+        return o_blk.astype(_accumulator(o_blk.dtype), copy=False), lse_blk
     xp = backend.array_namespace(o)
     new = xp.logaddexp(lse, lse_blk)
     return (o * xp.exp(lse - new)[..., None] + o_blk * xp.exp(lse_blk - new)[..., None], new)
@@ -179,7 +186,7 @@ class RingAttention(Function):
                 outs[a], lses[a] = _merge(outs[a], lses[a], o_blk, lse_blk)
             if ring is not None:
                 kv = ring.wait()
-        o = backend.concatenate(outs, axis=1)
+        o = backend.concatenate(outs, axis=1).astype(q3.dtype, copy=False)
         lse = backend.concatenate(lses, axis=1)
         ctx.comm, ctx.scale, ctx.group, ctx.shapes = comm, scale, group, (q.shape, k.shape)
         ctx.save_for_backward(q3, backend.ascontiguous(k3), backend.ascontiguous(v3), o, lse)
@@ -194,13 +201,14 @@ class RingAttention(Function):
         xp = backend.array_namespace(q3)
         do3 = backend.ascontiguous(dout.reshape(o.shape))
         halves = [slice(0, c), slice(c, 2 * c)]
-        dq = xp.zeros_like(q3)
+        acc = _accumulator(q3.dtype)
+        dq = xp.zeros(q3.shape, dtype=acc)
         kv = backend.stack([k3, v3])
         grads = None  # the partial dK/dV of the current K/V's owner, from the previous rank
         incoming = None
         for step in range(n):
             ring = _RingExchange(comm, kv, KV_TAG) if step < n - 1 else None
-            part = xp.zeros_like(kv)
+            part = xp.zeros(kv.shape, dtype=acc)
             for a, cols, causal in _blocks(n, r, (r - step) % n):
                 keys, rows = slice(cols.start * c, cols.stop * c), halves[a]
                 dq_blk, dk_blk, dv_blk = F.attention_backward(
@@ -216,9 +224,10 @@ class RingAttention(Function):
         grads = incoming.wait()  # the whole dK/dV of this rank's own keys and values
         q_shape, k_shape = ctx.shapes
         need_q, need_k, need_v = ctx.needs_input_grad
-        return (dq.reshape(q_shape) if need_q else None,
-                grads[0].reshape(k_shape) if need_k else None,
-                grads[1].reshape(k_shape) if need_v else None)
+        dtype = q3.dtype
+        return (dq.astype(dtype, copy=False).reshape(q_shape) if need_q else None,
+                grads[0].astype(dtype, copy=False).reshape(k_shape) if need_k else None,
+                grads[1].astype(dtype, copy=False).reshape(k_shape) if need_v else None)
 
 
 def ring_attention(q: Tensor, k: Tensor, v: Tensor, comm: Communicator | None,

@@ -77,6 +77,27 @@ def test_ring_attention_equals_dense_causal_attention(world, device, heads, kv_h
 
 
 @pytest.mark.mpi
+def test_ring_attention_in_bfloat16_keeps_the_dtype_and_sums_in_float32(world):
+    """bf16 q, k, v: output and gradients bf16, within bf16 rounding of the f64 ring (the
+    partial results and gradient sums are float32 across the ring steps)."""
+    from gpuplan.dtypes import bfloat16
+
+    q, k, v = qkv(4, 2, 4 * world.size, seed=6)
+    dout = np.random.default_rng(7).standard_normal(q.shape)
+    results = {}
+    for dtype in (np.float64, bfloat16):
+        local = [ag.tensor(take_local(a, world, axis=2).astype(dtype), requires_grad=True)
+                 for a in (q, k, v)]
+        out = ring_attention(*local, world)
+        (out * ag.tensor(take_local(dout, world, axis=2).astype(dtype))).sum().backward()
+        results[dtype] = [out] + [t.grad for t in local]
+    for want, got in zip(results[np.float64], results[bfloat16], strict=True):
+        assert got.dtype == bfloat16
+        np.testing.assert_allclose(got.numpy().astype(np.float64), want.numpy(), rtol=0.05,
+                                   atol=0.05)
+
+
+@pytest.mark.mpi
 def test_ring_attention_finite_differences(world):
     """Finite differences of the ring's loss ``sum over ranks <out_r, w_r>`` against its
     backward: each global entry of q, k, v is perturbed on the rank that holds it."""
