@@ -14,11 +14,12 @@ import gpuplan as gp
 from autograd import nn, optim
 from dist import trace
 from dist.data_parallel import OverlappedGradReducer
-from dist.models import ParallelGPT
+from dist.models import ParallelGPT, ParallelLlama
 from tests.dist.models.helpers import LAYOUTS, check_against_dense, rows_of
 
 F64 = np.float64
 CFG = dict(vocab_size=37, block_size=8, n_layer=4, n_head=4, n_embd=16, dtype=F64, seed=5)
+LLAMA = dict(CFG, ffn_hidden=24, n_kv_head=2)
 BATCH, STEPS, BUCKET = 8, 3, 2048  # small buckets: several per stage
 
 
@@ -58,8 +59,8 @@ def train(model, mesh, dp, overlap: bool, steps: int = STEPS):
     return losses, weights, started
 
 
-def dense_run():
-    model = nn.GPT(nn.GPTConfig(**CFG))
+def dense_run(llama: bool = False):
+    model = nn.Llama(nn.LlamaConfig(**LLAMA)) if llama else nn.GPT(nn.GPTConfig(**CFG))
     opt = optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
     losses = []
     for x, y in batches():
@@ -73,21 +74,26 @@ def dense_run():
 
 
 CASES = [("dp", {}), ("dp2xpp2", {}), ("dp2xtp2", {}),
-         ("dp2xtp2", {"sequence_parallel": True}), ("dp", {"dtype": gp.bfloat16})]
+         ("dp2xtp2", {"sequence_parallel": True}), ("dp", {"dtype": gp.bfloat16}),
+         ("dp", {"llama": True}), ("dp2xpp2", {"llama": True})]
 
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("layout,options", CASES,
-                         ids=["dp", "dp2xpp2", "dp2xtp2", "dp2xtp2-sp", "dp-bf16"])
+                         ids=["dp", "dp2xpp2", "dp2xtp2", "dp2xtp2-sp", "dp-bf16", "dp-llama",
+                              "dp2xpp2-llama"])
 def test_overlap_equals_blocking_and_one_process(world, layout, options):
     dp, pp, tp = LAYOUTS[layout](world.size)
     if dp * pp * tp != world.size or dp != 2:
         pytest.skip(f"{layout} with dp=2 needs {2 * pp * tp} ranks")
     mesh = dist.ProcessMesh(dp=dp, pp=pp, tp=tp, world=world)
-    cfg = nn.GPTConfig(**CFG)
+    options = dict(options)
+    llama = options.pop("llama", False)
+    cls, cfg = ((ParallelLlama, nn.LlamaConfig(**LLAMA)) if llama
+                else (ParallelGPT, nn.GPTConfig(**CFG)))
     runs = {}
     for overlap in (True, False):
-        model = ParallelGPT(cfg, mesh, num_micro_batches=2, **options)
+        model = cls(cfg, mesh, num_micro_batches=2, **options)
         runs[overlap] = train(model, mesh, dp, overlap)
     (l_on, w_on, started), (l_off, w_off, _) = runs[True], runs[False]
     assert started >= 2  # the backward started buckets itself
@@ -96,7 +102,7 @@ def test_overlap_equals_blocking_and_one_process(world, layout, options):
         assert np.array_equal(w_on[name], w_off[name]), name
     if "dtype" in options:
         return
-    dense, losses = dense_run()
+    dense, losses = dense_run(llama)
     np.testing.assert_allclose(l_on, losses, rtol=1e-12)
     check_against_dense(model, dense, what="value", rtol=1e-9, atol=1e-12)
 
