@@ -20,7 +20,7 @@ import numpy as np
 
 from dist import trace
 from dist.mpi_wait import POLLING_MODES, poll_until
-from dist.staging import copy_to_device
+from dist.staging import copy_to_device, sync_current_stream
 from dist.watchdog import unwatch_request, watch_request, watched
 from gpuplan import backend
 from gpuplan.dtypes import as_dtype
@@ -172,6 +172,10 @@ class PendingRecv:
             buf = self._host
         else:
             buf = out.reshape(-1).view(backend.array_namespace(out).uint8)
+            if backend.is_device_array(out):
+                # CUDA-aware MPI writes outside the stream's order: the pool may hand out
+                # memory that queued kernels still read.
+                sync_current_stream()
         self._data_request = self._comm.mpi_comm.Irecv(buf, source=self.source, tag=self.tag)
 
     def _wait_now(self) -> None:
