@@ -95,15 +95,14 @@ class OverlappedGradReducer:
 
     The parameters are put in buckets of about `bucket_bytes` in reverse order (one dtype
     and device each; the first of about `first_bucket_bytes`), the order in which backward
-    finishes their gradients. Each parameter
-    gets a post-accumulate gradient hook (`Tensor.register_post_accumulate_grad_hook`);
-    after `arm()`, the backward that follows starts a bucket's non-blocking all-reduce
-    (`Communicator.iall_reduce`) as soon as the gradients of all its parameters are final
-    and every earlier bucket has started, so all ranks post the same buckets in the same
-    order. `finish()` (which `allreduce_gradients` over the same communicator calls) starts
-    the buckets the backward left, waits for all of them and writes the results into
-    ``.grad``. Arm it only before the backward of the last micro-batch of a step: a later
-    change to a gradient that has been sent is lost.
+    finishes their gradients. Each parameter gets a post-accumulate gradient hook
+    (`Tensor.register_post_accumulate_grad_hook`); after `arm()`, the backward that follows
+    starts a bucket's non-blocking all-reduce (`Communicator.iall_reduce`) as soon as the
+    gradients of all its parameters are final and every earlier bucket has started, so all
+    ranks post the same buckets in the same order. `finish()` (which `allreduce_gradients`
+    over the same communicator calls) starts the buckets the backward left, waits for all of
+    them and writes the results into ``.grad``. Arm it only before the backward of the last
+    micro-batch of a step: a later change to a gradient that has been sent is lost.
 
     The result is `allreduce_gradients`'s, bit for bit at two ranks (each element is the
     same sum of the same values, f16/bf16 in float32, then the same division; with more
