@@ -57,25 +57,39 @@ class Function:
         """Run forward on the arrays; record a tape node when grad mode is on and some
         Tensor input requires grad. Returns a Tensor or a tuple of Tensors."""
         ctx = Context()
-        arrays = []
-        parents = []
-        needs = []
-        record = False
-        for a in args:
-            if isinstance(a, TensorBase):
-                arrays.append(a.data)
-                if a.requires_grad:
-                    record = True
-                    needs.append(True)
-                    node = a._node
-                    parents.append(a if node is None else (node, a._out_index))
-                    continue
+        if len(args) == 2 and isinstance(a := args[0], TensorBase) and isinstance(
+                b := args[1], TensorBase):  # two tensors (binary ops, matmul): no lists
+            arrays = [a.data, b.data]
+            ra, rb = a.requires_grad, b.requires_grad
+            record = (ra or rb) and grad_mode._enabled
+            if record:
+                ctx.needs_input_grad = (ra, rb)
+                na, nb = a._node, b._node
+                parents = ((a if na is None else (na, a._out_index)) if ra else None,
+                           (b if nb is None else (nb, b._out_index)) if rb else None)
             else:
-                arrays.append(a)
-            needs.append(False)
-            parents.append(None)
-        record = record and grad_mode._enabled
-        ctx.needs_input_grad = tuple(needs) if record else (False,) * len(args)
+                ctx.needs_input_grad = (False, False)
+        else:
+            arrays = []
+            parent_list = []
+            needs = []
+            record = False
+            for a in args:
+                if isinstance(a, TensorBase):
+                    arrays.append(a.data)
+                    if a.requires_grad:
+                        record = True
+                        needs.append(True)
+                        node = a._node
+                        parent_list.append(a if node is None else (node, a._out_index))
+                        continue
+                else:
+                    arrays.append(a)
+                needs.append(False)
+                parent_list.append(None)
+            record = record and grad_mode._enabled
+            ctx.needs_input_grad = tuple(needs) if record else (False,) * len(args)
+            parents = tuple(parent_list)
         out = cls.forward(ctx, *arrays, **kwargs)
         if record and ctx.saved and grad_mode._inference_used:
             for a in args:  # torch's rule: no inference tensor saved for backward
@@ -84,18 +98,18 @@ class Function:
         if anomaly._enabled:
             anomaly.on_forward(cls, ctx, out, arrays)
         if type(out) is not tuple:  # one output (most ops), in line
-            t = tensor_base.TENSOR_CLASS(out)
-            if record:
-                tape = _open_tapes[-1] if _open_tapes else _default_tape
-                node = Node(cls, ctx, tuple(parents), ((out.shape, out.dtype),), tape)
-                tape._record(node)
-                t.requires_grad = True
-                t._node = node
+            if not record:
+                return tensor_base.TENSOR_CLASS(out)
+            tape = _open_tapes[-1] if _open_tapes else _default_tape
+            node = Node(cls, ctx, parents, ((out.shape, out.dtype),), tape)
+            tape._record(node)
+            t = tensor_base.TENSOR_CLASS(out, True)
+            t._node = node
             return t
         if not record:
             return tuple(tensor_base.TENSOR_CLASS(o) for o in out)
         tape = _open_tapes[-1] if _open_tapes else _default_tape
-        node = Node(cls, ctx, tuple(parents), tuple((o.shape, o.dtype) for o in out), tape)
+        node = Node(cls, ctx, parents, tuple((o.shape, o.dtype) for o in out), tape)
         tape._record(node)
         skip = ctx._non_differentiable
         results = []

@@ -17,6 +17,7 @@ first, so a rejected call writes nothing.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import math
 from collections.abc import Sequence
@@ -321,63 +322,81 @@ def _host_call(plan: Plan) -> tuple[Any, Any] | None:
     """A plan's host call, generated: straight-line code doing what `execute.call` does
     for a host call whose operands pass the short check (Resolved.host_rows: every given
     operand a NumPy array of its shape and dtype object, C-contiguous, aligned, writable):
-    allocate the outputs, build the args, `_run_impl`, return the outputs. Anything else
-    (another array type, a shape, dtype or layout off, an operand missing, unknown or
-    declared absent, an output passed) returns MISS. None when the plan's calls need more
-    than that (a cross-operand rule, a workspace, a scalar range or overlap rule, an empty
-    problem, a scalar without a default).
+    allocate the outputs, fill the args, `_run_impl`, return the outputs (or return what
+    `_host_producer` gives). Anything else (another array type, a shape, dtype or layout
+    off, an operand missing, unknown or declared absent, an output passed, a scalar given)
+    returns MISS. None when the plan's calls need more than that (a cross-operand rule, a
+    workspace, a scalar range or overlap rule, an empty problem, a scalar without a
+    default, args other than the spec's dataclass).
 
     Returned twice: ``by_keywords(ops)`` (the keywords `execute.call` got) and
     ``by_position(*given)`` (the given operands in declaration order, for a family's own
     wrapper)."""
     r = plan._resolved
     rows = r.host_rows
-    if rows is None or r.host_absent:
-        return None
     spec = plan.spec
-    if any(s.default is _REQUIRED for s in spec.scalars):
+    if rows is None or r.host_absent or any(s.default is _REQUIRED for s in spec.scalars):
         return None
     given = [name for name, _, _ in rows]
-    allocs = {name for name, _, _ in plan._allocs}
-    if not given or any(o.name not in allocs and o.name not in given for o in spec.operands):
+    allocs = [name for name, _, _ in plan._allocs]
+    fields = [o.name for o in spec.operands] + [s.name for s in spec.scalars]
+    if (not given or sorted(given + allocs) != sorted(o.name for o in spec.operands)
+            or any(not n.isidentifier() or n.startswith("_") for n in fields)
+            or [f.name for f in dataclasses.fields(spec.args_cls)] != fields):
         return None
-    scope: dict[str, Any] = {"ndarray": np.ndarray, "MISS": MISS, "empty": plan._empty,
-                             "run": plan._run_impl, "STREAM": plan._stream,
-                             "NOWS": _NO_WORKSPACE, "Args": spec.args_cls}
+    # Generated names start with "_": an operand's name (an identifier without one) is a
+    # local of its own.
+    scope: dict[str, Any] = {"_ndarray": np.ndarray, "_MISS": MISS, "_empty": plan._empty,
+                             "_run": plan._run_impl, "_STREAM": plan._stream,
+                             "_NOWS": _NO_WORKSPACE, "_Args": spec.args_cls,
+                             "_new": object.__new__}
     tests = []
     for k, (name, shape, dtype) in enumerate(rows):
-        scope[f"S{k}"], scope[f"D{k}"] = shape, dtype
-        tests.append(f"type({name}) is ndarray and {name}.shape == S{k} and "
-                     f"{name}.dtype is D{k} and {name}.flags.carray")
+        scope[f"_S{k}"], scope[f"_D{k}"] = shape, dtype
+        tests.append(f"type({name}) is _ndarray and {name}.shape == _S{k} and "
+                     f"{name}.dtype is _D{k} and {name}.flags.carray")
     params = ", ".join(given)
     produce = plan._host_producer()
     if produce is not None:
-        scope["produce"] = produce
-        body = f"        return produce({params})\n"
+        scope["_produce"] = produce
+        body = [f"return _produce({params})"]
     else:
-        lines = []
+        body = []
         for k, (name, shape, dtype) in enumerate(plan._allocs):
-            scope[f"A{k}"], scope[f"E{k}"] = shape, dtype
-            lines.append(f"        {name} = empty(A{k}, E{k})\n")
-        fields = [o.name for o in spec.operands]
+            scope[f"_A{k}"], scope[f"_E{k}"] = shape, dtype
+            body.append(f"{name} = _empty(_A{k}, _E{k})")
+        values = [o.name for o in spec.operands]
         for k, s in enumerate(spec.scalars):
-            scope[f"V{k}"] = s.default
-            fields.append(f"V{k}")
+            scope[f"_V{k}"] = s.default
+            values.append(f"_V{k}")
+        post_init = getattr(spec.args_cls, "__post_init__", None)
+        if post_init is not None and not getattr(post_init, "only_markers", False):
+            body.append(f"_args = _Args({', '.join(values)})")
+        else:  # every field set to a value: all the dataclass __init__ would do
+            body.append("_args = _new(_Args)")
+            body += [f"_args.{f} = {v}" for f, v in zip(fields, values, strict=True)]
         outs = spec.outputs
-        ret = outs[0] if len(outs) == 1 else "(" + ", ".join(outs) + ",)"
-        body = ("".join(lines) + f"        run(STREAM, NOWS, Args({', '.join(fields)}))\n"
-                f"        return {ret}\n")
-    src = (f"def by_position({params}):\n"
-           f"    if ({' and '.join(tests)}):\n" + body +
-           f"    return MISS\n"
-           f"def by_keywords(ops):\n"
-           f"    if len(ops) == {len(given)}:\n"
-           f"        return by_position({', '.join(f'ops.get({n!r})' for n in given)})\n"
-           f"    return MISS\n")
+        body.append("_run(_STREAM, _NOWS, _args)")
+        body.append("return " + (outs[0] if len(outs) == 1 else ", ".join(outs)))
+    test = " and ".join(tests)
+    # by_keywords repeats the body rather than calling by_position: one frame less in
+    # every execute.call.
+    src = "\n".join([
+        f"def by_position({params}):",
+        f"    if {test}:",
+        *("        " + line for line in body),
+        "    return _MISS",
+        "def by_keywords(ops):",
+        f"    if len(ops) == {len(given)}:",
+        *(f"        {n} = ops.get({n!r})" for n in given),
+        f"        if {test}:",
+        *("            " + line for line in body),
+        "    return _MISS",
+        ""])
     code = _HOST_CODE.get(src)
     if code is None:
         code = _HOST_CODE[src] = compile(src, f"<host call {plan.op}>", "exec")
-    exec(code, scope)  # noqa: S102 - operand names are the spec's identifiers
+    exec(code, scope)  # noqa: S102 - names checked above
     return scope["by_keywords"], scope["by_position"]
 
 

@@ -70,7 +70,10 @@ def _require(cls_name: str, names: tuple[str, ...]) -> Callable[[Any], None]:
     scope = {"_NOT_GIVEN": _NOT_GIVEN, "_refuse": _refuse}
     exec(f"def post_init(self):\n    if {test}:\n        _refuse(self, {cls_name!r}, "
          f"{names!r})\n", scope)
-    return scope["post_init"]
+    post_init = scope["post_init"]
+    #: it refuses the marker only (a caller setting every field to a value may skip it).
+    post_init.only_markers = True
+    return post_init
 
 
 def _refuse(args: Any, cls_name: str, names: tuple[str, ...]) -> None:

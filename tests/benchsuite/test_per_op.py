@@ -23,3 +23,18 @@ def test_unknown_ops_are_a_usage_error(capsys):
         per_op.main(["--ops", "add,nope"])
     assert exc.value.code == 2
     assert "unknown ops ['nope']" in capsys.readouterr().err
+
+
+def test_per_call_is_the_mean_of_the_timer_it_is_given():
+    ticks = iter([2.0, 2.6])
+    calls = []
+    mean = per_op.per_call(lambda: calls.append(1), 3, lambda: next(ticks))
+    assert len(calls) == 3
+    assert mean == pytest.approx(0.2)
+
+
+def test_unknown_timer_is_a_usage_error(capsys):
+    with pytest.raises(SystemExit) as exc:
+        per_op.main(["--timer", "sundial"])
+    assert exc.value.code == 2
+    assert "--timer" in capsys.readouterr().err
