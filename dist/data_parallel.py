@@ -141,8 +141,9 @@ class OverlappedGradReducer:
 
     def arm(self) -> None:
         """Start buckets from the hooks of the next backward (a second call before
-        `finish` does nothing)."""
-        if self.armed:
+        `finish` does nothing; so does a reducer without parameters, e.g. a model whose
+        parameters are all replicated copies reduced apart)."""
+        if self.armed or not self.buckets:
             return
         if self._started:
             raise RuntimeError("OverlappedGradReducer.arm: the previous step's reduction is "
