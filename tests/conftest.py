@@ -1,4 +1,5 @@
-"""Test configuration: the `device` fixture, gpu skipping, and mpi-only collection.
+"""Test configuration: the `device` fixture, gpu skipping, mpi-only collection, and an MPI
+that outlives the train.py jobs tests run in the pytest process.
 
 With GPUPLAN_DEVICE=emulated the `gpu`-marked tests run on the emulated device: the device
 fixture's accelerator parameter is "emulated", and "cuda" in a test resolves to it.
@@ -40,3 +41,23 @@ def device(request):
 def accelerator():
     """The device name `gpu`-marked tests run on ("cuda", or "emulated")."""
     return ACCELERATOR
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _mpi_outlives_in_process_jobs():
+    """Outside mpiexec, tests call train.py's main() in the pytest process (no interpreter
+    start-up per run). main() finalizes MPI when a job ends with an error, as a launched job
+    must; in a shared process that would leave the next in-process job an MPI already gone
+    (MPICH aborts the process). Here Finalize is left to the process's exit (mpi4py's own).
+    The launched runs (subprocess tests, the mpi stages) keep main()'s Finalize."""
+    if UNDER_MPI:
+        yield
+        return
+    from mpi4py import MPI  # initializes MPI (a world of one), as dist.init would
+
+    finalize = MPI.Finalize
+    MPI.Finalize = lambda: None
+    try:
+        yield
+    finally:
+        MPI.Finalize = finalize

@@ -12,7 +12,7 @@ import sys
 import numpy as np
 import pytest
 
-from tests.scripts.test_train import ENV, ROOT, TINY, _errors, run_many
+from tests.scripts.test_train import ENV, ROOT, TINY, _errors, run_here, run_many
 
 STEPS = ["--steps", "6", "--eval-interval", "3"]
 
@@ -25,8 +25,8 @@ def _history(out):
 def stopped(tmp_path_factory):
     """(tp2 x pp2 run stopped after step 3, uninterrupted one-process run of 6 steps)."""
     tmp = tmp_path_factory.mktemp("reshard")
-    part, ref = run_many([(4, [*TINY, *STEPS, "--out", str(tmp / "part"), "--stop-after", "3"]),
-                          (1, [*TINY, *STEPS, "--out", str(tmp / "ref")])])
+    part = run_many([(4, [*TINY, *STEPS, "--out", str(tmp / "part"), "--stop-after", "3"])])[0]
+    ref = run_here(*TINY, *STEPS, "--out", str(tmp / "ref"))
     assert part.returncode == 0 and "stopped after step 3" in part.stdout, part.stderr
     assert ref.returncode == 0, ref.stderr
     return tmp
@@ -35,9 +35,9 @@ def stopped(tmp_path_factory):
 def test_tp2_pp2_checkpoint_resumes_as_dp2_and_as_one_process(stopped):
     for name in ("dp2", "one"):
         shutil.copytree(stopped / "part", stopped / name)
-    dp2, one = run_many([(2, [*TINY, *STEPS, "--out", str(stopped / "dp2"), "--resume",
-                              "--dp", "2"]),
-                         (1, [*TINY, *STEPS, "--out", str(stopped / "one"), "--resume"])])
+    dp2 = run_many([(2, [*TINY, *STEPS, "--out", str(stopped / "dp2"), "--resume",
+                         "--dp", "2"])])[0]
+    one = run_here(*TINY, *STEPS, "--out", str(stopped / "one"), "--resume")
     ref = _history(stopped / "ref")
     for res, name in ((dp2, "dp2"), (one, "one")):
         assert res.returncode == 0 and "resumed at step 3" in res.stdout, res.stderr
@@ -79,10 +79,11 @@ def test_export_and_init_from_every_source(stopped, exported):
     assert all(np.array_equal(p.data, dense[n]) for n, p in model.named_parameters())
 
     one_step = [*TINY, "--steps", "2", "--eval-interval", "2"]
-    runs = run_many([(1, [*one_step, "--out", str(stopped / "i0")]),
-                     (1, [*one_step, "--out", str(stopped / "i1"), "--init-from", str(out)]),
-                     (2, [*one_step, "--out", str(stopped / "i2"), "--init-from", str(ckpt)]),
-                     (1, [*one_step, "--out", str(stopped / "i3"), "--init-from", str(gpt2)])])
+    runs = [run_here(*one_step, "--out", str(stopped / "i0")),
+            run_here(*one_step, "--out", str(stopped / "i1"), "--init-from", str(out)),
+            *run_many([(2, [*one_step, "--out", str(stopped / "i2"), "--init-from",
+                            str(ckpt)])]),
+            run_here(*one_step, "--out", str(stopped / "i3"), "--init-from", str(gpt2))]
     for r in runs:
         assert r.returncode == 0, r.stderr
     assert "weights from" in runs[1].stdout
@@ -95,12 +96,12 @@ def test_export_and_init_from_every_source(stopped, exported):
 def test_model_mismatch_is_one_line_exit_2(stopped, exported):
     shutil.copytree(stopped / "part", stopped / "wide")
     out = exported[0]
-    resume, init, tanh = run_many([
-        (1, [*TINY, *STEPS, "--out", str(stopped / "wide"), "--resume", "--n-embd", "32"]),
-        (1, [*TINY, *STEPS, "--out", str(stopped / "w2"), "--init-from", str(out),
-             "--n-embd", "32"]),
-        (1, [*TINY, *STEPS, "--out", str(stopped / "w3"), "--init-from", str(out),
-             "--activation", "gelu_tanh"])])
+    resume = run_here(*TINY, *STEPS, "--out", str(stopped / "wide"), "--resume", "--n-embd",
+                      "32")
+    init = run_here(*TINY, *STEPS, "--out", str(stopped / "w2"), "--init-from", str(out),
+                    "--n-embd", "32")
+    tanh = run_here(*TINY, *STEPS, "--out", str(stopped / "w3"), "--init-from", str(out),
+                    "--activation", "gelu_tanh")
     step_dir = stopped / "wide" / "checkpoint" / "step_000003"
     assert resume.returncode == 2 and _errors(resume) == [
         f"train.py: error: --resume: {step_dir}: the saved model has n_embd 16, this model "

@@ -16,7 +16,7 @@ import pytest
 from dist.trainer import data as data_mod
 from dist.trainer import prepare_data
 from tests.dist.trainer.test_data import TEXT, _error_cases, _token_folder
-from tests.scripts.test_train import _errors, run_many
+from tests.scripts.test_train import _errors, run_here, run_many
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ["--n-layer", "2", "--n-head", "2", "--n-embd", "16", "--block-size", "16",
@@ -50,8 +50,8 @@ def test_prepare_data_with_a_tokenizer_json(tmp_path):
     assert corpus.codec.decode(ids) == TEXT + sep + TEXT[:500] + sep
     # train.py takes vocabulary and dtype from meta.json; generate.py decodes with the
     # tokenizer the checkpoint's data named.
-    res = run_many([(1, [*TINY, "--data", str(tmp_path / "out"), "--steps", "2",
-                         "--out", str(tmp_path / "run")])])[0]
+    res = run_here(*TINY, "--data", str(tmp_path / "out"), "--steps", "2",
+                   "--out", str(tmp_path / "run"))
     assert res.returncode == 0, res.stderr[-3000:]
     assert f"vocabulary {meta['vocab_size']} (" in res.stdout
     gen = subprocess.run([sys.executable, str(ROOT / "scripts" / "generate.py"),
@@ -67,9 +67,9 @@ def test_a_token_folder_trains_under_mpiexec_like_one_process(tmp_path):
     folder = _token_folder(tmp_path / "owt")
     base = [*TINY, "--data", str(folder), "--vocab-size", "512", "--steps", "4",
             "--eval-interval", "2", "--out"]
-    runs = run_many([(1, [*base, str(tmp_path / "n1")]),
-                     (2, [*base, str(tmp_path / "n2"), "--dp", "2"]),
-                     (4, [*base, str(tmp_path / "n4"), "--dp", "2", "--pp", "2"])])
+    runs = [run_here(*base, str(tmp_path / "n1")),
+            *run_many([(2, [*base, str(tmp_path / "n2"), "--dp", "2"]),
+                       (4, [*base, str(tmp_path / "n4"), "--dp", "2", "--pp", "2"])])]
     for res in runs:
         assert res.returncode == 0, res.stderr[-3000:] + res.stdout[-2000:]
     assert "nanogpt uint16 ids, vocabulary 512 (5,400 train / 600 val tokens)" in \
