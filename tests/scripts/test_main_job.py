@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.scripts.test_train import _mpiexec
+from tests.scripts.test_train import _mpiexec, run_here
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "train.py"
@@ -41,14 +41,16 @@ def records(path: Path) -> list[dict]:
 
 def test_metrics_jsonl_survives_a_stop_and_a_resume_and_the_plot_is_drawn(tmp_path):
     out = tmp_path / "run"
-    first = train("--steps", "8", "--eval-interval", "2", "--stop-after", "4", "--out", str(out))
+    first = run_here(*TINY, "--steps", "8", "--eval-interval", "2", "--stop-after", "4",
+                     "--out", str(out))
     assert first.returncode == 0, first.stderr
     assert [r["step"] for r in records(out / "metrics.jsonl")] == [1, 2, 4]
     assert "| eta " in first.stdout  # the evaluation lines say how long is left
     # As if a run had gone on past its last checkpoint (step 4) and died mid-line:
     with open(out / "metrics.jsonl", "a") as f:
         f.write(json.dumps({"step": 6, "train_loss": 9.9}) + '\n{"step": 8, "trai')
-    second = train("--steps", "8", "--eval-interval", "2", "--resume", "--out", str(out))
+    second = run_here(*TINY, "--steps", "8", "--eval-interval", "2", "--resume", "--out",
+                      str(out))
     assert second.returncode == 0, second.stderr
     recs = records(out / "metrics.jsonl")
     assert [r["step"] for r in recs] == [1, 2, 4, 6, 8]
@@ -107,17 +109,20 @@ def test_launcher_of_another_mpi_is_refused(tmp_path, launch_env):
     assert not (tmp_path / "run").exists()
 
 
-def test_oversubscription_is_said_once_at_start(tmp_path):
+def test_oversubscription_is_said_once_at_start(tmp_path, monkeypatch):
+    for name in LAUNCHER_VARS:  # as ENV: this process's launcher (if any) says nothing
+        monkeypatch.delenv(name, raising=False)
     cores = len(os.sched_getaffinity(0))
-    res = train("--steps", "2", "--out", str(tmp_path / "run"),
-                env={"MPI_LOCALNRANKS": str(2 * cores)})
+    monkeypatch.setenv("MPI_LOCALNRANKS", str(2 * cores))
+    res = run_here(*TINY, "--steps", "2", "--out", str(tmp_path / "run"))
     assert res.returncode == 0, res.stderr
     notes = [line for line in res.stdout.splitlines() if line.startswith("note: ")]
     assert notes == [f"note: {2 * cores} ranks share {cores} core{'s' if cores > 1 else ''} "
                      f"on this node (2.0x oversubscribed): ranks yield the core while they wait "
                      f"for MPI (GPUPLAN_MPI_WAIT=auto), each runs 1 BLAS thread; one rank per "
                      f"core runs faster"]
-    plain = train("--steps", "2", "--out", str(tmp_path / "run2"))
+    monkeypatch.delenv("MPI_LOCALNRANKS")
+    plain = run_here(*TINY, "--steps", "2", "--out", str(tmp_path / "run2"))
     assert not [line for line in plain.stdout.splitlines() if line.startswith("note: ")]
 
 
