@@ -63,7 +63,7 @@ class Function:
             ra, rb = a.requires_grad, b.requires_grad
             record = (ra or rb) and grad_mode._enabled
             if record:
-                ctx.needs_input_grad = (ra, rb)
+                ctx.needs_input_grad = (True if ra else False, True if rb else False)
                 na, nb = a._node, b._node
                 parents = ((a if na is None else (na, a._out_index)) if ra else None,
                            (b if nb is None else (nb, b._out_index)) if rb else None)
