@@ -124,3 +124,21 @@ def test_no_host_call_where_the_plan_needs_more_or_off_the_host():
     empty = interned(BinaryDescriptor, "add", (0,), (0,), np.dtype(np.float32))
     assert host_call(BinaryPlan, empty) is None  # an empty problem runs nothing
     assert BinaryPlan.select(gp.Stream.emulated(), desc)._host_call is None
+
+
+def test_a_replaced_host_body_runs_instead_of_the_producer(monkeypatch):
+    calls = []
+
+    def spy(plan, stream, ws, args):
+        calls.append(args)
+        args.c[...] = 7
+
+    monkeypatch.setattr(BinaryPlan, "_run_numpy", spy)
+    clear_plan_cache()
+    a = np.ones((2, 2), np.float32)
+    try:
+        c = binary("add", a, a)
+    finally:
+        clear_plan_cache()
+    assert len(calls) == 1
+    np.testing.assert_array_equal(c, np.full((2, 2), 7, np.float32))
