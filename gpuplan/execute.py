@@ -77,13 +77,15 @@ def host_call(plan_cls: type[Plan], desc: Any) -> Callable[..., Any] | None:
     return None if fast is None else fast[1]
 
 
-def remember_host_call(cache: dict, key: Any, plan_cls: type[Plan], desc: Any) -> None:
-    """cache[key] = host_call(plan_cls, desc), the cache bounded as the plan cache is."""
+def remember_host_call(cache: dict, key: Any, plan_cls: type[Plan], desc: Any
+                       ) -> Callable[..., Any] | None:
+    """cache[key] = host_call(plan_cls, desc) (None included: asked once), the cache
+    bounded as the plan cache is; returns it."""
     fast = host_call(plan_cls, desc)
-    if fast is not None:
-        if len(cache) >= _MAX_PLANS:
-            cache.clear()
-        cache[key] = fast
+    if len(cache) >= _MAX_PLANS:
+        cache.clear()
+    cache[key] = fast
+    return fast
 
 
 def _workspace(plan: Plan, stream: Stream) -> Workspace | None:

@@ -110,6 +110,14 @@ def test_binary_takes_its_cache_and_falls_through_when_it_must():
         binary("bitwise_and", a, b)
 
 
+def test_binary_remembers_a_plan_without_host_call_once():
+    clear_plan_cache()
+    e = np.ones((0, 3), np.float32)
+    assert binary("add", e, e).shape == (0, 3)
+    assert binary_plans._HOST[("add", (0, 3), (0, 3), e.dtype)] is None
+    assert binary("add", e, e).shape == (0, 3)
+
+
 def test_clearing_the_plan_cache_empties_the_host_call_caches():
     a = np.ones((2, 3), np.float32)
     binary("sub", a, a)

@@ -394,7 +394,8 @@ def _contiguous(a: Any) -> Any:
     return backend.ascontiguous(a)
 
 
-#: (op, a_shape, b_shape, dtype) -> the host call of its BinaryPlan (execute.host_call).
+#: (op, a_shape, b_shape, dtype) -> the host call of its BinaryPlan (execute.host_call), or
+#: None where that plan has none (an empty problem).
 _HOST = host_calls()
 
 
@@ -405,13 +406,13 @@ def binary(name: str, a: Any, b: Any) -> Any:
         # The host call of a descriptor seen before: it checks a and b itself (MISS: not
         # ones it takes as they are; the general path below deals with them).
         key = (name, a.shape, b.shape, a.dtype)
-        fast = _HOST.get(key)
-        if fast is not None:
+        fast = _HOST.get(key, MISS)  # (MISS: not seen yet; None: the plan has none)
+        if fast is MISS and name in _INDEX:
+            fast = remember_host_call(_HOST, key, BinaryPlan, interned(BinaryDescriptor, *key))
+        if fast is not None and fast is not MISS:
             c = fast(a, b)
             if c is not MISS:
                 return c
-        elif name in _INDEX:
-            remember_host_call(_HOST, key, BinaryPlan, interned(BinaryDescriptor, *key))
     if type(a) is not np.ndarray or not a.flags.c_contiguous:
         a = _contiguous(a)
     if type(b) is not np.ndarray or not b.flags.c_contiguous:
