@@ -38,13 +38,14 @@ class TensorBase:
     _inference = False  # made under autograd.inference_mode()
 
     def __init__(self, data: Any, requires_grad: bool = False) -> None:
-        if isinstance(data, TensorBase):
-            data = data.data
-        elif not isinstance(data, np.ndarray) and not gp.is_device_array(data):
-            data = np.asarray(data)
+        if type(data) is not np.ndarray:  # (every op's result: tested first)
+            if isinstance(data, TensorBase):
+                data = data.data
+            elif not isinstance(data, np.ndarray) and not gp.is_device_array(data):
+                data = np.asarray(data)
         self.data = data
         self.grad: TensorBase | None = None
-        self.requires_grad = bool(requires_grad)
+        self.requires_grad = True if requires_grad else False
         self._node = None
         self._out_index = 0
         if _grad_mode._inference:

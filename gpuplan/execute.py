@@ -6,7 +6,10 @@ current CUDA stream for CuPy), reuses the plan selected earlier for the same (fa
 descriptor, preference, stream), allocates the outputs the caller did not pass (their
 shapes and dtypes come from the plan's spec), checks the operands once and runs. Outputs
 it allocated are right by construction and overlap nothing, so only the operands the
-caller gave are checked (the one validation of the call).
+caller gave are checked (the one validation of the call). On the host, a plan whose calls
+come down to that check and its body has the whole call generated once (Plan._host_call):
+`call` tries it first, and a family's wrapper may keep it per descriptor (`host_calls`,
+`host_call`: binary does); operands it does not take as they are go the general way.
 `execute(PlanCls, desc, args, like=x)` does the same for a ready-made args object.
 `concurrently(like, *calls)` runs independent calls, on the host over the host threads.
 """

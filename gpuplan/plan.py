@@ -8,8 +8,9 @@ A plan family subclasses `Plan` and provides:
 - ``_candidates(desc, stream)``: the SKUs able to run it on `stream`, best first;
 - ``_run_<variant>(stream, ws, args)`` for every variant it offers;
 - optionally ``_check_descriptor(desc)`` (call super) and ``_check_args(args)`` for the
-  cross-field rules a declaration cannot state, and ``_prepare()`` to derive per-plan
-  launch constants once (it runs in ``__init__``, after the operands are resolved).
+  cross-field rules a declaration cannot state, ``_prepare()`` to derive per-plan
+  launch constants once (it runs in ``__init__``, after the operands are resolved), and
+  ``_host_producer()`` for a host body that can allocate its own outputs (`_host_call`).
 
 `select` filters the candidates by the `PlanPreference`; `run` calls `can_implement`
 first, so a rejected call writes nothing.
