@@ -8,6 +8,7 @@ fixture's accelerator parameter is "emulated", and "cuda" in a test resolves to 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -16,7 +17,15 @@ import gpuplan as gp
 UNDER_MPI = int(os.environ.get("PMI_SIZE", os.environ.get("OMPI_COMM_WORLD_SIZE", "1"))) > 1
 
 
+#: The tests that launch whole train.py jobs (seconds each, the longest of the suite).
+LAUNCHED_JOBS = Path(__file__).resolve().parent / "scripts"
+
+
 def pytest_collection_modifyitems(config, items):
+    # The launched-job tests run first (a stable sort: files and their module fixtures stay
+    # together), so that under xdist the short tests fill the end of the run and no worker
+    # is left waiting alone on a long one.
+    items.sort(key=lambda item: not Path(item.path).is_relative_to(LAUNCHED_JOBS))
     skip_gpu = pytest.mark.skip(reason="no usable CUDA device")
     for item in items:
         if "gpu" in item.keywords and not gp.device_available():
