@@ -9,7 +9,7 @@ family's float64 reference (each family's cases: gpuplan/ops/<family>/cases.py).
 `executed N of M kernel instances, K failures` and exits non-zero unless N == M and K == 0.
 
     python scripts/check_kernels.py [--arch 80 90] [--module embedding] [--jobs 2]
-    python scripts/check_kernels.py --execute [--module embedding] [--device cuda]
+    python scripts/check_kernels.py --execute [--module embedding] [--device cuda] [--jobs 2]
 """
 
 from __future__ import annotations
@@ -113,52 +113,83 @@ def compile_all(mods: list, archs: list[str], jobs: int):
             yield mod, arch, result
 
 
-def execute(mods: list, families: list[str], quiet: bool, device: str) -> int:
-    """Run the kernel cases of `families` on `device` (the emulated device, or a GPU);
-    count the instances that really launched."""
+def _execute_family(job: tuple[str, str]) -> dict:
+    """Run one family's kernel cases on `device` (in a worker process, or in this one):
+    the counts, the failures as one line each, and the (file, instance) keys launched."""
+    import gpuplan  # noqa: F401 - imports every family, which declares its CudaModule
     from gpuplan import nvrtc, testing
     from gpuplan.ops import folder
 
+    family, device = job
     testing.set_device(device)
+    module = importlib.import_module(f"gpuplan.ops.{family}.cases")
+    cases = list(module.CASES)
+    gpu_cases = list(getattr(module, "GPU_CASES", ()))  # cuBLAS: a real GPU only
+    if device == "cuda":
+        cases += gpu_cases
+    files = {m.path.name for m in nvrtc.registry() if m.path.parent == folder(family)}
+    t0 = time.perf_counter()
+    failures: list[str] = []
+    for case in cases:
+        try:
+            case.run()
+        except Exception as exc:  # noqa: BLE001 - report every failing case
+            msg = str(exc).strip().splitlines()
+            where = traceback.extract_tb(exc.__traceback__)[-1]
+            failures.append(f"{family} {case.name}: {type(exc).__name__}: "
+                            f"{msg[0] if msg else ''} ({where.filename}:{where.lineno})")
+            print(f"FAIL {family} {case.name}:\n{exc}", file=sys.stderr)
+    return {"family": family, "files": sorted(files), "cases": len(cases),
+            "failures": failures, "seconds": time.perf_counter() - t0,
+            "launched": {k for k in nvrtc.LAUNCHED if k[0] in files},
+            "gpu_only": 0 if device == "cuda" else len(gpu_cases), "device": testing.DEVICE}
+
+
+def _execute_all(families: list[str], device: str, jobs: int):
+    """Yield each family's `_execute_family` result in the order given; `jobs` > 1 runs
+    families in that many spawned processes (each family's cases stay in one process, in
+    their order: a family's later cases may reuse what its earlier ones compiled)."""
+    work = [(f, device) for f in families]
+    if jobs <= 1 or len(work) <= 1:
+        yield from map(_execute_family, work)
+        return
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    # Spawned workers, as for compiling: a forked copy of a process that loaded CuPy is unsafe.
+    ctx = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=min(jobs, len(work)), mp_context=ctx) as pool:
+        yield from pool.map(_execute_family, work)
+
+
+def execute(mods: list, families: list[str], quiet: bool, device: str, jobs: int = 1) -> int:
+    """Run the kernel cases of `families` on `device` (the emulated device, or a GPU), one
+    family per process in `jobs` processes; count the instances that really launched."""
     declared = {(m.path.name, n) for m in mods for n in m.name_expressions}
     failures: list[str] = []
     gpu_only: list[str] = []
+    executed: set = set()
+    name = device
     t_all = time.perf_counter()
-    for family in families:
-        module = importlib.import_module(f"gpuplan.ops.{family}.cases")
-        cases = list(module.CASES)
-        gpu_cases = list(getattr(module, "GPU_CASES", ()))  # cuBLAS: a real GPU only
-        if device == "cuda":
-            cases += gpu_cases
-        elif gpu_cases:
-            gpu_only.append(f"{family}: {len(gpu_cases)}")
-        files = {m.path.name for m in mods if m.path.parent == folder(family)}
-        t0 = time.perf_counter()
-        bad = 0
-        for case in cases:
-            try:
-                case.run()
-            except Exception as exc:  # noqa: BLE001 - report every failing case
-                bad += 1
-                msg = str(exc).strip().splitlines()
-                where = traceback.extract_tb(exc.__traceback__)[-1]
-                failures.append(f"{family} {case.name}: {type(exc).__name__}: "
-                                f"{msg[0] if msg else ''} ({where.filename}:{where.lineno})")
-                print(f"FAIL {family} {case.name}:\n{exc}", file=sys.stderr)
-        ran = {k for k in nvrtc.LAUNCHED if k[0] in files}
-        print(f"{family} ({', '.join(sorted(files))}): {len(cases)} cases, {bad} failed, "
-              f"{len(ran & declared)} instances executed, {time.perf_counter() - t0:.1f} s")
-    executed = nvrtc.LAUNCHED & declared
+    for r in _execute_all(families, device, jobs):
+        failures += r["failures"]
+        executed |= r["launched"] & declared
+        name = r["device"]
+        if r["gpu_only"]:
+            gpu_only.append(f"{r['family']}: {r['gpu_only']}")
+        print(f"{r['family']} ({', '.join(r['files'])}): {r['cases']} cases, "
+              f"{len(r['failures'])} failed, {len(r['launched'] & declared)} instances "
+              f"executed, {r['seconds']:.1f} s")
     missing = sorted(declared - executed)
     if missing and not quiet:
         print("not executed:")
-    for mod, name in missing[:50] if quiet else missing:
-        print(f"  {mod}: {name}")
-    print(f"{testing.DEVICE} device: {len(mods)} modules in {time.perf_counter() - t_all:.0f} s")
+    for mod, kernel in missing[:50] if quiet else missing:
+        print(f"  {mod}: {kernel}")
+    print(f"{name} device: {len(mods)} modules in {time.perf_counter() - t_all:.0f} s")
     for f in failures:
         print(f"  {f}")
     if gpu_only:
-        print(f"not run on the {testing.DEVICE} device: the GPU-only cases (cuBLAS) of "
+        print(f"not run on the {name} device: the GPU-only cases (cuBLAS) of "
               f"{', '.join(gpu_only)}")
     print(f"executed {len(executed)} of {len(declared)} kernel instances, "
           f"{len(failures)} failures")
@@ -175,7 +206,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="only the modules of this op family (gpuplan/ops/FAMILY/)")
     ap.add_argument("--quiet", action="store_true", help="print only the summary and failures")
     ap.add_argument("--jobs", type=int, default=len(os.sched_getaffinity(0)),
-                    help="compile in this many processes (default: the usable CPUs)")
+                    help="compile (with --execute: run families) in this many processes "
+                         "(default: the usable CPUs)")
     ap.add_argument("--execute", action="store_true",
                     help="run every instance on the emulated device against its reference")
     ap.add_argument("--device", choices=["emulated", "cuda"], default="emulated",
@@ -205,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
         # The families whose folders hold the selected modules (a family may have several
         # .cu files, and a file may back several modules: gemm.cu's plain and fused ones).
         return execute(mods, list(dict.fromkeys(m.path.parent.name for m in mods)), ns.quiet,
-                       ns.device)
+                       ns.device, ns.jobs)
     failures: list[str] = []
     n_kernels = 0
     for mod, arch, result in compile_all(mods, ns.arch, ns.jobs):

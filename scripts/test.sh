@@ -45,7 +45,7 @@ echo "== kernel compile check =="
 python scripts/check_kernels.py --quiet --jobs "$jobs"
 
 echo "== every kernel instance on the emulated device =="
-python scripts/check_kernels.py --execute --quiet
+python scripts/check_kernels.py --execute --quiet --jobs "$jobs"
 
 echo "== the GPU check, rehearsed on the emulated device (scripts/gpu_check.py --device emulated) =="
 python -m pytest -q -m rehearsal -p no:xdist tests/benchsuite/test_gpu_check.py "$@"
