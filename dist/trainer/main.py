@@ -5,10 +5,13 @@
     mpiexec -n 8 python -m mpi4py scripts/train.py --tp 2 --pp 2 --dp 2 --steps 500
     python scripts/train.py --data notes.txt --n-layer 4     # one process
 
-Layout: world rank = (dp_i * pp + pp_i) * tp + tp_i (tensor-parallel ranks adjacent). With
-no --tp/--pp/--dp the layout is derived from the rank count N: tp = 2 when N is even, then
-pp = 2 when N / tp is even, dp = the rest (N=4 -> tp 2 x pp 2; N=8 -> 2 x 2 x 2). Given
-some of them, the missing ones fill the rest (dp first, then pp, then tp).
+Layout: world rank = ((dp_i * pp + pp_i) * cp + cp_i) * tp + tp_i (tensor-parallel ranks
+adjacent, then context-parallel). --cp C (default 1; context parallelism: each of C ranks
+holds chunks i and 2C-1-i of every sequence, attention is ring attention) is taken first,
+and N below is the rank count over C. With no --tp/--pp/--dp the layout is derived from N:
+tp = 2 when N is even, then pp = 2 when N / tp is even, dp = the rest (N=4 -> tp 2 x pp 2;
+N=8 -> 2 x 2 x 2). Given some of them, the missing ones fill the rest (dp first, then pp,
+then tp).
 
 Data (see dist.trainer.data): --data names a token folder (train.bin + val.bin of flat ids,
 nanoGPT's or llm.c's layout, memory-mapped; scripts/prepare_data.py writes one from text,
@@ -212,7 +215,8 @@ def activation_bytes_lower_bound(ns: argparse.Namespace, vocab_size: int) -> flo
     in flight, 4 float32 values per channel and layer of this stage (one with --recompute
     block; 21 were counted at 8 layers, benchmarks' 'Memory per rank'), over tp, plus the
     logits' vocabulary block twice. Meant to refuse what cannot fit, never what can."""
-    tokens = ns.batch_size // max(1, ns.dp) // max(1, ns.micro_batches) * ns.block_size
+    tokens = (ns.batch_size // max(1, ns.dp) // max(1, ns.micro_batches) * ns.block_size
+              // max(1, getattr(ns, "cp", 1)))  # a cp rank runs 1/cp of each sequence
     in_flight = ns.micro_batches if ns.pp > 1 and ns.schedule == "gpipe" else \
         min(ns.pp, ns.micro_batches)
     per_layer = 1 if getattr(ns, "recompute", "none") == "block" else 4
@@ -253,7 +257,8 @@ class Trainer:
         from dist.models.sharding import dense_shapes
 
         self.ns, self.world, self.corpus = ns, world, corpus
-        self.mesh = dist.ProcessMesh(dp=ns.dp, pp=ns.pp, tp=ns.tp, world=world)
+        self.mesh = dist.ProcessMesh(dp=ns.dp, pp=ns.pp, tp=ns.tp, world=world,
+                                     cp=getattr(ns, "cp", 1))
         self.device = gp.backend.default_device() if ns.device == "auto" else \
             gp.backend.resolve_device(ns.device)
         dist.model_parallel_seed(ns.seed, tp_rank=self.mesh.tp_rank, pp_rank=self.mesh.pp_rank)
@@ -485,7 +490,8 @@ class Trainer:
                   f"x {ns.n_embd} wide, {heads}, context {ns.block_size} | data: {c.source} "
                   f"({len(c.train.tokens):,} train / {len(c.val.tokens):,} val {c.unit}) | "
                   f"mesh: dp={ns.dp} "
-                  f"pp={ns.pp} tp={ns.tp}"
+                  f"pp={ns.pp} " + (f"cp={ns.cp} " if getattr(ns, "cp", 1) > 1 else "")
+                  + f"tp={ns.tp}"
                   + (" sequence-parallel" if self.model.sequence_parallel else "")
                   + f", {ns.micro_batches} micro-batches ({ns.schedule}) | "
                   f"device: {self.device_label}, {ns.dtype}"

@@ -69,6 +69,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--tp", type=int, default=None, help="tensor-parallel size")
     ap.add_argument("--pp", type=int, default=None, help="pipeline stages")
     ap.add_argument("--dp", type=int, default=None, help="data-parallel size")
+    ap.add_argument("--cp", type=int, default=1,
+                    help="context-parallel size: each of cp ranks holds chunks i and 2cp-1-i "
+                         "of every sequence (--block-size divisible by 2 x cp) and attention "
+                         "runs as ring attention over them; the same losses, 1/cp of the "
+                         "activations per rank")
     ap.add_argument("--n-layer", type=int, default=4)
     ap.add_argument("--n-head", type=int, default=4)
     ap.add_argument("--n-embd", type=int, default=96)
@@ -315,10 +320,20 @@ def _check_model_options(ns: argparse.Namespace) -> None:
 def validate(ns: argparse.Namespace, world_size: int) -> None:
     """Raise OptionError (a ValueError) with a one-line message for options that cannot
     work; fills in the derived ones (layout, micro-batches, warm-up)."""
-    ns.dp, ns.pp, ns.tp = derive_layout(world_size, ns.tp, ns.pp, ns.dp)
-    if ns.dp * ns.pp * ns.tp != world_size:
-        raise OptionError(f"mesh dp={ns.dp} x pp={ns.pp} x tp={ns.tp} = "
-                          f"{ns.dp * ns.pp * ns.tp} does not match the {world_size} MPI ranks")
+    cp = ns.cp = getattr(ns, "cp", 1)
+    if cp < 1:
+        raise OptionError(f"--cp must be an integer >= 1, given {cp}")
+    # The context-parallel factor is taken first; the rule below splits the other ranks.
+    rest = world_size // cp if world_size % cp == 0 else world_size
+    ns.dp, ns.pp, ns.tp = derive_layout(rest, ns.tp, ns.pp, ns.dp)
+    if ns.dp * ns.pp * cp * ns.tp != world_size:
+        if cp == 1:
+            raise OptionError(f"mesh dp={ns.dp} x pp={ns.pp} x tp={ns.tp} = "
+                              f"{ns.dp * ns.pp * ns.tp} does not match the {world_size} MPI "
+                              f"ranks")
+        raise OptionError(f"mesh dp={ns.dp} x pp={ns.pp} x cp={cp} x tp={ns.tp} = "
+                          f"{ns.dp * ns.pp * cp * ns.tp} does not match the {world_size} MPI "
+                          f"ranks")
     for name in ("n_layer", "n_head", "n_embd", "block_size", "batch_size", "steps",
                  "eval_interval", "eval_batches", "micro_batches", "max_bytes", "vocab_size",
                  "keep", "max_skips", "stop_after"):
@@ -342,6 +357,20 @@ def validate(ns: argparse.Namespace, world_size: int) -> None:
         raise OptionError(f"--n-head {ns.n_head} is not divisible by --tp {ns.tp}")
     if ns.n_layer % ns.pp:
         raise OptionError(f"--n-layer {ns.n_layer} is not divisible by --pp {ns.pp}")
+    if cp > 1:
+        if ns.block_size % (2 * cp):
+            raise OptionError(f"--cp {cp}: --block-size {ns.block_size} is not divisible by 2 "
+                              f"x --cp = {2 * cp} (each cp rank holds two of 2 x cp equal "
+                              f"chunks of every sequence)")
+        attn = ns.dropout if getattr(ns, "attn_dropout", None) is None else ns.attn_dropout
+        if attn > 0:
+            raise OptionError(f"--cp {cp}: --attn-dropout must be 0 (ring attention does not "
+                              f"drop attention probabilities), given {attn} (--dropout sets "
+                              f"it unless --attn-dropout is given)")
+        if getattr(ns, "sequence_parallel", False) and (ns.block_size // cp) % ns.tp:
+            raise OptionError(f"--sequence-parallel: --block-size {ns.block_size} / --cp {cp} "
+                              f"= {ns.block_size // cp} tokens per cp rank are not divisible "
+                              f"by --tp {ns.tp} (each tp rank holds an equal share of them)")
     if getattr(ns, "sequence_parallel", False) and ns.block_size % ns.tp:
         raise OptionError(f"--sequence-parallel: --block-size {ns.block_size} is not divisible "
                           f"by --tp {ns.tp} (each tp rank holds an equal share of the sequence)")
