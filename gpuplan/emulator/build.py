@@ -15,6 +15,7 @@ emulator's own header and runtime, the compiler's version and the options.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import os
@@ -185,6 +186,27 @@ def _run(cmd: list[str], what: str) -> None:
         raise BuildError(f"emulator: {what} failed:\n{' '.join(cmd)}\n{log}")
 
 
+@contextlib.contextmanager
+def _building(dest: Path):
+    """Hold an exclusive lock on `dest`'s lock file while building it: MPI ranks or test
+    workers that ask for the same library at once wait for the first builder instead of
+    each compiling it (the first build of a large module takes a minute on a 2-core
+    machine). The builder publishes atomically either way; without fcntl (not POSIX) each
+    builds, as before."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not a POSIX system
+        yield
+        return
+    with open(dest.parent / f"{dest.name}.lock", "a+b") as f:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+
+
 def _publish(tmp: Path, dest: Path) -> None:
     dest.parent.mkdir(parents=True, exist_ok=True)
     os.replace(tmp, dest)  # atomic: concurrent builders (MPI ranks) never see a partial file
@@ -198,8 +220,9 @@ def build_runtime() -> Path:
     dest = cache_dir() / f"runtime-{h.hexdigest()[:24]}.so"
     if dest.is_file():
         return dest
-    cache_dir().mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=cache_dir()) as tmp:
+    with _building(dest), tempfile.TemporaryDirectory(dir=cache_dir()) as tmp:
+        if dest.is_file():  # built by another process while this one waited
+            return dest
         out = Path(tmp) / "runtime.so"
         _run([cxx(), "-std=c++17", "-O3", "-g", "-fPIC", "-shared", "-I", str(HERE),
               str(HERE / "runtime.cpp"), "-o", str(out)], "building the emulator runtime")
@@ -214,8 +237,9 @@ def build_module(path: Path, name_expressions: Sequence[str], options: Sequence[
         return dest
     include_dirs = [Path(o[2:]) for o in options if o.startswith("-I")]
     defines = [o for o in options if o.startswith(("-D", "-U"))]
-    cache_dir().mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=cache_dir()) as tmp:
+    with _building(dest), tempfile.TemporaryDirectory(dir=cache_dir()) as tmp:
+        if dest.is_file():  # built by another process while this one waited
+            return dest
         src_dir = Path(tmp)
         site = 0
         for name, p in local_sources(path, include_dirs).items():
