@@ -104,11 +104,14 @@ def _set_rng_state(saved: dict[str, Any]) -> None:
 def coordinates_of(module: Module, comm: Any, extra: dict[str, Any] | None = None
                    ) -> dict[str, Any]:
     """Where this rank's shard belongs: its rank and the world size and, for a model-parallel
-    model (a dist.ParallelGPT), the layout and this rank's mesh coordinates; `extra`
+    model (a dist.ParallelGPT or ParallelLlama), the layout and this rank's mesh coordinates
+    (dp, pp, tp, and cp when context-parallel); `extra`
     (JSON) is added. Saved with each shard and compared on load."""
     coords: dict[str, Any] = {"rank": comm.rank, "world_size": comm.size}
     if hasattr(module, "shard_specs") and hasattr(module, "tp_comm"):
         groups = {"dp": module.dp_comm, "pp": module.pp_comm, "tp": module.tp_comm}
+        if getattr(module, "cp_comm", None) is not None:  # context parallel (cp > 1) only:
+            groups["cp"] = module.cp_comm  # a cp=1 run keeps the three-key layout it had
         coords["layout"] = {k: 1 if c is None else c.size for k, c in groups.items()}
         coords["mesh"] = {k: 0 if c is None else c.rank for k, c in groups.items()}
     coords.update(extra or {})

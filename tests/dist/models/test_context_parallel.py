@@ -230,3 +230,29 @@ def test_context_parallel_refusals(world):
     llama_cls, _, parallel_llama, llama_cfg = MODELS["llama"]
     with pytest.raises(InvalidProblem, match=r"ParallelLlama.*dropout.*0 with context"):
         parallel_llama(llama_cls(**llama_cfg, dropout=0.1), mesh)
+
+
+@pytest.mark.mpi
+def test_a_context_parallel_checkpoint_records_cp_and_loads_in_its_layout(world,
+                                                                          tmp_path_factory):
+    """Each shard's coordinates name the cp size and this rank's cp index; the same layout
+    loads its own shards back (no resharding), bit for bit."""
+    from dist.checkpoint import coordinates_of
+
+    config_cls, _, parallel_cls, cfg = MODELS["llama"]
+    mesh = dist.ProcessMesh(cp=world.size, world=world)
+    model = parallel_cls(config_cls(**cfg), mesh)
+    coords = coordinates_of(model, world)
+    assert coords["layout"] == {"dp": 1, "pp": 1, "tp": 1, "cp": world.size}
+    assert coords["mesh"]["cp"] == mesh.cp_rank == world.rank
+    plain = parallel_cls(config_cls(**cfg), dist.ProcessMesh(dp=world.size, world=world))
+    assert "cp" not in coordinates_of(plain, world)["layout"]  # cp=1 layouts as before
+    root = world.bcast_object(str(tmp_path_factory.mktemp("cp_ckpt")) if world.rank == 0
+                              else None)
+    x, y = batch()
+    model.train_step(x, y)
+    dist.save_checkpoint(root, model, world, step=1)
+    again = parallel_cls(config_cls(**dict(cfg, seed=cfg["seed"] + 1)), mesh)
+    dist.load_checkpoint(root, again, world)
+    for (n, p), q in zip(model.named_parameters(), again.parameters(), strict=True):
+        assert np.array_equal(p.numpy(), q.numpy()), n
