@@ -125,9 +125,9 @@ def main(argv: list[str] | None = None) -> int:
     out = model.generate(gp.to_device(prompt, device), ns.tokens, temperature=ns.temperature,
                          top_k=ns.top_k or None,
                          top_p=ns.top_p if ns.top_p < 1.0 else None, seed=ns.seed)
-    print(f"# checkpoint step {meta.get('step')}, layout dp,pp,tp={meta.get('layout')}, "
-          f"{device}",
-          file=sys.stderr)
+    cp = args.get("cp", 1) if isinstance(args, dict) else 1  # train.py's --cp (1 before it)
+    print(f"# checkpoint step {meta.get('step')}, layout dp,pp,tp={meta.get('layout')}"
+          f"{f', cp={cp}' if cp != 1 else ''}, {device}", file=sys.stderr)
     print(codec.decode(gp.to_host(out)[0]))
     return 0
 

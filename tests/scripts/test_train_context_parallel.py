@@ -6,11 +6,13 @@ dropout stream over exactly, so this run has none.)"""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 
 import pytest
 
-from dist.trainer import options
+from dist.trainer import generate, options
 from tests.scripts.test_train import TINY, run, run_here
 
 GPT = [*TINY, "--steps", "3", "--eval-interval", "1", "--sample-tokens", "4"]
@@ -28,6 +30,12 @@ def test_cp2_run_matches_one_process_and_resumes_as_one(tmp_path):
     assert "mesh: dp=1 pp=1 cp=2 tp=1," in res.stdout
     stopped = (tmp_path / "cp2" / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(line)["step"] for line in stopped] == [1, 2]
+    # generate.py consolidates the cp2 checkpoint (its shards are cp copies) and names cp
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        assert generate.main(["--checkpoint", str(tmp_path / "cp2" / "checkpoint"),
+                              "--tokens", "4", "--device", "cpu"]) == 0
+    assert "layout dp,pp,tp=[1, 1, 1], cp=2, cpu" in err.getvalue()
     for args in ([*GPT, "--out", str(tmp_path / "one")],
                  [*GPT, "--out", str(tmp_path / "cp2"), "--resume"]):
         res = run_here(*args)
