@@ -77,14 +77,8 @@ class ParallelGPT(GPTLayers, ParallelModel):
       the global-batch loss on every rank.
     * ``shard_specs()``: local parameter name -> `ShardSpec`.
 
-    Context parallelism (``mesh.cp`` or ``cp=``, size > 1): every rank of a cp group is
-    given its data-parallel rank's whole sequences (``T`` divisible by ``2 cp``) and runs
-    chunks ``i`` and ``2cp - 1 - i`` of them (`dist.context_parallel`): attention is ring
-    attention over cp, positions (GPT's learned ones, Llama's RoPE) and dropout masks follow
-    the global token index (`dist.context_parallel_layers`), each rank's loss is its tokens'
-    share of the whole batch's mean (`context_loss_fn`) and every gradient is summed over cp
-    (a replica group) before the data-parallel average. ``forward`` gathers the logits back
-    into sequence order. Attention dropout and KV-cache generation are refused at cp > 1.
+    Context parallelism (``mesh.cp`` or ``cp=``, size > 1) is `ParallelModel`'s: each cp
+    rank runs its chunks of the whole sequences it is given, with ring attention over cp.
 
     Clipping, evaluation and consolidation are `dist.clip_grad_norm_`, `dist.evaluate` and
     `dist.gather_dense_state_dict` (dist/training.py).

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+import autograd as ag
 import dist
 from autograd import nn
 
@@ -45,3 +46,23 @@ def rows_of(a, mesh_dp_rank: int, dp: int):
     """This data-parallel rank's rows of a global batch."""
     n = a.shape[0] // dp
     return a[mesh_dp_rank * n:(mesh_dp_rank + 1) * n]
+
+
+def assert_recompute_keeps_bits(make_model, mode: str, x, y, seed: int) -> None:
+    """One train_step of `make_model()` without and with `set_recompute(mode)`, each from
+    the default generator seeded with `seed` (so dropout draws alike): the same loss and
+    every gradient the same bits. The caller's generator state is put back."""
+    saved = ag.random.default_generator.get_state()
+    try:
+        runs = []
+        for recompute in ("none", mode):
+            ag.random.manual_seed(seed)
+            model = make_model()
+            model.set_recompute(recompute)
+            runs.append((model.train_step(x, y), dict(model.named_parameters())))
+        (loss, plain), (again, recomputed) = runs
+        assert again == loss
+        for name, p in recomputed.items():
+            np.testing.assert_array_equal(p.grad.numpy(), plain[name].grad.numpy(), name)
+    finally:
+        ag.random.default_generator.set_state(saved)

@@ -13,7 +13,7 @@ from autograd import nn, optim
 from dist.context_parallel_layers import PositionDropout, RingLlamaAttention, RingSelfAttention
 from dist.models import ParallelGPT, ParallelLlama
 from gpuplan.errors import InvalidProblem
-from tests.dist.models.helpers import check_against_dense, rows_of
+from tests.dist.models.helpers import assert_recompute_keeps_bits, check_against_dense, rows_of
 
 F64 = np.float64
 B, T, V = 4, 16, 37
@@ -146,20 +146,8 @@ def test_context_parallel_with_recomputation_gives_the_same_gradients(world, mod
     config_cls, _, parallel_cls, cfg = MODELS["gpt"]
     mesh = dist.ProcessMesh(cp=world.size, world=world)
     x, y = batch()
-    saved = ag.random.default_generator.get_state()
-    try:
-        runs = []
-        for recompute in ("none", mode):
-            ag.random.manual_seed(SEED)
-            model = parallel_cls(config_cls(**cfg, dropout=0.2), mesh)
-            model.set_recompute(recompute)
-            runs.append((model.train_step(x, y), dict(model.named_parameters())))
-        (loss, plain), (again, recomputed) = runs
-        assert again == loss
-        for pname, p in recomputed.items():
-            np.testing.assert_array_equal(p.grad.numpy(), plain[pname].grad.numpy(), pname)
-    finally:
-        ag.random.default_generator.set_state(saved)
+    assert_recompute_keeps_bits(lambda: parallel_cls(config_cls(**cfg, dropout=0.2), mesh),
+                                mode, x, y, SEED)
 
 
 @pytest.mark.mpi
