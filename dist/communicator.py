@@ -231,32 +231,55 @@ class Communicator:
 
     def reduce_scatter(self, x: Any, op: str = "sum", *, axis: int = 0, out: Any = None) -> Any:
         """Chunk `rank` (of `size` equal chunks along `axis`) of op over ranks of x."""
-        work = self._reduce_dtype("reduce_scatter", x, op)
-        if x.ndim == 0:
-            raise InvalidProblem(describe("reduce_scatter", "x", "an array with ndim >= 1",
-                                          "a 0-d array"))
-        axis = _normalize_axis("reduce_scatter", axis, x.ndim)
-        n = x.shape[axis]
-        if n % self.size:
-            raise InvalidProblem(describe("reduce_scatter", "x", f"shape[{axis}] divisible "
-                                          f"by the communicator size {self.size}", x.shape))
-        chunk_shape = x.shape[:axis] + (n // self.size,) + x.shape[axis + 1:]
-        out = self._check_out("reduce_scatter", x, out, chunk_shape)
-        if self.size == 1 or x.size == 0:
-            return _assign(out, x)
-        xp = backend.array_namespace(x)
-        split = x.reshape(x.shape[:axis] + (self.size, n // self.size) + x.shape[axis + 1:])
-        send = xp.ascontiguousarray(xp.moveaxis(split, axis, 0), dtype=work).reshape(-1)
-        recv = xp.empty(send.size // self.size, dtype=work)
+        plan = self._reduce_scatter_plan("reduce_scatter", x, op, axis, out)
+        if plan.done:
+            return plan.out
         mpi_op = self._mpi_op(op)
-        self._exchange("reduce_scatter", None, send, recv,
+        self._exchange("reduce_scatter", None, plan.send, plan.recv,
                        lambda s, r: self._wait(self.mpi_comm.Reduce_scatter_block,
                                                self.mpi_comm.Ireduce_scatter_block, s, r,
                                                op=mpi_op),
                        lambda s, r: self._nccl.reduce_scatter(s, r, _nccl_op(op)))
-        if op == "mean":
-            recv /= self.size
-        return _assign(out, recv.reshape(chunk_shape))
+        return plan.finish()
+
+    def ireduce_scatter(self, x: Any, op: str = "sum", *, axis: int = 0,
+                        out: Any = None) -> PendingCollective:
+        """Start `reduce_scatter` (MPI_Ireduce_scatter_block) and return at once; the
+        request's ``wait()`` finishes it and returns out (not to be read, nor x written,
+        before). Buffers travel as with `iall_reduce` (host as they are, device host-staged
+        through fresh host copies without CUDA-aware MPI, NCCL enqueued on the current
+        stream); the same elements are summed as by `reduce_scatter`, f16/bf16 in float32,
+        "mean" divided the same way. ``wait()`` runs under the watchdog; a trace span
+        ``reduce_scatter`` (bytes, ``nonblocking``) covers issue to completion."""
+        plan = self._reduce_scatter_plan("ireduce_scatter", x, op, axis, out)
+        if plan.done:
+            return PendingCollective(self, "reduce_scatter", None, plan.finish)
+        return self._start("reduce_scatter", plan, self.mpi_comm.Ireduce_scatter_block,
+                           lambda s, r: self._nccl.reduce_scatter(s, r, _nccl_op(op)),
+                           op=self._mpi_op(op))
+
+    def _reduce_scatter_plan(self, name: str, x: Any, op: str, axis: int,
+                             out: Any) -> _ReducePlan:
+        """The flat send (the chunks laid rank after rank, in the work dtype) and recv
+        buffers of a reduce-scatter of x into out (shared by the blocking and the
+        non-blocking call)."""
+        work = self._reduce_dtype(name, x, op)
+        if x.ndim == 0:
+            raise InvalidProblem(describe(name, "x", "an array with ndim >= 1", "a 0-d array"))
+        axis = _normalize_axis(name, axis, x.ndim)
+        n = x.shape[axis]
+        if n % self.size:
+            raise InvalidProblem(describe(name, "x", f"shape[{axis}] divisible by the "
+                                          f"communicator size {self.size}", x.shape))
+        chunk_shape = x.shape[:axis] + (n // self.size,) + x.shape[axis + 1:]
+        out = self._check_out(name, x, out, chunk_shape)
+        if self.size == 1 or x.size == 0:
+            return _ReducePlan(_assign(out, x), None, None, op, 1, True, done=True)
+        xp = backend.array_namespace(x)
+        split = x.reshape(x.shape[:axis] + (self.size, n // self.size) + x.shape[axis + 1:])
+        send = xp.ascontiguousarray(xp.moveaxis(split, axis, 0), dtype=work).reshape(-1)
+        recv = xp.empty(send.size // self.size, dtype=work)
+        return _ReducePlan(out, send, recv, op, self.size, False)
 
     def broadcast(self, x: Any, root: int = 0) -> Any:
         """Overwrite x on every rank with root's x (in place); returns x."""

@@ -1,7 +1,7 @@
 """Requests of the Communicator's non-blocking calls: sends (`PendingSend`), collectives
-(`PendingCollective`, from `iall_reduce`) and array receives posted ahead of use
-(`PendingRecv`, from `irecv_array`). Each keeps its buffers alive until ``wait()``, which
-runs under the watchdog (dist.watchdog) as the blocking call would.
+(`PendingCollective`, from `iall_reduce` and `ireduce_scatter`) and array receives posted
+ahead of use (`PendingRecv`, from `irecv_array`). Each keeps its buffers alive until
+``wait()``, which runs under the watchdog (dist.watchdog) as the blocking call would.
 
 An array message (`isend_array`) is a fixed-size header, then the data, with one tag: the
 header (shape, dtype, device as JSON in HEADER_BYTES bytes) can be received into a buffer
@@ -85,9 +85,9 @@ class PendingSend:
 
 
 class PendingCollective:
-    """A non-blocking collective in flight (`Communicator.iall_reduce`). ``wait()`` waits
-    for its MPI request under the watchdog (as the op, with how long ago it was issued),
-    copies a host-staged result back to the device, applies what follows the exchange
+    """A non-blocking collective in flight (`Communicator.iall_reduce`, `ireduce_scatter`).
+    ``wait()`` waits for its MPI request under the watchdog (as the op, with how long ago it
+    was issued), copies a host-staged result back to the device, applies what follows the exchange
     (the mean's division, the cast into out) and returns the result; a second ``wait()``
     returns it again. ``test()``: whether ``wait()`` would return at once. While one is
     outstanding the watchdog lists it (dist.watchdog.outstanding_requests)."""

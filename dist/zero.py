@@ -13,7 +13,9 @@ is skipped in a step where it has no gradient, exactly as the replicated optimiz
 Gradients reach the slices one of two ways. ``reduce_gradients()`` (what the trainer's
 ``--zero 1`` does) reduce-scatters each group's flattened gradients over `comm`, averaged
 (f16/bf16 summed in float32, as `dist.allreduce_gradients` sums them), so each rank receives
-only its slice's averaged gradient; ``grad_norm(model)`` then gives the global L2 norm the
+only its slice's averaged gradient (started during the last backward after
+``overlap_with(model)`` / ``overlap_gradients()``, dist.zero_overlap, with the same bits);
+``grad_norm(model)`` then gives the global L2 norm the
 replicated run's `dist.grad_norm` gives, and ``clip_grad_norm_(max_norm, model)`` clips the
 slices by it. Without it, ``step()`` reads its part of gradients already averaged over the
 data-parallel ranks (`allreduce_gradients`). Either way each rank steps its pieces with their
@@ -49,6 +51,7 @@ from autograd.optim.optimizer import Optimizer
 from autograd.tensor import Tensor
 from dist.communicator import Communicator
 from dist.data_parallel import DEFAULT_BUCKET_BYTES
+from dist.zero_overlap import ZeroGradOverlap, has_gradient_flags
 from gpuplan.dtypes import HALF_DTYPES, float32, float64
 
 # The host global norm's own per-array sums and their combination (gpuplan's global_l2_norm:
@@ -180,6 +183,7 @@ class ZeroRedundancyOptimizer:
         # (None for a group without any), and which parameters have a gradient on any rank.
         self._grads: list[Any] | None = None
         self._has_grad: list[list[bool]] = []
+        self._overlap: ZeroGradOverlap | None = None
 
     # -- gradients ----------------------------------------------------------------------------
 
@@ -194,12 +198,16 @@ class ZeroRedundancyOptimizer:
                 or bucket_bytes < 1:
             raise ValueError(f"ZeroRedundancyOptimizer.reduce_gradients: argument "
                              f"'bucket_bytes': expected an int >= 1, given {bucket_bytes!r}")
-        every = [p for lay in self._layouts for p in lay.params]
-        has = np.array([p.grad is not None for p in every], np.int32)
-        if self.size > 1:
-            has = self.comm.all_reduce(has, "max")
-        flags = iter(bool(f) for f in has)
-        self._has_grad = [[next(flags) for _ in lay.params] for lay in self._layouts]
+        overlap = self._overlap
+        if overlap is not None and overlap.pending:
+            if bucket_bytes != overlap.bucket_bytes:
+                raise ValueError(f"ZeroRedundancyOptimizer.reduce_gradients: argument "
+                                 f"'bucket_bytes': expected the overlapped reduction's "
+                                 f"{overlap.bucket_bytes} (its rounds started in backward), "
+                                 f"given {bucket_bytes}")
+            self._grads, self._has_grad = overlap.finish()
+            return
+        self._has_grad = has_gradient_flags(self)
         grads: list[Any] = []
         for lay, present in zip(self._layouts, self._has_grad, strict=True):
             if not lay.total or not any(present):
@@ -220,6 +228,32 @@ class ZeroRedundancyOptimizer:
                     self.comm.reduce_scatter(send, "mean", out=out[j:j + m])
             grads.append(out)
         self._grads = grads
+
+    def overlap_gradients(self, late: Iterable[Any] = (),
+                          bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> ZeroGradOverlap | None:
+        """Start `reduce_gradients`' rounds during backward (dist.zero_overlap): the
+        returned `ZeroGradOverlap`'s ``arm()`` before the last micro-batch's backward, then
+        ``reduce_gradients(bucket_bytes)`` waits for the rounds started and sends the rest;
+        the slices are the same bits as the blocking call's. `late`: parameters whose
+        gradients change after backward (their rounds wait for reduce_gradients). None
+        with one data-parallel rank (nothing to overlap). Replaces an earlier one."""
+        if isinstance(bucket_bytes, bool) or not isinstance(bucket_bytes, int) \
+                or bucket_bytes < 1:
+            raise ValueError(f"ZeroRedundancyOptimizer.overlap_gradients: argument "
+                             f"'bucket_bytes': expected an int >= 1, given {bucket_bytes!r}")
+        if self._overlap is not None:
+            self._overlap.remove()
+            self._overlap = None
+        if self.size > 1:
+            self._overlap = ZeroGradOverlap(self, late, bucket_bytes)
+        return self._overlap
+
+    def overlap_with(self, model: Any, bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> None:
+        """`overlap_gradients` armed by a dist.ParallelModel's ``train_step`` (its
+        ``external_grad_reducer``, used with ``reduce_data_parallel`` False), its
+        replicated copies (``replica_groups``, summed after backward) left late."""
+        late = [p for params, _ in getattr(model, "replica_groups", []) for p in params]
+        model.external_grad_reducer = self.overlap_gradients(late, bucket_bytes)
 
     def _reduced(self, op: str) -> list[Any]:
         if self._grads is None:

@@ -396,6 +396,8 @@ class ParallelModel(Module):
         # Context parallelism: each cp rank runs its slice (loss_fn: its share of the mean).
         idx = take_local(idx, self.cp_comm)
         reducer = self.grad_reducer()
+        if reducer is None and not self.reduce_data_parallel:
+            reducer = self.external_grad_reducer
         arm = None if reducer is None else reducer.arm
         if self.num_stages == 1:
             loss = self._accumulate_micro_batches(idx, targets, arm)
@@ -451,6 +453,9 @@ class ParallelModel(Module):
     #: False leaves the average over data parallel to the caller: ZeRO's reduce-scatter of
     #: the gradients into the optimizer's slices (`ZeroRedundancyOptimizer.reduce_gradients`).
     reduce_data_parallel = True
+    #: With reduce_data_parallel False: what train_step arms before the last backward
+    #: instead of its own reducer (ZeRO's, `ZeroRedundancyOptimizer.overlap_with`).
+    external_grad_reducer: Any = None
 
     def finish_gradients(self) -> None:
         """Sum the gradients of replicated copies over their groups (`_replica_groups`),

@@ -282,6 +282,8 @@ class Trainer:
             # model's replica sums) instead of all-reduced; checkpoints hold each dp rank's
             # slice of the state, which resumes with or without --zero, in any layout.
             self.model.reduce_data_parallel = False
+            if self.model.overlap_grad_reduce:  # the reduce-scatter starts in backward
+                self.opt.overlap_with(self.model)
         else:
             self.opt = self.opt_state = optim.AdamW(groups, lr=ns.lr)
         if getattr(ns, "recompute", "none") != "none":

@@ -141,3 +141,42 @@ def test_pipeline_posts_every_receive_before_its_first_action(world, monkeypatch
     pipe.train_step(x, np.zeros(6), lambda out, t: (out * out).sum())
     posts = 3 * ((world.rank > 0) + (world.rank < n - 1))
     assert log == ["post"] * posts + ["forward"] * 3
+
+
+@mpi
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("op", ["sum", "mean"])
+def test_ireduce_scatter_equals_reduce_scatter_bit_for_bit(world, device, dtype, op):
+    """Along axis 0 and 1, into a given out and a fresh one, two in flight at once; the
+    watchdog lists them until their waits, and x is left as it was."""
+    n = 3 * world.size
+    x = on(device, rank_data(world.rank, (n, 2 * world.size), dtype, salt=4))
+    before = f64(x)
+    want0, want1 = (f64(world.reduce_scatter(x, op, axis=a)) for a in (0, 1))
+    out0 = on(device, np.zeros((3, 2 * world.size), dtype))
+    requests = [world.ireduce_scatter(x, op, axis=0, out=out0),
+                world.ireduce_scatter(x, op, axis=1)]
+    assert len(watchdog.outstanding_requests()) == (2 if world.size > 1 else 0)
+    got1, got0 = requests[1].wait(), requests[0].wait()
+    assert got0 is out0 and got1.dtype == x.dtype and gp.device_of(got1) == device
+    assert watchdog.outstanding_requests() == []
+    np.testing.assert_array_equal(f64(got0), want0)
+    np.testing.assert_array_equal(f64(got1), want1)
+    np.testing.assert_array_equal(f64(x), before)
+
+
+@mpi
+def test_ireduce_scatter_trace_span_and_bad_shape(world):
+    x = np.arange(8 * world.size, dtype=np.float64) + world.rank
+    trace.start()
+    try:
+        request = world.ireduce_scatter(x, "sum")
+        request.wait()
+    finally:
+        events = trace.stop()
+    if world.size > 1:
+        [span] = [e for e in events if e["name"] == "reduce_scatter"]
+        assert span["args"]["nonblocking"] and span["args"]["bytes"] == 8 * 8
+    if world.size > 1:
+        with pytest.raises(Exception, match="ireduce_scatter.*divisible"):
+            world.ireduce_scatter(np.zeros(world.size + 1), "sum")
