@@ -82,3 +82,31 @@ def test_first_reduce_scatter_starts_inside_the_last_backward(world):
                       key=lambda e: e["ts"])
     assert scatters and scatters[0]["args"].get("nonblocking")
     assert last["ts"] < scatters[0]["ts"] < last["ts"] + last["dur"]
+
+
+def test_one_rank_has_nothing_to_overlap_and_bucket_bytes_is_checked():
+    p = nn.Parameter(gp.asarray(np.ones(4)))
+    opt = dist.ZeroRedundancyOptimizer([p], comm=None, lr=1e-2)
+    assert opt.overlap_gradients() is None
+    with pytest.raises(ValueError, match="overlap_gradients: argument 'bucket_bytes'"):
+        opt.overlap_gradients(bucket_bytes=0)
+
+
+@pytest.mark.mpi
+def test_reduce_gradients_refuses_other_rounds_than_the_started_ones(world):
+    """While rounds started in backward are pending, reduce_gradients with another
+    bucket_bytes is a one-line error; with the overlap's own it finishes them."""
+    if world.size != 2:
+        pytest.skip("dp=2 at 2 ranks")
+    params = [nn.Parameter(gp.asarray(np.arange(6.0) + i)) for i in range(3)]
+    opt = dist.ZeroRedundancyOptimizer(params, comm=world, lr=1e-2)
+    overlap = opt.overlap_gradients(bucket_bytes=32)
+    overlap.arm()
+    (sum((q * float(world.rank + 1)).sum() for q in params)).backward()
+    assert overlap.started_rounds() == len(overlap.rounds)  # no late parameter
+    with pytest.raises(ValueError, match="reduce_gradients: argument 'bucket_bytes'"):
+        opt.reduce_gradients(bucket_bytes=64)
+    opt.reduce_gradients(bucket_bytes=32)
+    assert not overlap.pending
+    [grads] = opt._grads  # one group: the mean of 1 and 2 on every element
+    np.testing.assert_array_equal(gp.to_host(grads), np.full(9, 1.5))
