@@ -268,7 +268,8 @@ class Trainer:
         self.model = model_class(self.cfg, self.mesh, num_micro_batches=ns.micro_batches,
                                  schedule=ns.schedule, device=self.device,
                                  dtype=gp.bfloat16 if ns.dtype == "bf16" else None,
-                                 sequence_parallel=getattr(ns, "sequence_parallel", False))
+                                 sequence_parallel=getattr(ns, "sequence_parallel", False),
+                                 overlap_grad_reduce=getattr(ns, "overlap", True))
         decay = [p for p in self.model.parameters() if p.ndim >= 2]
         no_decay = [p for p in self.model.parameters() if p.ndim < 2]
         groups = [{"params": decay, "weight_decay": ns.weight_decay},

@@ -126,6 +126,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="1: ZeRO stage 1, the AdamW state (moments, f32 master weights) "
                          "sharded over the data-parallel ranks (dist.ZeroRedundancyOptimizer; "
                          "the same weights as 0, 1/dp of the state per rank)")
+    ap.add_argument("--no-overlap", dest="overlap", action="store_false",
+                    help="reduce the data-parallel gradients (or, with --zero 1, reduce-scatter "
+                         "them) after the backward instead of bucket by bucket during the last "
+                         "micro-batch's backward (the default; the same bits either way)")
     ap.add_argument("--recompute", choices=["none", "attention", "block"], default="none",
                     help="activation recomputation: keep only each block's input (block) or "
                          "each attention sub-layer's (attention) and re-run it in backward; "
