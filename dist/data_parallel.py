@@ -13,6 +13,7 @@ from autograd.inplace import record_writes
 from autograd.nn import Module, Parameter
 from autograd.tensor import Tensor
 from dist.communicator import Communicator
+from dist.grad_schedule import FinalGradientSchedule
 from gpuplan import backend
 from gpuplan.dtypes import as_dtype
 
@@ -90,7 +91,7 @@ def allreduce_gradients(parameters: Iterable[Parameter], comm: Communicator | No
     record_writes(written, "dist.allreduce_gradients")
 
 
-class OverlappedGradReducer:
+class OverlappedGradReducer(FinalGradientSchedule):
     """The gradient all-reduce of `allreduce_gradients`, started during backward.
 
     The parameters are put in buckets of about `bucket_bytes` in reverse order (one dtype
@@ -120,81 +121,40 @@ class OverlappedGradReducer:
         self.comm, self.average = comm, average
         self.buckets = _buckets(self.params[::-1], bucket_bytes,
                                 min(first_bucket_bytes, bucket_bytes))
-        self._bucket_of = {id(p): i for i, b in enumerate(self.buckets) for p in b}
-        self._handles = [p.register_post_accumulate_grad_hook(self._on_final)
-                         for p in self.params]
-        self.armed = False
-        self._final = [0] * len(self.buckets)
-        self._seen: set[int] = set()
-        self._started: list[tuple[list[Parameter], list[bool], Any]] = []
-        self._tested = 0  # started requests known to be complete
+        self._schedule(self.params, [[id(p) for p in b] for b in self.buckets])
+        self._had: list[list[bool]] = []  # per started bucket: which had a .grad here
         _REDUCERS.add(self)
-
-    @property
-    def pending(self) -> bool:
-        """Armed, or with reductions started and not yet finished."""
-        return self.armed or bool(self._started)
 
     def started_buckets(self) -> int:
         """How many buckets have been started since `arm()` (or the last `finish`)."""
-        return len(self._started)
+        return len(self._requests)
 
     def arm(self) -> None:
         """Start buckets from the hooks of the next backward (a second call before
         `finish` does nothing; so does a reducer without parameters, e.g. a model whose
         parameters are all replicated copies reduced apart)."""
-        if self.armed or not self.buckets:
-            return
-        if self._started:
-            raise RuntimeError("OverlappedGradReducer.arm: the previous step's reduction is "
-                               "not finished; call finish() (or allreduce_gradients) first")
-        self._final = [0] * len(self.buckets)
-        self._seen = set()
-        self.armed = True
+        if self._arm("finish() (or allreduce_gradients)"):
+            self._had = []
 
-    def _on_final(self, p: Parameter) -> None:
-        key = id(p)
-        if not self.armed or key in self._seen:
-            return
-        self._seen.add(key)
-        self._final[self._bucket_of[key]] += 1
-        nxt = len(self._started)
-        while nxt < len(self.buckets) and self._final[nxt] == len(self.buckets[nxt]):
-            self._start(nxt)
-            nxt += 1
-        self._progress()
-
-    def _progress(self) -> None:
-        """Test the oldest unfinished request: without an asynchronous progress thread MPI
-        moves a non-blocking collective only inside MPI calls, so backward pokes it at each
-        final gradient (one MPI_Test)."""
-        for _, _, request in self._started[self._tested:]:
-            if not request.test():
-                return
-            self._tested += 1
-
-    def _start(self, i: int) -> None:
+    def _start(self, i: int) -> Any:
         bucket = self.buckets[i]
         xp = backend.array_namespace(bucket[0].data)
         dtype = as_dtype(bucket[0].dtype)
-        had = [p.grad is not None for p in bucket]
+        self._had.append([p.grad is not None for p in bucket])
         flat = xp.concatenate([
             (p.grad.data if p.grad is not None else xp.zeros(p.shape, dtype)).reshape(-1)
             .astype(dtype, copy=False) for p in bucket])
-        request = self.comm.iall_reduce(flat, "mean" if self.average else "sum", out=flat)
-        self._started.append((bucket, had, request))
+        return self.comm.iall_reduce(flat, "mean" if self.average else "sum", out=flat)
 
     def finish(self) -> None:
         """Start the buckets not started yet, wait for all and write ``.grad``."""
-        self.armed = False
-        for i in range(len(self._started), len(self.buckets)):
-            self._start(i)
-        started, self._started, self._tested = self._started, [], 0
-        flags = np.array([h for _, had, _ in started for h in had], np.int32)
+        requests = self._start_rest()
+        had, self._had = self._had, []
+        flags = np.array([h for bucket_had in had for h in bucket_had], np.int32)
         flags = self.comm.all_reduce(flags, "max")
         written = []
         k = 0
-        for bucket, _, request in started:
+        for bucket, request in zip(self.buckets, requests, strict=True):
             flat = request.wait()
             offset = 0
             for p in bucket:
@@ -214,9 +174,7 @@ class OverlappedGradReducer:
         """Finish what is pending, then take the hooks off the parameters."""
         if self.pending:
             self.finish()
-        for h in self._handles:
-            h.remove()
-        self._handles = []
+        self._remove_hooks()
         _REDUCERS.discard(self)
 
 

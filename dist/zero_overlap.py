@@ -23,9 +23,10 @@ from typing import Any
 import numpy as np
 
 import gpuplan as gp
+from dist.grad_schedule import FinalGradientSchedule
 
 
-class ZeroGradOverlap:
+class ZeroGradOverlap(FinalGradientSchedule):
     """The rounds of `ZeroRedundancyOptimizer.reduce_gradients` (of about `bucket_bytes`),
     started from the hooks of the backward after `arm()`; see the module doc. Arm it only
     before the backward of the last micro-batch of a step."""
@@ -35,7 +36,6 @@ class ZeroGradOverlap:
         late_ids = {id(p) for p in late}
         #: (group index, start j in the slice, length m, parameter ids it needs)
         self.rounds: list[tuple[int, int, int, list[int]]] = []
-        rounds_of: dict[int, list[int]] = {}
         # Last group's last round first: backward finishes the last parameters first.
         for gi, lay in reversed(list(enumerate(zero._layouts))):
             if not lay.total:
@@ -51,73 +51,30 @@ class ZeroGradOverlap:
                             break
                         if lay.numels[i] and lay.offsets[i] + lay.numels[i] > lo:
                             needs.add(id(lay.params[i]))
-                k = len(self.rounds)
                 self.rounds.append((gi, j, m, sorted(needs)))
-                for key in needs:
-                    rounds_of.setdefault(key, []).append(k)
         # The rounds that need a late gradient go last (the dp ranks hold the same copies:
-        # one order on all of them).
+        # one order on all of them); the hooks never start them.
         ordered = sorted(range(len(self.rounds)), key=lambda k: any(
             key in late_ids for key in self.rounds[k][3]))
         self.rounds = [self.rounds[k] for k in ordered]
-        position = {k: at for at, k in enumerate(ordered)}
-        self._rounds_of = {key: sorted(position[k] for k in ks)
-                           for key, ks in rounds_of.items() if key not in late_ids}
-        self._late = [k for k, (_, _, _, needs) in enumerate(self.rounds)
-                      if any(key in late_ids for key in needs)]
-        self._handles = [p.register_post_accumulate_grad_hook(self._on_final)
-                         for lay in zero._layouts for p in lay.params
-                         if id(p) in self._rounds_of]
-        self.armed = False
-        self._missing: list[int] = []
-        self._seen: set[int] = set()
+        late = [k for k, (_, _, _, needs) in enumerate(self.rounds)
+                if any(key in late_ids for key in needs)]
+        self._schedule([p for lay in zero._layouts for p in lay.params],
+                       [[key for key in needs if key not in late_ids]
+                        for _, _, _, needs in self.rounds], late)
         self._outs: list[Any] = []
-        self._started: list[Any] = []
-        self._tested = 0
-
-    @property
-    def pending(self) -> bool:
-        """Armed, or with rounds started and not yet finished."""
-        return self.armed or bool(self._started)
 
     def started_rounds(self) -> int:
         """How many rounds have been started since `arm()` (or the last `finish`)."""
-        return len(self._started)
+        return len(self._requests)
 
     def arm(self) -> None:
         """Start rounds from the hooks of the next backward (a second call before `finish`
         does nothing)."""
-        if self.armed or not self.rounds:
-            return
-        if self._started:
-            raise RuntimeError("ZeroGradOverlap.arm: the previous step's reduction is not "
-                               "finished; call reduce_gradients() first")
-        self._missing = [len(needs) for _, _, _, needs in self.rounds]
-        for k in self._late:
-            self._missing[k] += 1  # never reaches zero in backward
-        self._seen = set()
-        self._outs = self._new_outs()
-        self.armed = True
+        if self._arm("reduce_gradients()"):
+            self._outs = self._new_outs()
 
-    def _on_final(self, p: Any) -> None:
-        key = id(p)
-        if not self.armed or key in self._seen:
-            return
-        self._seen.add(key)
-        for k in self._rounds_of[key]:
-            self._missing[k] -= 1
-        nxt = len(self._started)
-        while nxt < len(self.rounds) and self._missing[nxt] == 0:
-            self._start(nxt)
-            nxt += 1
-        # Without an asynchronous progress thread MPI moves a non-blocking collective only
-        # inside MPI calls: test the oldest unfinished one at each final gradient.
-        for request in self._started[self._tested:]:
-            if not request.test():
-                break
-            self._tested += 1
-
-    def _start(self, k: int) -> None:
+    def _start(self, k: int) -> Any:
         gi, j, m, _ = self.rounds[k]
         lay = self.zero._layouts[gi]
         arrays = [None if p.grad is None else p.grad.data for p in lay.params]
@@ -125,22 +82,18 @@ class ZeroGradOverlap:
         for r in range(self.zero.size):
             at = r * lay.chunk + j
             lay.copy_range(arrays, at, at + m, send[r * m:(r + 1) * m])
-        self._started.append(self.comm.ireduce_scatter(send, "mean",
-                                                       out=self._outs[gi][j:j + m]))
+        return self.comm.ireduce_scatter(send, "mean", out=self._outs[gi][j:j + m])
 
     def finish(self) -> tuple[list[Any], list[list[bool]]]:
         """Start the rounds not started yet, then (all rounds posted on every rank, in one
         order) find which parameters have a gradient on any rank (`has_gradient_flags`),
         and wait for all. Returns per group this rank's slice of the averaged gradients
         (None for a group where no parameter has one anywhere) and those flags."""
-        self.armed = False
         if not self._outs:
             self._outs = self._new_outs()
-        for k in range(len(self._started), len(self.rounds)):
-            self._start(k)
+        requests = self._start_rest()
         present = has_gradient_flags(self.zero)
-        started, self._started, self._tested = self._started, [], 0
-        for request in started:
+        for request in requests:
             request.wait()
         outs, self._outs = self._outs, []
         return [out if out is not None and any(has) else None
@@ -152,12 +105,10 @@ class ZeroGradOverlap:
 
     def remove(self) -> None:
         """Take the hooks off the parameters (after waiting for what is pending)."""
-        for request in self._started:
+        for request in self._requests:
             request.wait()
-        self._started, self.armed = [], False
-        for h in self._handles:
-            h.remove()
-        self._handles = []
+        self._requests, self._tested, self.armed = [], 0, False
+        self._remove_hooks()
 
 
 def has_gradient_flags(zero: Any) -> list[list[bool]]:
